@@ -1,0 +1,44 @@
+"""rnstensor: float64-accurate tensor contractions with exact INT8 residue arithmetic (Ozaki scheme II)."""
+
+from .backends import available_backends, get_backend, set_backend
+from .basis import Basis, int8_pool
+from .encode import encode
+from .errors import PlanError, RNSRangeError
+from .primitives import (
+    add,
+    base_extend,
+    decode,
+    drop,
+    fold_pending,
+    hadamard,
+    mode_product,
+    operator_row_sums,
+    sub,
+    to_int,
+)
+from .tensor import RNSTensor, Scale
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Basis",
+    "int8_pool",
+    "RNSTensor",
+    "Scale",
+    "encode",
+    "mode_product",
+    "fold_pending",
+    "operator_row_sums",
+    "hadamard",
+    "add",
+    "sub",
+    "drop",
+    "base_extend",
+    "decode",
+    "to_int",
+    "RNSRangeError",
+    "PlanError",
+    "get_backend",
+    "set_backend",
+    "available_backends",
+]

@@ -1,0 +1,232 @@
+"""Reference semantics of every residue primitive, in plain numpy (and Python ints where exactness needs them).
+
+These functions define what each backend call must return; the fused kernels
+are tested against them bit for bit. They favour the obviously right over the
+fast: int64 intermediates, one modulus at a time, no fusion.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .basis import Basis, mrc_order
+
+__all__ = [
+    "centered_mod",
+    "encode_ref",
+    "product_ref",
+    "hadamard_ref",
+    "add_ref",
+    "drop_ref",
+    "mrc_digits_ref",
+    "base_extend_ref",
+    "drop_extend_ref",
+    "to_int_ref",
+    "horner_fp64_ref",
+    "decode_fp64_ref",
+    "decode_exact_ref",
+    "round_scaled_int",
+    "float_factor",
+]
+
+
+def centered_mod(x: np.ndarray, p: int) -> np.ndarray:
+    """Centered residue of every entry of the integer array ``x`` modulo ``p`` (int64)."""
+    r = np.remainder(np.asarray(x, dtype=np.int64), p)
+    return r - p * (r >= (p + 1) // 2)
+
+
+def _planes(rows: list[np.ndarray]) -> np.ndarray:
+    return np.stack(rows).astype(np.int8) if rows else np.zeros((0,), np.int8)
+
+
+# ----- encode -------------------------------------------------------------------------------
+
+
+def encode_ref(x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits: int) -> np.ndarray:
+    """Residues of ``v = round_half_even(x * 2**exponent)`` for each modulus, shape ``(L, *x.shape)``.
+
+    Entries whose scaled value is at most ``2**53`` in magnitude are rounded by
+    ``rint(ldexp(x, e))`` (exact: a power-of-two scaling then an integer
+    rounding). Larger ones are integers already, ``m * 2**k`` with the 53-bit
+    significand ``m`` and ``k > 0``; their residues are ``[m]_p [2^k]_p``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), x.shape)
+    mant, ex = np.frexp(x)  # x = mant * 2**ex, 0.5 <= |mant| < 1
+    m = (mant * 2.0**53).astype(np.int64)  # exact: the 53-bit significand
+    k = ex.astype(np.int64) - 53 + e  # x * 2**e = m * 2**k
+    small = k <= 0
+    v_small = np.zeros(x.shape, dtype=np.int64)
+    if small.any():
+        v_small[small] = np.rint(np.ldexp(x[small], e[small].astype(np.int32))).astype(np.int64)
+    rows = []
+    for p in moduli:
+        r = centered_mod(v_small, p)
+        if not small.all():
+            big = ~small
+            kb = k[big]
+            pw = np.array([pow(2, int(kk), p) for kk in kb], dtype=np.int64)
+            r[big] = centered_mod(np.remainder(m[big], p) * pw, p)
+        rows.append(r)
+    return _planes(rows).reshape((len(moduli),) + x.shape)
+
+
+# ----- products and elementwise ops ---------------------------------------------------------
+
+
+def product_ref(op_planes: np.ndarray, planes: np.ndarray, moduli: Sequence[int], axis: int) -> np.ndarray:
+    """Per modulus: contract tensor axis ``axis`` with the ``(n_out, n_in)`` operator, centered reduction."""
+    rows = []
+    for i, p in enumerate(moduli):
+        acc = np.tensordot(op_planes[i].astype(np.int64), planes[i].astype(np.int64), axes=([1], [axis]))
+        rows.append(centered_mod(np.moveaxis(acc, 0, axis), p))
+    shape = list(planes.shape[1:])
+    shape[axis] = op_planes.shape[1]
+    return _planes(rows).reshape((len(moduli),) + tuple(shape))
+
+
+def hadamard_ref(planes: np.ndarray, field_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+    """Per modulus: elementwise product (field broadcast over leading axes), centered reduction."""
+    rows = [centered_mod(planes[i].astype(np.int64) * field_planes[i].astype(np.int64), p) for i, p in enumerate(moduli)]
+    return _planes(rows).reshape((len(moduli),) + np.broadcast_shapes(planes.shape[1:], field_planes.shape[1:]))
+
+
+def add_ref(a: np.ndarray, b: np.ndarray, moduli: Sequence[int], subtract: bool = False) -> np.ndarray:
+    """Per modulus: ``a + b`` (or ``a - b``), centered reduction."""
+    sign = -1 if subtract else 1
+    rows = [centered_mod(a[i].astype(np.int64) + sign * b[i].astype(np.int64), p) for i, p in enumerate(moduli)]
+    return _planes(rows).reshape(a.shape)
+
+
+# ----- drop, mixed radix, base extension ----------------------------------------------------
+
+
+def drop_ref(planes: np.ndarray, active: Sequence[int], count: int = 1) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Alg. 1 ``count`` times: divide by the smallest active modulus, rounding to nearest.
+
+    Returns the new planes and the remaining active moduli (same order).
+    """
+    active = list(active)
+    rows = [planes[i].astype(np.int64) for i in range(len(active))]
+    for _ in range(count):
+        q = min(active)
+        iq = active.index(q)
+        s = rows[iq]
+        rest = []
+        for i, p in enumerate(active):
+            if i != iq:
+                rest.append(centered_mod((rows[i] - s) * pow(q, -1, p), p))
+        rows = rest
+        active.pop(iq)
+    out = _planes(rows).reshape((len(active),) + planes.shape[1:])
+    return out, tuple(active)
+
+
+def mrc_digits_ref(planes: np.ndarray, active: Sequence[int]) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Centered mixed-radix digits (Alg. 4 MrcDigits) in conversion order (even modulus first).
+
+    Returns ``(digits, order)`` with ``v = sum_i digits[i] * prod(order[:i])``.
+    """
+    active = tuple(active)
+    order = mrc_order(active)
+    u = [planes[active.index(q)].astype(np.int64) for q in order]
+    for i, qi in enumerate(order):
+        for j in range(i + 1, len(order)):
+            qj = order[j]
+            u[j] = centered_mod((u[j] - u[i]) * pow(qi, -1, qj), qj)
+    digits = np.stack(u) if u else np.zeros((0,) + planes.shape[1:], np.int64)
+    return digits, order
+
+
+def base_extend_ref(planes: np.ndarray, active: Sequence[int], basis: Basis) -> np.ndarray:
+    """Alg. 4 BaseExtend: residues on every basis modulus of the integer held on ``active``."""
+    digits, order = mrc_digits_ref(planes, active)
+    active = tuple(active)
+    rows = []
+    for p in basis.moduli:
+        if p in active:
+            rows.append(planes[active.index(p)].astype(np.int64))
+            continue
+        t = np.zeros(planes.shape[1:], dtype=np.int64)
+        w = 1
+        for i, q in enumerate(order):
+            t = centered_mod(t + digits[i] * (w % p), p)
+            w *= q
+        rows.append(t)
+    return _planes(rows).reshape((len(basis),) + planes.shape[1:])
+
+
+def drop_extend_ref(
+    planes: np.ndarray, active: Sequence[int], basis: Basis, drops: int, extend: bool
+) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``drops`` calls of Alg. 1, then (if ``extend``) Alg. 4 back onto the whole basis."""
+    out, act = drop_ref(planes, active, drops)
+    if extend:
+        out = base_extend_ref(out, act, basis)
+        act = basis.moduli
+    return out, act
+
+
+# ----- reconstruction -----------------------------------------------------------------------
+
+
+def to_int_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
+    """The exact integers held by the planes, as an object array of Python ints."""
+    digits, order = mrc_digits_ref(planes, active)
+    v = np.zeros(planes.shape[1:], dtype=object)
+    for i in range(len(order) - 1, -1, -1):
+        v = v * order[i] + digits[i].astype(object)
+    return v
+
+
+def horner_fp64_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
+    """Alg. 5 ReconstructFP64 without the scale: MRC digits, then float64 Horner."""
+    digits, order = mrc_digits_ref(planes, active)
+    if not order:
+        return np.zeros(planes.shape[1:])
+    v = digits[-1].astype(np.float64)
+    for j in range(len(order) - 2, -1, -1):
+        v = order[j] * v + digits[j]
+    return v
+
+
+def float_factor(factor: int) -> tuple[float, int]:
+    """``factor ~= f * 2**k`` with ``f = fl(factor / 2**k)`` a float64 below ``2**53`` (one rounding)."""
+    k = max(int(factor).bit_length() - 53, 0)
+    return int(factor) / (1 << k), k
+
+
+def decode_fp64_ref(planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int) -> np.ndarray:
+    """``fl(fl(V) * fl(factor)) * 2**exponent``: Horner value times the scale in float64."""
+    v = horner_fp64_ref(planes, active)
+    f, k = float_factor(factor)
+    e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), v.shape) + k
+    # ldexp with an exponent far outside float range saturates correctly to 0/inf; clip keeps int32
+    return np.ldexp(v * f, np.clip(e, -1 << 20, 1 << 20).astype(np.int32))
+
+
+def round_scaled_int(w: int, e: int) -> float:
+    """``w * 2**e`` rounded once to nearest-even float64 (``±inf`` on overflow)."""
+    w, e = int(w), int(e)
+    try:
+        if e >= 0:
+            return float(w << e) if w else 0.0
+        return w / (1 << -e)  # CPython's int true division rounds correctly, subnormals included
+    except OverflowError:
+        return math.copysign(math.inf, w)
+
+
+def decode_exact_ref(planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int) -> np.ndarray:
+    """Correctly rounded ``v * factor * 2**exponent`` per entry, from the exact integer ``v``."""
+    v = to_int_ref(planes, active)
+    e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), v.shape)
+    f = int(factor)
+    out = np.empty(v.shape, dtype=np.float64)
+    flat_v, flat_e, flat_o = v.reshape(-1), e.reshape(-1), out.reshape(-1)
+    for i in range(flat_v.size):
+        flat_o[i] = round_scaled_int(flat_v[i] * f, flat_e[i])
+    return out

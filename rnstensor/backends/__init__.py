@@ -1,0 +1,106 @@
+"""Backend dispatch: the small contract every residue backend implements, and the registry.
+
+A backend works on residue arrays only; bounds, scales and range checks stay
+in the algorithms above it. Every call is exact integer arithmetic (decode
+aside), so all backends return identical bits. The contract:
+
+``encode(x, exponent, moduli, bits)``
+    float64 ``x`` and an int64 exponent array broadcastable to ``x.shape`` →
+    int8 planes ``(L, *x.shape)`` of ``round_half_even(x * 2**exponent)``.
+``product(op_planes, planes, moduli, axis)``
+    int8 operator planes ``(L, n_out, n_in)`` contracted with tensor axis
+    ``axis`` of ``planes`` ``(L, *shape)``; centered residues out.
+``hadamard(planes, field_planes, moduli)``
+    elementwise product, the field broadcast over leading axes.
+``add(a, b, moduli, subtract=False)``
+    elementwise sum or difference.
+``drop_extend(planes, active, basis, drops, extend)``
+    ``drops`` × Alg. 1 (smallest active modulus each time), then, if
+    ``extend``, Alg. 4 onto every basis modulus → ``(planes, active)``.
+``decode(planes, active, exponent, factor, mode)``
+    float64 of ``v * factor * 2**exponent``: ``mode='fp64'`` is MRC + Horner
+    in float64 then the scale; ``mode='exact'`` rounds the exact product once.
+
+``rnstensor.arith`` defines the results; :class:`NumpyBackend` is it verbatim.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from .. import arith
+from ..basis import Basis
+
+__all__ = ["NumpyBackend", "get_backend", "set_backend", "available_backends"]
+
+
+class NumpyBackend:
+    """The plain-numpy reference (``rnstensor.arith``): slow, simple, the oracle for the others."""
+
+    name = "numpy"
+
+    def encode(self, x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits: int) -> np.ndarray:
+        return arith.encode_ref(x, exponent, moduli, bits)
+
+    def product(self, op_planes: np.ndarray, planes: np.ndarray, moduli: Sequence[int], axis: int) -> np.ndarray:
+        return arith.product_ref(op_planes, planes, moduli, axis)
+
+    def hadamard(self, planes: np.ndarray, field_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+        return arith.hadamard_ref(planes, field_planes, moduli)
+
+    def add(self, a: np.ndarray, b: np.ndarray, moduli: Sequence[int], subtract: bool = False) -> np.ndarray:
+        return arith.add_ref(a, b, moduli, subtract)
+
+    def drop_extend(self, planes: np.ndarray, active: Sequence[int], basis: Basis, drops: int, extend: bool):
+        return arith.drop_extend_ref(planes, active, basis, drops, extend)
+
+    def decode(self, planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int, mode: str) -> np.ndarray:
+        if mode == "fp64":
+            return arith.decode_fp64_ref(planes, active, exponent, factor)
+        return arith.decode_exact_ref(planes, active, exponent, factor)
+
+
+_BACKENDS: dict[str, object] = {}
+# RNSTENSOR_BACKEND picks the default for a whole process (tests, benchmarks)
+_current = [os.environ.get("RNSTENSOR_BACKEND", "cpu")]
+
+
+def _make(name: str):
+    if name == "numpy":
+        return NumpyBackend()
+    if name == "cpu":
+        from .cpu import CpuBackend
+
+        return CpuBackend()
+    raise ValueError(f"backend must be one of {available_backends()}; got {name!r}")
+
+
+def available_backends() -> tuple[str, ...]:
+    """Names accepted by :func:`set_backend` and :func:`get_backend`."""
+    return ("cpu", "numpy")
+
+
+def get_backend(name: str | None = None):
+    """The backend object for ``name`` (default: the current one, initially ``'cpu'``)."""
+    name = _current[0] if name is None else name
+    if name not in _BACKENDS:
+        _BACKENDS[name] = _make(name)
+    return _BACKENDS[name]
+
+
+def set_backend(name: str) -> str:
+    """Make ``name`` the default backend; returns the previous name.
+
+    Examples
+    --------
+    >>> import rnstensor
+    >>> old = rnstensor.set_backend("numpy")
+    >>> _ = rnstensor.set_backend(old)
+    """
+    get_backend(name)
+    old = _current[0]
+    _current[0] = name
+    return old

@@ -1,0 +1,173 @@
+"""Float → residues: power-of-two group scaling, exact rounding, residue planes (any width)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .backends import get_backend
+from .basis import Basis, log2_int
+from .errors import RNSRangeError
+from .tensor import RNSTensor, Scale
+
+__all__ = ["encode", "as_basis", "check_float_array", "normalize_axis", "group_exponents"]
+
+
+def as_basis(basis: Union[Basis, int, Sequence[int]], name: str = "basis") -> Basis:
+    """A :class:`Basis` from a Basis, a modulus count ``s`` (``Basis.int8(s)``) or a tuple of moduli."""
+    if isinstance(basis, Basis):
+        return basis
+    if isinstance(basis, (int, np.integer)) and not isinstance(basis, bool):
+        return Basis.int8(int(basis))
+    if isinstance(basis, (tuple, list)):
+        return Basis(basis)
+    raise TypeError(
+        f"{name} must be a Basis, a number of INT8 moduli (e.g. 15) or a tuple of moduli; got {type(basis).__name__}"
+    )
+
+
+def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
+    """``axis`` as a non-negative int, or ``ValueError`` naming the valid range."""
+    try:
+        a = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer; got {type(axis).__name__}") from None
+    if not -ndim <= a < ndim:
+        raise ValueError(f"{name}={axis} is out of range for a {ndim}-d tensor (valid: {-ndim}..{ndim - 1})")
+    return a % ndim
+
+
+def check_float_array(x, name: str = "x", allow_empty: bool = False) -> np.ndarray:
+    """``x`` as a float64 ndarray; ``TypeError``/``ValueError`` for what cannot be encoded exactly.
+
+    Real floating dtypes (float16, float32, float64) are widened exactly.
+    Integer, bool, complex and object inputs are refused: integers above 2^53
+    would round on the way to float64, complex values need their real and
+    imaginary parts encoded separately.
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind != "f" or arr.dtype.itemsize > 8:
+        hint = {
+            "i": "cast with .astype(np.float64) (exact while |x| <= 2**53)",
+            "u": "cast with .astype(np.float64) (exact while x <= 2**53)",
+            "b": "cast with .astype(np.float64)",
+            "c": "encode the real and imaginary parts separately (x.real, x.imag)",
+        }.get(arr.dtype.kind, "pass a float64 array")
+        raise TypeError(f"{name} must be a real floating-point array (float16/32/64); got dtype {arr.dtype}: {hint}")
+    arr = arr.astype(np.float64, copy=False)
+    if arr.size == 0 and not allow_empty:
+        raise ValueError(f"{name} is empty (shape {arr.shape}): there is nothing to encode")
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = np.argwhere(~finite)
+        first = tuple(int(i) for i in bad[0])
+        raise ValueError(
+            f"{name} has {len(bad)} non-finite entr{'y' if len(bad) == 1 else 'ies'} (NaN or inf); "
+            f"the first at index {first} is {arr[first]!r}. Residues hold finite values only"
+        )
+    return arr
+
+
+def group_exponents(x: np.ndarray, bits: int, shared: tuple[int, ...]) -> np.ndarray:
+    """``e = bits - E`` per group (``2**(E-1) <= max|G| < 2**E``), 0 for all-zero groups; keepdims int64."""
+    amax = np.max(np.abs(x), axis=shared, keepdims=True) if x.ndim else np.abs(x)
+    _, E = np.frexp(amax)
+    return np.where(amax > 0, bits - E.astype(np.int64), 0).astype(np.int64)
+
+
+def encode(
+    x,
+    basis: Union[Basis, int, Sequence[int]],
+    bits: int = 53,
+    shared_axes: Optional[Sequence[int]] = None,
+    *,
+    backend: Optional[str] = None,
+) -> RNSTensor:
+    """Encode a float tensor exactly into residue planes (papers/002 Alg. 5).
+
+    Each group of entries that shares an exponent gets ``e = bits - E`` with
+    ``2**(E-1) <= max|G| < 2**E``; its entries become the integers
+    ``v = round_half_even(x * 2**e)``, so ``|v| <= 2**bits``. An all-zero group
+    gets ``e = 0``. ``bits <= 53`` loses nothing for entries within ``bits``
+    bits of their group maximum; wider ``bits`` (up to what the basis holds)
+    keep every bit of smaller entries.
+
+    Parameters
+    ----------
+    x : array_like of float
+        Finite real values (float16/32/64; see :func:`check_float_array`).
+    basis : Basis, int or tuple of int
+        The residue basis; an int ``s`` means ``Basis.int8(s)``.
+    bits : int
+        Encoding width ``b >= 1``; ``2 * 2**bits`` must stay below the basis product.
+    shared_axes : sequence of int, optional
+        Axes along which entries share one exponent. ``None``: the whole tensor
+        shares one. ``(1,)`` on a matrix: one exponent per row (an operator).
+        ``()``: every entry its own.
+    backend : str, optional
+        Backend name (default: the current one, see :func:`rnstensor.set_backend`).
+
+    Returns
+    -------
+    RNSTensor
+        Planes on every basis modulus, bound ``2**bits``, scale ``2**-e``.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a real floating array.
+    ValueError
+        Non-finite or empty ``x``, bad ``bits`` or ``shared_axes``.
+    RNSRangeError
+        ``2**(bits+1)`` does not fit the basis.
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> T = rt.encode(np.array([0.5, -3.0, 1e-300]), rt.Basis.int8(15), bits=53)
+    >>> T.bound == 2**53
+    True
+    >>> rt.decode(T, mode="exact")[:2]
+    array([ 0.5, -3. ])
+    """
+    basis = as_basis(basis)
+    arr = check_float_array(x)
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1:
+        raise ValueError(f"bits must be an integer >= 1; got {bits!r}")
+    bits = int(bits)
+    if 2 * (1 << bits) >= basis.product:
+        raise RNSRangeError(
+            f"encode: bits={bits} needs a basis product above 2^{bits + 1}, but {basis!r} gives "
+            f"2^{basis.log2_product:.1f}; use at most bits={basis.product.bit_length() - 3} or more moduli"
+        )
+    ndim = arr.ndim
+    if shared_axes is None:
+        shared = tuple(range(ndim))
+    else:
+        shared = tuple(normalize_axis(a, ndim, "shared_axes") for a in shared_axes)
+        if len(set(shared)) != len(shared):
+            raise ValueError(f"shared_axes has repeated axes: {tuple(shared_axes)}")
+    e = group_exponents(arr, bits, shared)
+    planes = get_backend(backend).encode(arr, e, basis.moduli, bits)
+    scale = _scale_from_exponents(-e, ndim, shared)
+    negz = None
+    if (arr == 0).any():
+        mask = (arr == 0) & np.signbit(arr)
+        if mask.any():
+            negz = mask
+    return RNSTensor(planes, basis, basis.moduli, 1 << bits, scale, negz)
+
+
+def _scale_from_exponents(exp: np.ndarray, ndim: int, shared: tuple[int, ...]) -> Scale:
+    """The most structured Scale for keepdims group exponents: scalar, one axis vector, or a field."""
+    varying = [a for a in range(ndim) if a not in shared and exp.shape[a] > 1]
+    if not varying or exp.size == 1:
+        return Scale(int(exp.reshape(-1)[0]) if exp.size else 0, 1, (None,) * ndim, None)
+    if len(varying) == 1:
+        axes = [None] * ndim
+        axes[varying[0]] = exp.reshape(-1)
+        return Scale(0, 1, tuple(axes), None)
+    return Scale(0, 1, (None,) * ndim, exp)
+

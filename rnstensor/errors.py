@@ -1,0 +1,31 @@
+"""Domain exceptions: a range the basis cannot hold, a plan that cannot run."""
+
+from __future__ import annotations
+
+__all__ = ["RNSRangeError", "PlanError", "range_error"]
+
+
+class RNSRangeError(ValueError):
+    """An integer would leave the centered range of the active moduli.
+
+    Raised instead of wrapping: the residues could no longer determine the
+    value. The message states the bits needed, the bits available and what to
+    change (more moduli, fewer encoding bits, a drop first, another method).
+    """
+
+
+class PlanError(ValueError):
+    """No execution plan satisfies the range checks on the given basis."""
+
+
+def range_error(what: str, bound: int, active_product: int, advice: str = "") -> RNSRangeError:
+    """An :class:`RNSRangeError` stating the bits needed (``2*bound``) and available (``P_active``)."""
+    from .basis import log2_int
+
+    need = log2_int(2 * bound)
+    have = log2_int(active_product)
+    advice = advice or "encode with fewer bits, drop moduli first, or use more moduli"
+    return RNSRangeError(
+        f"{what}: the result needs 2*bound < P_active, i.e. 2^{need:.2f} of range, but the active "
+        f"moduli give 2^{have:.2f} (short by {max(need - have, 0.0):.2f} bits); {advice}"
+    )
