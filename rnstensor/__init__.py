@@ -2,6 +2,7 @@
 
 from .backends import available_backends, get_backend, set_backend
 from .basis import Basis, int8_pool
+from .chain import ChainPlan, mode_chain, plan_chain
 from .encode import encode
 from .errors import PlanError, RNSRangeError
 from .primitives import (
@@ -36,6 +37,9 @@ __all__ = [
     "base_extend",
     "decode",
     "to_int",
+    "plan_chain",
+    "mode_chain",
+    "ChainPlan",
     "RNSRangeError",
     "PlanError",
     "get_backend",

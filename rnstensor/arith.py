@@ -16,6 +16,7 @@ from .basis import Basis, mrc_order
 
 __all__ = [
     "centered_mod",
+    "float_parts",
     "encode_ref",
     "product_ref",
     "hadamard_ref",
@@ -46,6 +47,13 @@ def _planes(rows: list[np.ndarray]) -> np.ndarray:
 # ----- encode -------------------------------------------------------------------------------
 
 
+def float_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x == m * 2**k`` exactly with ``m`` the signed 53-bit significand (int64) and ``k`` int64."""
+    mant, ex = np.frexp(np.asarray(x, dtype=np.float64))  # 0.5 <= |mant| < 1
+    return (mant * 2.0**53).astype(np.int64), ex.astype(np.int64) - 53
+
+
+
 def encode_ref(x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits: int) -> np.ndarray:
     """Residues of ``v = round_half_even(x * 2**exponent)`` for each modulus, shape ``(L, *x.shape)``.
 
@@ -56,9 +64,8 @@ def encode_ref(x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits:
     """
     x = np.asarray(x, dtype=np.float64)
     e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), x.shape)
-    mant, ex = np.frexp(x)  # x = mant * 2**ex, 0.5 <= |mant| < 1
-    m = (mant * 2.0**53).astype(np.int64)  # exact: the 53-bit significand
-    k = ex.astype(np.int64) - 53 + e  # x * 2**e = m * 2**k
+    m, k = float_parts(x)
+    k = k + e  # x * 2**e = m * 2**k
     small = k <= 0
     v_small = np.zeros(x.shape, dtype=np.int64)
     if small.any():
@@ -180,7 +187,8 @@ def to_int_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
     v = np.zeros(planes.shape[1:], dtype=object)
     for i in range(len(order) - 1, -1, -1):
         v = v * order[i] + digits[i].astype(object)
-    return v
+    # 0-d arithmetic on object arrays yields a bare Python int: keep the array type
+    return np.asarray(v, dtype=object)
 
 
 def horner_fp64_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:

@@ -7,12 +7,13 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from .arith import float_parts
 from .backends import get_backend
 from .basis import Basis, log2_int
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
-__all__ = ["encode", "as_basis", "check_float_array", "normalize_axis", "group_exponents"]
+__all__ = ["encode", "encode_integers", "as_basis", "check_float_array", "normalize_axis", "group_exponents"]
 
 
 def as_basis(basis: Union[Basis, int, Sequence[int]], name: str = "basis") -> Basis:
@@ -75,6 +76,46 @@ def group_exponents(x: np.ndarray, bits: int, shared: tuple[int, ...]) -> np.nda
     amax = np.max(np.abs(x), axis=shared, keepdims=True) if x.ndim else np.abs(x)
     _, E = np.frexp(amax)
     return np.where(amax > 0, bits - E.astype(np.int64), 0).astype(np.int64)
+
+
+def _shared(shared_axes, ndim: int) -> tuple[int, ...]:
+    if shared_axes is None:
+        return tuple(range(ndim))
+    shared = tuple(normalize_axis(a, ndim, "shared_axes") for a in shared_axes)
+    if len(set(shared)) != len(shared):
+        raise ValueError(f"shared_axes has repeated axes: {tuple(shared_axes)}")
+    return shared
+
+
+def encode_integers(x, bits: int = 53, shared_axes: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
+    """The integers :func:`encode` holds, computed on the host: ``(v, e)`` with ``x ~= v * 2**-e``.
+
+    ``v`` is int64 for ``bits <= 53`` and an object array of Python ints
+    above; ``e`` are the keepdims group exponents. Used by the planner to
+    bound the integer operators it will execute.
+
+    Examples
+    --------
+    >>> v, e = encode_integers(np.array([[0.75, -0.5], [3.0, 1.0]]), bits=3, shared_axes=(1,))
+    >>> v.tolist(), e.ravel().tolist()
+    ([[6, -4], [6, 2]], [3, 1])
+    """
+    arr = check_float_array(x)
+    e = group_exponents(arr, bits, _shared(shared_axes, arr.ndim))
+    eb = np.broadcast_to(e, arr.shape)
+    if bits <= 53:
+        return np.rint(np.ldexp(arr, eb.astype(np.int32))).astype(np.int64), e
+    m, k = float_parts(arr)
+    k = k + eb
+    v = np.empty(arr.shape, dtype=object)
+    fv, fm, fk = v.reshape(-1), m.reshape(-1), k.reshape(-1)
+    for i in range(fv.size):
+        mi, ki = int(fm[i]), int(fk[i])
+        if ki >= 0:
+            fv[i] = mi << ki
+        else:  # |m * 2**k| < 2**53: the float64 rounding is exact here
+            fv[i] = int(np.rint(np.ldexp(float(mi), ki)))
+    return v, e
 
 
 def encode(
@@ -143,12 +184,7 @@ def encode(
             f"2^{basis.log2_product:.1f}; use at most bits={basis.product.bit_length() - 3} or more moduli"
         )
     ndim = arr.ndim
-    if shared_axes is None:
-        shared = tuple(range(ndim))
-    else:
-        shared = tuple(normalize_axis(a, ndim, "shared_axes") for a in shared_axes)
-        if len(set(shared)) != len(shared):
-            raise ValueError(f"shared_axes has repeated axes: {tuple(shared_axes)}")
+    shared = _shared(shared_axes, ndim)
     e = group_exponents(arr, bits, shared)
     planes = get_backend(backend).encode(arr, e, basis.moduli, bits)
     scale = _scale_from_exponents(-e, ndim, shared)

@@ -29,6 +29,8 @@ __all__ = [
     "to_int",
     "operator_row_sums",
     "fold_pending",
+    "fold_exponents",
+    "strip_pending",
 ]
 
 DECODE_MODES = ("fp64", "exact")
@@ -152,38 +154,82 @@ def mode_product(T: RNSTensor, op: RNSTensor, axis: int, *, backend: Optional[st
     return RNSTensor(planes, T.basis, T.active, bound, scale)
 
 
-def fold_pending(T: RNSTensor, A, axis: int) -> tuple[np.ndarray, RNSTensor]:
-    """Fold ``T``'s pending scale on ``axis`` into the columns of the float operator ``A``.
+def fold_exponents(A, pending: Optional[np.ndarray]) -> tuple[np.ndarray, int]:
+    """The effective operator ``A_eff = A * 2**(pending - c)`` column by column, and ``c = max(pending)``.
 
-    Returns ``(A_eff, T0)``: ``A_eff[:, k] = A[:, k] * 2**pending[k]`` (exact
-    power-of-two scaling) and ``T0``, the same residues with that axis' pending
-    scale removed, so that ``mode_product(T0, encode(A_eff, ...), axis)``
-    applies each scale exactly once (the effective operator of papers/002
-    Sec. 5.2). With no pending scale, ``A_eff`` is ``A`` as float64.
+    Only the relative exponents go into ``A``'s columns (all factors <= 1);
+    the common ``2**c`` belongs to the scalar exponent. Row encoding is
+    invariant under a power-of-two factor, so the integers are the ones the
+    full folding of papers/002 Sec. 5.2 gives, without its exponent growth.
 
     Raises
     ------
     ValueError
-        If the scaling would overflow or underflow float64 (it must be exact).
+        If the scaling is not exact in float64 (underflow).
+    """
+    A = np.asarray(A, dtype=np.float64)
+    if pending is None:
+        return A, 0
+    pending = np.asarray(pending, dtype=np.int64)
+    c = int(pending.max())
+    rel = (pending - c)[None, :]
+    eff = np.ldexp(A, np.maximum(rel, -(1 << 20)).astype(np.int32))
+    if not np.array_equal(np.ldexp(eff, (-rel).astype(np.int32)), A):
+        raise ValueError(
+            f"folding pending exponents (spread {c - int(pending.min())} bits) into the operator "
+            f"underflows float64; the operator's columns differ too much in scale"
+        )
+    return eff, c
+
+
+def strip_pending(T: RNSTensor, axis: int) -> tuple[RNSTensor, Optional[np.ndarray]]:
+    """``T`` without the pending scale of ``axis`` (its maximum moved to the scalar exponent), and that scale."""
+    _check_tensor(T, "T")
+    a = normalize_axis(axis, T.ndim)
+    pend = T.scale.axes[a]
+    if pend is None:
+        return T, None
+    axes = list(T.scale.axes)
+    axes[a] = None
+    scale = T.scale.replace(axes=tuple(axes), exp2=T.scale.exp2 + int(pend.max()))
+    return RNSTensor(T.residues, T.basis, T.active, T.bound, scale, T.negative_zeros), pend
+
+
+def fold_pending(T: RNSTensor, A, axis: int) -> tuple[np.ndarray, RNSTensor]:
+    """Fold ``T``'s pending scale on ``axis`` into the columns of the float operator ``A``.
+
+    Returns ``(A_eff, T0)`` such that ``mode_product(T0, encode(A_eff, ...),
+    axis)`` applies every scale exactly once (the effective operator of
+    papers/002 Sec. 5.2): ``A_eff = A * 2**(pending - c)`` column by column
+    and ``T0`` holds the same residues with that axis' scale replaced by the
+    scalar ``2**c``, ``c = max(pending)`` (see :func:`fold_exponents`). With no
+    pending scale, ``A_eff`` is ``A`` as float64 and ``T0`` is ``T``.
+
+    Raises
+    ------
+    ValueError
+        If ``A`` does not match the axis, or the scaling would underflow.
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> B = rt.Basis.int8(15)
+    >>> X = rt.encode(np.ones((2, 2)), B)
+    >>> A = np.array([[1.0, 0.0], [0.0, 3.0]])
+    >>> Y = rt.mode_product(X, rt.encode(A, B, shared_axes=(1,)), 0)
+    >>> A_eff, Y0 = rt.fold_pending(Y, A, 0)
+    >>> rt.decode(rt.mode_product(Y0, rt.encode(A_eff, B, shared_axes=(1,)), 0))
+    array([[1., 1.],
+           [9., 9.]])
     """
     _check_tensor(T, "T")
     a = normalize_axis(axis, T.ndim)
     A = np.asarray(A, dtype=np.float64)
     if A.ndim != 2 or A.shape[1] != T.shape[a]:
         raise ValueError(f"A must be 2-D with {T.shape[a]} columns (axis {a} of T); got shape {A.shape}")
-    pend = T.scale.axes[a]
-    if pend is None:
-        return A, T
-    eff = np.ldexp(A, pend[None, :].astype(np.int32))
-    if not (np.isfinite(eff).all() and np.array_equal(np.ldexp(eff, (-pend)[None, :].astype(np.int32)), A)):
-        raise ValueError(
-            f"folding the pending exponents of axis {a} (range {pend.min()}..{pend.max()}) into A "
-            f"is not exact in float64 (overflow or underflow)"
-        )
-    axes = list(T.scale.axes)
-    axes[a] = None
-    T0 = RNSTensor(T.residues, T.basis, T.active, T.bound, T.scale.replace(axes=tuple(axes)), T.negative_zeros)
-    return eff, T0
+    T0, pend = strip_pending(T, a)
+    A_eff, _ = fold_exponents(A, pend)
+    return A_eff, T0
 
 
 def hadamard(T: RNSTensor, F: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:

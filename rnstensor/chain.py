@@ -1,0 +1,275 @@
+"""Chains of mode products: plans built once, executed by the four methods of papers/002."""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from .basis import Basis, log2_int
+from .encode import as_basis, check_float_array, encode
+from .planner import Schedule, plan_schedule
+from .primitives import DECODE_MODES, decode, drop, mode_product, strip_pending
+from .tensor import RNSTensor
+
+__all__ = ["ChainPlan", "plan_chain", "mode_chain"]
+
+
+class ChainPlan:
+    """A chain of mode products planned once for a basis and applied to any number of tensors.
+
+    Build it with :func:`plan_chain`. Calling it, ``plan(X, decode='fp64')``,
+    runs the chain on ``X`` whose trailing ``ndim`` axes are the tensor and
+    whose leading axes are a batch.
+
+    Attributes
+    ----------
+    method : str
+        ``'rescale_be'``, ``'rescale'``, ``'norescale'`` or ``'composed'``.
+    bits : int
+        The encoding width ``b`` selected (or given).
+    drops : tuple of int
+        Moduli dropped after each product (the last is 0).
+    basis : Basis
+    axes : tuple of int
+        The contracted axis of each product, counted within the tensor.
+    ndim : int
+        Number of tensor (non-batch) axes.
+    """
+
+    def __init__(self, schedule: Schedule, operators: Sequence[np.ndarray], axes: Sequence[int], ndim: int):
+        self._schedule = schedule
+        self.method = schedule.method
+        self.bits = schedule.bits
+        self.drops = schedule.drops
+        self.basis = schedule.basis
+        self.axes = tuple(axes)
+        self.ndim = ndim
+        self.operators = tuple(operators)
+        self._lengths = _axis_lengths(self.operators, self.axes, ndim)
+        # the operator residues, encoded once: exactly the integers the planner bounded
+        self._encoded = tuple(
+            encode(op.effective, self.basis, self.bits, shared_axes=(1,)) for op in schedule.operators
+        )
+
+    @property
+    def schedule(self) -> Schedule:
+        """The planner's output: prepared operators and the bound of every step."""
+        return self._schedule
+
+    # ----- execution ----------------------------------------------------------------------
+
+    def _check_input(self, X) -> np.ndarray:
+        x = check_float_array(X, "X")
+        if x.ndim < self.ndim:
+            raise ValueError(f"X must have at least {self.ndim} axes (the tensor); got shape {x.shape}")
+        batch = x.ndim - self.ndim
+        for a, n_in in self._lengths.items():
+            if x.shape[batch + a] != n_in:
+                raise ValueError(
+                    f"axis {a} of the tensor has length {x.shape[batch + a]} but the plan's first operator on it "
+                    f"has {n_in} columns (X.shape={x.shape}, tensor axes start at {batch})"
+                )
+        return x
+
+    def __call__(self, X, decode: str = "fp64") -> np.ndarray:
+        """Run the chain on ``X`` (``(*batch, *tensor)``) and decode (``'fp64'`` or ``'exact'``)."""
+        return self.run(X, decode=decode)
+
+    def run(self, X, decode: str = "fp64", *, backend: Optional[str] = None) -> np.ndarray:
+        """Run the chain; the same as calling the plan, with an optional backend name."""
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        x = self._check_input(X)
+        batch = x.ndim - self.ndim
+        if self.method == "composed":
+            return self._run_composed(x, batch, decode, backend)
+        T = self.encode_input(x, backend=backend)
+        T = self.apply(T, backend=backend)
+        return _decode(T, decode, backend)
+
+    def encode_input(self, X, *, backend: Optional[str] = None) -> RNSTensor:
+        """``X`` encoded as the persistent methods need: one exponent, ``bits`` wide."""
+        if self.method == "composed":
+            raise ValueError("the composed method encodes per fiber at every product; it has no single input encoding")
+        return encode(self._check_input(X), self.basis, self.bits, backend=backend)
+
+    def apply(self, T: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:
+        """Apply every product, drop and extension of the plan to an encoded tensor; no decode."""
+        if self.method == "composed":
+            raise ValueError("the composed method decodes after every product; call the plan on a float array")
+        batch = T.ndim - self.ndim
+        extend = self.method == "rescale_be"
+        for op, ax, g in zip(self._encoded, self.axes, self.drops):
+            T, _ = strip_pending(T, batch + ax)  # the plan folded it into this operator
+            T = mode_product(T, op, batch + ax, backend=backend)
+            if g:
+                T = drop(T, g, extend=extend, backend=backend)
+        return T
+
+    def _run_composed(self, x: np.ndarray, batch: int, mode: str, backend) -> np.ndarray:
+        last = len(self.axes) - 1
+        for i, (op, ax) in enumerate(zip(self._encoded, self.axes)):
+            T = encode(x, self.basis, self.bits, shared_axes=(batch + ax,), backend=backend)
+            T = mode_product(T, op, batch + ax, backend=backend)
+            x = _decode(T, mode if i == last else "fp64", backend)
+        return x
+
+    # ----- reporting ----------------------------------------------------------------------
+
+    def describe(self, file=None) -> str:
+        """Print (and return) per step: log2 bound before/after the product, drops, after, log2 range."""
+        lines = [
+            f"{self.method} plan on {self.basis!r}: b = {self.bits}, drops = {self.drops}",
+            f"{'step':>4} {'axis':>4} {'n_out x n_in':>12} {'log2 B in':>10} {'log2 B prod':>11} "
+            f"{'log2 range':>10} {'drops':>5} {'log2 B out':>10} {'log2 range out':>14}",
+        ]
+        for i, (st, op, ax) in enumerate(zip(self._schedule.steps, self.operators, self.axes)):
+            shape = f"{op.shape[0]} x {op.shape[1]}"
+            lines.append(
+                f"{i + 1:>4} {ax:>4} {shape:>12} {log2_int(st.before):>10.2f} {log2_int(st.product):>11.2f} "
+                f"{log2_int(st.range_product) - 1:>10.2f} {st.drops:>5} {log2_int(st.after):>10.2f} "
+                f"{log2_int(st.range_after) - 1:>14.2f}"
+            )
+        text = "\n".join(lines)
+        print(text, file=file)
+        return text
+
+    def __repr__(self) -> str:
+        return (
+            f"ChainPlan(method={self.method!r}, bits={self.bits}, drops={self.drops}, axes={self.axes}, "
+            f"s={len(self.basis)})"
+        )
+
+
+def _decode(T: RNSTensor, mode: str, backend) -> np.ndarray:
+    return decode(T, mode, backend=backend)
+
+
+def _axis_lengths(operators, axes, ndim: int) -> dict[int, int]:
+    """The input length each axis must have; checks that consecutive operators on an axis fit."""
+    first: dict[int, int] = {}
+    current: dict[int, int] = {}
+    for i, (A, ax) in enumerate(zip(operators, axes)):
+        n_out, n_in = A.shape
+        if ax in current and current[ax] != n_in:
+            raise ValueError(
+                f"operator {i} ({n_out} x {n_in}) on axis {ax} needs length {n_in}, but the previous product "
+                f"on that axis left length {current[ax]}"
+            )
+        first.setdefault(ax, n_in)
+        current[ax] = n_out
+    return first
+
+
+def _normalize_chain(operators, axes, ndim: Optional[int]):
+    ops = list(operators) if not isinstance(operators, np.ndarray) or operators.ndim == 3 else [operators]
+    if not ops:
+        raise ValueError("operators is empty: a chain needs at least one operator")
+    if isinstance(axes, (int, np.integer)):
+        axes = [axes]
+    axes = list(axes)
+    if len(axes) != len(ops):
+        raise ValueError(f"got {len(ops)} operators but {len(axes)} axes; give one axis per operator")
+    clean = []
+    for i, A in enumerate(ops):
+        a = check_float_array(A, f"operators[{i}]")
+        if a.ndim != 2:
+            raise ValueError(f"operators[{i}] must be a 2-D matrix (n_out x n_in); got shape {a.shape}")
+        clean.append(a)
+    try:
+        axes = [operator.index(a) for a in axes]
+    except TypeError:
+        raise TypeError(f"axes must be integers; got {axes!r}") from None
+    if ndim is None:
+        if any(a < 0 for a in axes):
+            raise ValueError("negative axes need ndim= (the number of tensor axes) to be given")
+        ndim = max(axes) + 1
+    else:
+        ndim = operator.index(ndim)
+        bad = [a for a in axes if not -ndim <= a < ndim]
+        if bad:
+            raise ValueError(f"axes {bad} are out of range for a {ndim}-axis tensor")
+        axes = [a % ndim for a in axes]
+    return clean, axes, ndim
+
+
+def plan_chain(
+    operators: Sequence[np.ndarray],
+    axes: Sequence[int],
+    *,
+    moduli: Union[int, Basis, Sequence[int]] = 15,
+    method: str = "rescale_be",
+    planner: str = "greedy",
+    bits: Optional[int] = None,
+    ndim: Optional[int] = None,
+) -> ChainPlan:
+    """Plan a chain of mode products once; apply the plan to many tensors.
+
+    Parameters
+    ----------
+    operators : sequence of 2-D float arrays
+        ``A_i`` (``n_out × n_in``, rectangular allowed), applied in order.
+    axes : sequence of int
+        The tensor axis each operator contracts; repeats revisit a mode.
+    moduli : int, Basis or tuple
+        The working basis (``15`` = ``Basis.int8(15)``).
+    method : {'rescale_be', 'rescale', 'norescale', 'composed'}
+        papers/002 Alg. 7, 10, 8, 6.
+    planner : {'greedy'}
+        Alg. 2 drop selection.
+    bits : int, optional
+        Force the encoding width; by default the largest ``b <= 53`` that
+        passes the method's range checks.
+    ndim : int, optional
+        Number of tensor axes (default ``max(axes) + 1``); leading axes of the
+        input beyond these are a batch.
+
+    Returns
+    -------
+    ChainPlan
+
+    Raises
+    ------
+    PlanError
+        No width passes the range checks (names the step and the missing bits).
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> rng = np.random.default_rng(0)
+    >>> ops = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)]
+    >>> plan = rt.plan_chain(ops, [0, 1, 2])
+    >>> plan.bits, plan.drops
+    (53, (7, 7, 0))
+    >>> Y = plan(rng.uniform(-1, 1, (4, 8, 8, 8)))
+    """
+    ops, axes, nd = _normalize_chain(operators, axes, ndim)
+    _axis_lengths(ops, axes, nd)
+    basis = as_basis(moduli, "moduli")
+    sched = plan_schedule(ops, axes, basis, method, planner, bits)
+    return ChainPlan(sched, ops, axes, nd)
+
+
+def mode_chain(
+    X,
+    operators: Sequence[np.ndarray],
+    axes: Sequence[int],
+    *,
+    moduli: Union[int, Basis, Sequence[int]] = 15,
+    method: str = "rescale_be",
+    decode: str = "fp64",
+    ndim: Optional[int] = None,
+) -> np.ndarray:
+    """One-shot chain of mode products: ``plan_chain(...)(X, decode)``.
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> X = np.ones((2, 3))
+    >>> rt.mode_chain(X, [np.eye(2) * 2, np.full((1, 3), 1.0)], [0, 1])
+    array([[6.],
+           [6.]])
+    """
+    return plan_chain(operators, axes, moduli=moduli, method=method, ndim=ndim)(X, decode=decode)

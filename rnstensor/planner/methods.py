@@ -1,0 +1,107 @@
+"""The method planners of papers/002: RescaleBE (Alg. 3), Rescale (Alg. 9), NoRescale (Alg. 8), Composed (Alg. 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..basis import Basis, log2_int
+from ..errors import PlanError
+from .drops import StepBounds, simulate
+from .operators import PreparedOperator, prepare_operators
+
+__all__ = ["METHODS", "PLANNERS", "Schedule", "plan_schedule"]
+
+METHODS = ("rescale_be", "rescale", "norescale", "composed")
+PLANNERS = ("greedy",)
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """What a plan executes: the method, the encoding bits, the drops and the prepared operators.
+
+    ``steps`` holds the bound recurrence (one :class:`StepBounds` per product);
+    for ``'composed'`` every product starts again from ``2**bits``.
+    """
+
+    method: str
+    bits: int
+    drops: tuple[int, ...]
+    operators: tuple[PreparedOperator, ...]
+    steps: tuple[StepBounds, ...]
+    basis: Basis
+
+
+def _composed_steps(bits: int, ops: Sequence[PreparedOperator], basis: Basis):
+    steps, P = [], basis.product
+    for i, op in enumerate(ops):
+        B = (1 << bits) * op.rho
+        if 2 * B >= P:
+            return steps, (i, "product", log2_int(2 * B), log2_int(P))
+        steps.append(StepBounds(1 << bits, B, 0, B, P, P, ()))
+    return steps, None
+
+
+def _try(method: str, bits: int, operators, axes, basis: Basis):
+    """Prepare the operators at ``bits`` and run the method's range checks: ``(schedule, failure)``."""
+    if 2 * (1 << bits) >= basis.product:
+        return None, (-1, "encode", float(bits + 1), basis.log2_product)
+    if method == "composed":
+        # decoded after every product: each operator is encoded on its own, no pending scales
+        ops = tuple(prepare_operators([A], [ax], bits)[0] for A, ax in zip(operators, axes))
+        # the composed range rule of Alg. 6: n * 2^(2b) < P/2 for every product
+        for i, op in enumerate(ops):
+            n = op.ints.shape[1]
+            if 2 * n * (1 << (2 * bits)) >= basis.product:
+                return None, (i, "product", log2_int(2 * n) + 2 * bits, basis.log2_product)
+        steps, failure = _composed_steps(bits, ops, basis)
+    else:
+        ops = prepare_operators(operators, axes, bits)
+        rhos = [op.rho for op in ops]
+        if method == "norescale":
+            trace = simulate(bits, rhos, basis, False, [0] * len(ops))
+        else:
+            trace = simulate(bits, rhos, basis, method == "rescale_be", None)
+        steps, failure = trace.steps, trace.failure
+    if failure is not None:
+        return None, failure
+    drops = tuple(s.drops for s in steps)
+    return Schedule(method, bits, drops, ops, tuple(steps), basis), None
+
+
+def plan_schedule(
+    operators: Sequence[np.ndarray],
+    axes: Sequence[int],
+    basis: Basis,
+    method: str = "rescale_be",
+    planner: str = "greedy",
+    bits: Optional[int] = None,
+) -> Schedule:
+    """Choose the encoding bits and drop counts of a chain (largest ``b <= 53`` passing every check).
+
+    With ``bits`` given, that width is checked and used (it may exceed 53
+    where the basis holds it). Raises :class:`PlanError` naming the failing
+    step and the missing bits when no width passes.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    if planner not in PLANNERS:
+        raise ValueError(f"planner must be one of {PLANNERS}; got {planner!r}")
+    candidates = range(53, 0, -1) if bits is None else [int(bits)]
+    failure = None
+    for b in candidates:
+        sched, failure = _try(method, b, operators, axes, basis)
+        if sched is not None:
+            return sched
+    step, what, need, have = failure
+    where = "the encoding" if step < 0 else f"product {step + 1} (axis {axes[step]})" + (
+        " at its drops" if what == "drop" else ""
+    )
+    tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to 1"
+    raise PlanError(
+        f"no feasible '{method}' plan on {basis!r}: with {tried}, {where} needs a range of 2^{need:.2f} "
+        f"but has 2^{have:.2f} ({need - have:.2f} bits missing); use more moduli"
+        + (" or method='rescale_be'" if method in ("norescale", "rescale") else "")
+    )

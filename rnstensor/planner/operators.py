@@ -1,0 +1,66 @@
+"""Effective integer operators at a candidate precision, and their row-sum bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..encode import encode_integers
+from ..primitives import fold_exponents
+
+__all__ = ["PreparedOperator", "prepare_operators"]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedOperator:
+    """One step of a chain as it will execute: the float operator actually encoded and its integers.
+
+    Attributes
+    ----------
+    axis : int
+        The contracted axis of the (non-batch) tensor.
+    effective : ndarray
+        ``A * 2**(pending - c)`` column by column (``A`` itself on a first visit).
+    ints : ndarray
+        The row-encoded integers of ``effective`` (int64, or Python ints above 53 bits).
+    row_exponents : ndarray
+        ``e`` per row: ``effective ~= ints * 2**-e``.
+    rho : int
+        ``max_j sum_k |ints[j, k]|``: the bound growth of this product (Eq. 21).
+    """
+
+    axis: int
+    effective: np.ndarray
+    ints: np.ndarray
+    row_exponents: np.ndarray
+    rho: int
+
+
+def _row_sum_max(ints: np.ndarray) -> int:
+    if ints.size == 0:
+        return 0
+    a = np.abs(ints)
+    if ints.dtype != object and int(a.max()) * ints.shape[1] < 2**63:
+        return int(a.sum(axis=1).max())
+    return max(sum(int(x) for x in row) for row in a)
+
+
+def prepare_operators(operators: Sequence[np.ndarray], axes: Sequence[int], bits: int) -> tuple[PreparedOperator, ...]:
+    """Encode every operator of a chain at ``bits`` as it will execute (papers/002 Sec. 5.2).
+
+    Operator rows get their own exponents; when an axis is contracted again,
+    the pending row scales of the previous product on it are first folded
+    into the new operator's columns, so no scale is applied twice. Depends on
+    the operators and axes only, never on a tensor.
+    """
+    pending: dict[int, np.ndarray] = {}
+    out = []
+    for A, ax in zip(operators, axes):
+        eff, _ = fold_exponents(A, pending.get(ax))
+        ints, e = encode_integers(eff, bits, shared_axes=(1,))
+        e = e.reshape(-1)
+        pending[ax] = -e
+        out.append(PreparedOperator(ax, eff, ints, e, _row_sum_max(ints)))
+    return tuple(out)
