@@ -21,6 +21,7 @@ __all__ = [
     "product_ref",
     "hadamard_ref",
     "add_ref",
+    "drop_order",
     "drop_ref",
     "mrc_digits_ref",
     "base_extend_ref",
@@ -112,15 +113,23 @@ def add_ref(a: np.ndarray, b: np.ndarray, moduli: Sequence[int], subtract: bool 
 # ----- drop, mixed radix, base extension ----------------------------------------------------
 
 
-def drop_ref(planes: np.ndarray, active: Sequence[int], count: int = 1) -> tuple[np.ndarray, tuple[int, ...]]:
-    """Alg. 1 ``count`` times: divide by the smallest active modulus, rounding to nearest.
+def drop_order(active: Sequence[int], drops) -> tuple[int, ...]:
+    """The moduli a drop removes, in order: ``drops`` smallest ones (an int), or the given sequence."""
+    if isinstance(drops, (int, np.integer)):
+        return tuple(sorted(active)[: int(drops)])
+    return tuple(int(q) for q in drops)
 
-    Returns the new planes and the remaining active moduli (same order).
+
+def drop_ref(planes: np.ndarray, active: Sequence[int], count=1) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Alg. 1 repeatedly: divide by a modulus ``q`` with rounding to nearest, remove its plane.
+
+    ``count`` is how many of the smallest active moduli to drop (an int), or
+    the moduli themselves in the order to drop them. Returns the new planes
+    and the remaining active moduli (same order).
     """
     active = list(active)
     rows = [planes[i].astype(np.int64) for i in range(len(active))]
-    for _ in range(count):
-        q = min(active)
+    for q in drop_order(active, count):
         iq = active.index(q)
         s = rows[iq]
         rest = []
@@ -168,9 +177,9 @@ def base_extend_ref(planes: np.ndarray, active: Sequence[int], basis: Basis) -> 
 
 
 def drop_extend_ref(
-    planes: np.ndarray, active: Sequence[int], basis: Basis, drops: int, extend: bool
+    planes: np.ndarray, active: Sequence[int], basis: Basis, drops, extend: bool
 ) -> tuple[np.ndarray, tuple[int, ...]]:
-    """``drops`` calls of Alg. 1, then (if ``extend``) Alg. 4 back onto the whole basis."""
+    """Alg. 1 for each dropped modulus (see :func:`drop_ref`), then (if ``extend``) Alg. 4 onto the whole basis."""
     out, act = drop_ref(planes, active, drops)
     if extend:
         out = base_extend_ref(out, act, basis)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import operator
+from fractions import Fraction
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode
+from .encode import group_exponents
 from .planner import Schedule, plan_schedule
+from .planner.bounds import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, decode, drop, mode_product, strip_pending
 from .tensor import RNSTensor
 
@@ -28,7 +31,11 @@ class ChainPlan:
     method : str
         ``'rescale_be'``, ``'rescale'``, ``'norescale'`` or ``'composed'``.
     bits : int
-        The encoding width ``b`` selected (or given).
+        The encoding width ``b`` selected (or given) for the operators.
+    input_bits : int
+        The width the input tensor is encoded with (``bits`` unless set).
+    planner : str
+        ``'greedy'`` (Alg. 2) or ``'optimal'`` (drops minimising :meth:`error_bound`).
     drops : tuple of int
         Moduli dropped after each product (the last is 0).
     basis : Basis
@@ -38,10 +45,14 @@ class ChainPlan:
         Number of tensor (non-batch) axes.
     """
 
-    def __init__(self, schedule: Schedule, operators: Sequence[np.ndarray], axes: Sequence[int], ndim: int):
+    def __init__(
+        self, schedule: Schedule, operators: Sequence[np.ndarray], axes: Sequence[int], ndim: int, planner: str
+    ):
         self._schedule = schedule
         self.method = schedule.method
+        self.planner = planner
         self.bits = schedule.bits
+        self.input_bits = schedule.input_bits
         self.drops = schedule.drops
         self.basis = schedule.basis
         self.axes = tuple(axes)
@@ -52,6 +63,8 @@ class ChainPlan:
         self._encoded = tuple(
             encode(op.effective, self.basis, self.bits, shared_axes=(1,)) for op in schedule.operators
         )
+        self._norms = None
+        self._coefficients: dict = {}
 
     @property
     def schedule(self) -> Schedule:
@@ -93,7 +106,7 @@ class ChainPlan:
         """``X`` encoded as the persistent methods need: one exponent, ``bits`` wide."""
         if self.method == "composed":
             raise ValueError("the composed method encodes per fiber at every product; it has no single input encoding")
-        return encode(self._check_input(X), self.basis, self.bits, backend=backend)
+        return encode(self._check_input(X), self.basis, self.input_bits, backend=backend)
 
     def apply(self, T: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:
         """Apply every product, drop and extension of the plan to an encoded tensor; no decode."""
@@ -101,11 +114,11 @@ class ChainPlan:
             raise ValueError("the composed method decodes after every product; call the plan on a float array")
         batch = T.ndim - self.ndim
         extend = self.method == "rescale_be"
-        for op, ax, g in zip(self._encoded, self.axes, self.drops):
+        for op, ax, st in zip(self._encoded, self.axes, self._schedule.steps):
             T, _ = strip_pending(T, batch + ax)  # the plan folded it into this operator
             T = mode_product(T, op, batch + ax, backend=backend)
-            if g:
-                T = drop(T, g, extend=extend, backend=backend)
+            if st.dropped:
+                T = drop(T, moduli=st.dropped, extend=extend, backend=backend)
         return T
 
     def _run_composed(self, x: np.ndarray, batch: int, mode: str, backend) -> np.ndarray:
@@ -116,12 +129,60 @@ class ChainPlan:
             x = _decode(T, mode if i == last else "fp64", backend)
         return x
 
+    # ----- error bound --------------------------------------------------------------------
+
+    def norms(self):
+        """Exact norms of every executed operator against the given one (cached)."""
+        if self._norms is None:
+            self._norms = [operator_norms(op, A) for op, A in zip(self._schedule.operators, self.operators)]
+        return self._norms
+
+    def error_bound(self, X, decode: str = "fp64") -> float:
+        """A rigorous bound on ``max |plan(X) - exact|`` over all entries (float64, rounded up).
+
+        Accounts for the input encoding, the rounding of every operator to
+        integers, every drop (``floor(q/2)`` units, propagated through the
+        remaining operators' norms) and the final decode; see
+        :mod:`rnstensor.planner.bounds`. Depends on ``X`` only through its
+        largest magnitude and its encoding error.
+
+        Examples
+        --------
+        >>> import numpy as np, rnstensor as rt
+        >>> rng = np.random.default_rng(1)
+        >>> plan = rt.plan_chain([rng.uniform(-1, 1, (8, 8)) for _ in range(3)], [0, 1, 2])
+        >>> X = rng.uniform(-1, 1, (2, 8, 8, 8))
+        >>> plan.error_bound(X) < 1e-13
+        True
+        """
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        x = self._check_input(X)
+        xnorm = Fraction(float(np.max(np.abs(x)))) if x.size else Fraction(0)
+        if self.method == "composed":
+            return fraction_up(composed_bound(self.norms(), self.bits, len(self.basis), xnorm, decode))
+        e = int(group_exponents(x, self.input_bits, tuple(range(x.ndim))).reshape(-1)[0])
+        scaled = np.ldexp(x, e)
+        enc = Fraction(float(np.max(np.abs(np.rint(scaled) - scaled)))) * Fraction(2) ** (-e)
+        if decode not in self._coefficients:
+            steps = self._schedule.steps
+            final_moduli = len(self.basis) - (
+                0 if self.method == "rescale_be" else sum(self.drops)
+            )
+            self._coefficients[decode] = persistent_coefficients(
+                self.norms(), [st.dropped for st in steps], steps[-1].after, final_moduli, decode
+            )
+        coef = self._coefficients[decode]
+        return fraction_up(coef.evaluate(enc, xnorm, Fraction(2) ** (-e)))
+
     # ----- reporting ----------------------------------------------------------------------
 
     def describe(self, file=None) -> str:
         """Print (and return) per step: log2 bound before/after the product, drops, after, log2 range."""
         lines = [
-            f"{self.method} plan on {self.basis!r}: b = {self.bits}, drops = {self.drops}",
+            f"{self.method} plan ({self.planner}) on {self.basis!r}: b = {self.bits}"
+            + (f", input b = {self.input_bits}" if self.input_bits != self.bits else "")
+            + f", drops = {self.drops}",
             f"{'step':>4} {'axis':>4} {'n_out x n_in':>12} {'log2 B in':>10} {'log2 B prod':>11} "
             f"{'log2 range':>10} {'drops':>5} {'log2 B out':>10} {'log2 range out':>14}",
         ]
@@ -138,7 +199,7 @@ class ChainPlan:
 
     def __repr__(self) -> str:
         return (
-            f"ChainPlan(method={self.method!r}, bits={self.bits}, drops={self.drops}, axes={self.axes}, "
+            f"ChainPlan(method={self.method!r}, planner={self.planner!r}, bits={self.bits}, drops={self.drops}, axes={self.axes}, "
             f"s={len(self.basis)})"
         )
 
@@ -203,6 +264,7 @@ def plan_chain(
     method: str = "rescale_be",
     planner: str = "greedy",
     bits: Optional[int] = None,
+    input_bits: Optional[int] = None,
     ndim: Optional[int] = None,
 ) -> ChainPlan:
     """Plan a chain of mode products once; apply the plan to many tensors.
@@ -217,11 +279,17 @@ def plan_chain(
         The working basis (``15`` = ``Basis.int8(15)``).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
         papers/002 Alg. 7, 10, 8, 6.
-    planner : {'greedy'}
-        Alg. 2 drop selection.
+    planner : {'greedy', 'optimal'}
+        ``'greedy'``: Alg. 2 (drop while the bound stays above ``2**bits``).
+        ``'optimal'``: per product, the drop count that minimises
+        :meth:`ChainPlan.error_bound` subject to the same range checks (it
+        drops only what the next product needs, so each rounding is smaller).
     bits : int, optional
         Force the encoding width; by default the largest ``b <= 53`` that
         passes the method's range checks.
+    input_bits : int, optional
+        Encode the input tensor with this width instead of ``bits`` (persistent
+        methods): wider keeps small entries of wide-range tensors.
     ndim : int, optional
         Number of tensor axes (default ``max(axes) + 1``); leading axes of the
         input beyond these are a batch.
@@ -248,8 +316,8 @@ def plan_chain(
     ops, axes, nd = _normalize_chain(operators, axes, ndim)
     _axis_lengths(ops, axes, nd)
     basis = as_basis(moduli, "moduli")
-    sched = plan_schedule(ops, axes, basis, method, planner, bits)
-    return ChainPlan(sched, ops, axes, nd)
+    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits)
+    return ChainPlan(sched, ops, axes, nd, planner)
 
 
 def mode_chain(
@@ -260,6 +328,9 @@ def mode_chain(
     moduli: Union[int, Basis, Sequence[int]] = 15,
     method: str = "rescale_be",
     decode: str = "fp64",
+    planner: str = "greedy",
+    bits: Optional[int] = None,
+    input_bits: Optional[int] = None,
     ndim: Optional[int] = None,
 ) -> np.ndarray:
     """One-shot chain of mode products: ``plan_chain(...)(X, decode)``.
@@ -272,4 +343,7 @@ def mode_chain(
     array([[6.],
            [6.]])
     """
-    return plan_chain(operators, axes, moduli=moduli, method=method, ndim=ndim)(X, decode=decode)
+    plan = plan_chain(
+        operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits, ndim=ndim
+    )
+    return plan(X, decode=decode)

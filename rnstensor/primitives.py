@@ -8,7 +8,7 @@ hands the residue arithmetic to the backend.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -318,7 +318,14 @@ def sub(T: RNSTensor, U: RNSTensor, *, backend: Optional[str] = None) -> RNSTens
     return _add_sub(T, U, True, backend)
 
 
-def drop(T: RNSTensor, count: int = 1, *, extend: bool = False, backend: Optional[str] = None) -> RNSTensor:
+def drop(
+    T: RNSTensor,
+    count: int = 1,
+    *,
+    extend: bool = False,
+    moduli: Optional[Sequence[int]] = None,
+    backend: Optional[str] = None,
+) -> RNSTensor:
     """RnsDrop (papers/002 Alg. 1) ``count`` times, each time the smallest active modulus ``q``.
 
     Every drop replaces ``v`` by ``(v - [v]_q) / q`` (division with rounding to
@@ -326,10 +333,23 @@ def drop(T: RNSTensor, count: int = 1, *, extend: bool = False, backend: Optiona
     ``bound // q + 1``. With ``extend=True`` the base extension (Alg. 4) follows
     in the same pass per entry, restoring every basis modulus.
 
+    Parameters
+    ----------
+    T : RNSTensor
+    count : int
+        How many of the smallest active moduli to drop.
+    extend : bool
+        Restore every basis modulus afterwards (fused with the drops).
+    moduli : sequence of int, optional
+        Drop exactly these active moduli, in this order, instead of the
+        ``count`` smallest (``count`` is then ignored). The error-optimal
+        planner uses it to divide by just enough.
+
     Raises
     ------
     ValueError
-        If ``count`` is negative or would leave no modulus.
+        If ``count`` is negative or would leave no modulus, or ``moduli`` are
+        not distinct active moduli.
     RNSRangeError
         If a quotient's bound would not fit the remaining moduli.
 
@@ -342,25 +362,34 @@ def drop(T: RNSTensor, count: int = 1, *, extend: bool = False, backend: Optiona
     ((7, 5), 3)
     """
     _check_tensor(T, "T")
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-        raise ValueError(f"count must be a non-negative integer; got {count!r}")
-    count = int(count)
-    if count >= len(T.active):
-        raise ValueError(
-            f"count={count} would drop every active modulus ({len(T.active)} held); at most {len(T.active) - 1}"
-        )
-    active = list(T.active)
+    if moduli is None:
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ValueError(f"count must be a non-negative integer; got {count!r}")
+        order = tuple(sorted(T.active)[: int(count)])
+        if count >= len(T.active):
+            raise ValueError(
+                f"count={count} would drop every active modulus ({len(T.active)} held); at most {len(T.active) - 1}"
+            )
+    else:
+        order = tuple(int(q) for q in moduli)
+        bad = [q for q in order if q not in T.active]
+        if bad or len(set(order)) != len(order) or len(order) >= len(T.active):
+            raise ValueError(
+                f"moduli={tuple(moduli)} must be distinct active moduli of T {T.active}, leaving at least one"
+            )
     bound, factor, P = T.bound, T.scale.factor, T.active_product
-    for i in range(count):
-        q = min(active)
-        active.remove(q)
+    for i, q in enumerate(order):
         bound, factor, P = bound // q + 1, factor * q, P // q
         if 2 * bound >= P:
-            raise range_error(f"drop {i + 1} of {count} (modulus {q})", bound, P)
-    if count == 0 and not extend:
+            raise range_error(f"drop {i + 1} of {len(order)} (modulus {q})", bound, P)
+    if not order and not extend:
         return T
-    planes, new_active = get_backend(backend).drop_extend(T.residues, T.active, T.basis, count, extend)
-    return RNSTensor(planes, T.basis, new_active, bound, T.scale.replace(factor=factor))
+    # the backend's fast path is a count of smallest moduli; other orders go as a tuple
+    drops = len(order) if order == tuple(sorted(T.active)[: len(order)]) else order
+    planes, new_active = get_backend(backend).drop_extend(T.residues, T.active, T.basis, drops, extend)
+    # no drop leaves the integers untouched (a pure extension): entries encoded from -0.0 stay -0.0
+    negz = T.negative_zeros if not order else None
+    return RNSTensor(planes, T.basis, new_active, bound, T.scale.replace(factor=factor), negz)
 
 
 def base_extend(T: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:

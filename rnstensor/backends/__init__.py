@@ -15,8 +15,9 @@ aside), so all backends return identical bits. The contract:
 ``add(a, b, moduli, subtract=False)``
     elementwise sum or difference.
 ``drop_extend(planes, active, basis, drops, extend)``
-    ``drops`` × Alg. 1 (smallest active modulus each time), then, if
-    ``extend``, Alg. 4 onto every basis modulus → ``(planes, active)``.
+    Alg. 1 for each dropped modulus — ``drops`` is a count (the smallest
+    active moduli, smallest first) or a tuple of moduli in drop order — then,
+    if ``extend``, Alg. 4 onto every basis modulus → ``(planes, active)``.
 ``decode(planes, active, exponent, factor, mode)``
     float64 of ``v * factor * 2**exponent``: ``mode='fp64'`` is MRC + Horner
     in float64 then the scale; ``mode='exact'`` rounds the exact product once.

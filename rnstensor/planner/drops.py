@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from ..basis import Basis, log2_int
 
 __all__ = ["drop_plan", "simulate", "StepBounds", "Trace", "log2_steps"]
@@ -70,14 +72,14 @@ def simulate(
     rhos: Sequence[int],
     basis: Basis,
     restore: bool,
-    drops: Optional[Sequence[int]],
+    drops: Optional[Sequence] = None,
     start: Optional[int] = None,
 ) -> Trace:
     """Run the bound recurrence of a chain; ``drops=None`` chooses them greedily (Alg. 2).
 
-    With given ``drops`` it checks that schedule instead (a count the range
-    does not allow fails as a ``'drop'`` check). Stops at the first failed
-    range check. ``start`` overrides the initial bound ``2**bits``.
+    With given ``drops`` (per product: a count of smallest moduli, or a tuple
+    of moduli in drop order) it checks that schedule instead. Stops at the
+    first failed range check. ``start`` overrides the initial bound ``2**bits``.
     """
     B = (1 << bits) if start is None else int(start)
     threshold = 1 << bits
@@ -93,24 +95,37 @@ def simulate(
         if 2 * B >= PL:
             return Trace(out, (i, "product", log2_int(2 * B), log2_int(PL)))
         prod_bound, range_prod = B, PL
-        g, dropped = 0, []
+        dropped: list[int] = []
         if i < d - 1:
-            want = None if drops is None else int(drops[i])
-            while (B // avail[0] >= threshold if want is None else g < want):
-                if len(avail) == 1:
-                    if want is None:
-                        break
+            if drops is None:
+                order = None  # greedy: decided one modulus at a time
+            elif isinstance(drops[i], (int, np.integer)):
+                order = avail[: int(drops[i])] if int(drops[i]) < len(avail) else None
+                if order is None:
                     return Trace(out, (i, "drop", float("inf"), log2_int(PL)))
-                q = avail[0]
+            else:
+                order = [int(q) for q in drops[i]]
+                if any(q not in avail for q in order) or len(set(order)) != len(order) or len(order) >= len(avail):
+                    return Trace(out, (i, "drop", float("inf"), log2_int(PL)))
+            k = 0
+            while True:
+                if order is None:
+                    if len(avail) == 1 or B // avail[0] < threshold:
+                        break
+                    q = avail[0]
+                else:
+                    if k == len(order):
+                        break
+                    q = order[k]
+                k += 1
                 nb = B // q + 1
                 if 2 * nb >= PL // q:
                     return Trace(out, (i, "drop", log2_int(2 * nb), log2_int(PL // q)))
-                avail.pop(0)
+                avail.remove(q)
                 PL //= q
                 B = nb
-                g += 1
                 dropped.append(q)
-        out.append(StepBounds(before, prod_bound, g, B, range_prod, PL, tuple(dropped)))
+        out.append(StepBounds(before, prod_bound, len(dropped), B, range_prod, PL, tuple(dropped)))
         if restore:
             avail, PL = list(full), P
     return Trace(out)

@@ -9,13 +9,14 @@ import numpy as np
 
 from ..basis import Basis, log2_int
 from ..errors import PlanError
+from .bounds import operator_norms, optimal_drops
 from .drops import StepBounds, simulate
 from .operators import PreparedOperator, prepare_operators
 
 __all__ = ["METHODS", "PLANNERS", "Schedule", "plan_schedule"]
 
 METHODS = ("rescale_be", "rescale", "norescale", "composed")
-PLANNERS = ("greedy",)
+PLANNERS = ("greedy", "optimal")
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +29,7 @@ class Schedule:
 
     method: str
     bits: int
+    input_bits: int
     drops: tuple[int, ...]
     operators: tuple[PreparedOperator, ...]
     steps: tuple[StepBounds, ...]
@@ -44,10 +46,11 @@ def _composed_steps(bits: int, ops: Sequence[PreparedOperator], basis: Basis):
     return steps, None
 
 
-def _try(method: str, bits: int, operators, axes, basis: Basis):
+def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operators, axes, basis: Basis):
     """Prepare the operators at ``bits`` and run the method's range checks: ``(schedule, failure)``."""
-    if 2 * (1 << bits) >= basis.product:
-        return None, (-1, "encode", float(bits + 1), basis.log2_product)
+    xbits = bits if input_bits is None else int(input_bits)
+    if 2 * (1 << xbits) >= basis.product:
+        return None, (-1, "encode", float(xbits + 1), basis.log2_product)
     if method == "composed":
         # decoded after every product: each operator is encoded on its own, no pending scales
         ops = tuple(prepare_operators([A], [ax], bits)[0] for A, ax in zip(operators, axes))
@@ -60,15 +63,22 @@ def _try(method: str, bits: int, operators, axes, basis: Basis):
     else:
         ops = prepare_operators(operators, axes, bits)
         rhos = [op.rho for op in ops]
+        start = 1 << xbits
+        restore = method == "rescale_be"
         if method == "norescale":
-            trace = simulate(bits, rhos, basis, False, [0] * len(ops))
+            trace = simulate(bits, rhos, basis, False, [0] * len(ops), start)
         else:
-            trace = simulate(bits, rhos, basis, method == "rescale_be", None)
+            trace = simulate(bits, rhos, basis, restore, None, start)
+            if planner == "optimal" and trace.failure is None:
+                norms = [operator_norms(op, A) for op, A in zip(ops, operators)]
+                best = optimal_drops(start, rhos, norms, basis, restore)
+                if best is not None:
+                    trace = simulate(bits, rhos, basis, restore, best, start)
         steps, failure = trace.steps, trace.failure
     if failure is not None:
         return None, failure
     drops = tuple(s.drops for s in steps)
-    return Schedule(method, bits, drops, ops, tuple(steps), basis), None
+    return Schedule(method, bits, xbits, drops, ops, tuple(steps), basis), None
 
 
 def plan_schedule(
@@ -78,21 +88,30 @@ def plan_schedule(
     method: str = "rescale_be",
     planner: str = "greedy",
     bits: Optional[int] = None,
+    input_bits: Optional[int] = None,
 ) -> Schedule:
     """Choose the encoding bits and drop counts of a chain (largest ``b <= 53`` passing every check).
 
     With ``bits`` given, that width is checked and used (it may exceed 53
-    where the basis holds it). Raises :class:`PlanError` naming the failing
-    step and the missing bits when no width passes.
+    where the basis holds it). ``input_bits`` encodes the tensor wider (or
+    narrower) than the operators. ``planner='optimal'`` chooses the drops to
+    minimise the a-priori error bound instead of Alg. 2's greedy rule. Raises
+    :class:`PlanError` naming the failing step and the missing bits when no
+    width passes.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     if planner not in PLANNERS:
         raise ValueError(f"planner must be one of {PLANNERS}; got {planner!r}")
+    if input_bits is not None and method == "composed":
+        raise ValueError("input_bits applies to the persistent methods; 'composed' encodes every product at bits")
+    for name, val in (("bits", bits), ("input_bits", input_bits)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1):
+            raise ValueError(f"{name} must be a positive integer; got {val!r}")
     candidates = range(53, 0, -1) if bits is None else [int(bits)]
     failure = None
     for b in candidates:
-        sched, failure = _try(method, b, operators, axes, basis)
+        sched, failure = _try(method, b, input_bits, planner, operators, axes, basis)
         if sched is not None:
             return sched
     step, what, need, have = failure

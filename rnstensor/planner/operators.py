@@ -27,6 +27,10 @@ class PreparedOperator:
         The row-encoded integers of ``effective`` (int64, or Python ints above 53 bits).
     row_exponents : ndarray
         ``e`` per row: ``effective ~= ints * 2**-e``.
+    column_exponents : ndarray
+        ``r`` per column (all ``<= 0``): ``effective = A * 2**r`` column by
+        column, the folded pending scale relative to its maximum (zeros on a
+        first visit).
     rho : int
         ``max_j sum_k |ints[j, k]|``: the bound growth of this product (Eq. 21).
     """
@@ -35,6 +39,7 @@ class PreparedOperator:
     effective: np.ndarray
     ints: np.ndarray
     row_exponents: np.ndarray
+    column_exponents: np.ndarray
     rho: int
 
 
@@ -58,9 +63,11 @@ def prepare_operators(operators: Sequence[np.ndarray], axes: Sequence[int], bits
     pending: dict[int, np.ndarray] = {}
     out = []
     for A, ax in zip(operators, axes):
-        eff, _ = fold_exponents(A, pending.get(ax))
+        pend = pending.get(ax)
+        eff, c = fold_exponents(A, pend)
+        rel = np.zeros(eff.shape[1], np.int64) if pend is None else pend - c
         ints, e = encode_integers(eff, bits, shared_axes=(1,))
         e = e.reshape(-1)
         pending[ax] = -e
-        out.append(PreparedOperator(ax, eff, ints, e, _row_sum_max(ints)))
+        out.append(PreparedOperator(ax, eff, ints, e, rel, _row_sum_max(ints)))
     return tuple(out)
