@@ -1,4 +1,4 @@
-"""The ``rnstensor`` command: ``info`` and ``demo``."""
+"""The ``rnstensor`` command: ``info``, ``demo`` and ``accuracy``."""
 
 from __future__ import annotations
 
@@ -101,6 +101,62 @@ def _demo(args) -> int:
         "\n  The residue chain rounds only at the encode, at each drop (by design, ~2^-53 of the bound)"
         "\n  and at the decode; every product in between is exact integer arithmetic."
     )
+    if args.accuracy_count > 0:
+        from .accuracy import run_accuracy
+
+        print(
+            f"\n\nA short papers/002 accuracy experiment (n = 8, s = 15, d = 3 and 8, {args.accuracy_count} tensors per "
+            "dataset; the full one: rnstensor accuracy)\n"
+        )
+        t0 = time.perf_counter()
+        result = run_accuracy(depths=(3, 8), count=args.accuracy_count, seed=args.seed)  # the paper's n = 8, s = 15
+        print(result.format())
+        print(f"\n  ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _parse_depths(text: str) -> list[int]:
+    """``'3,4,8'`` or ``'3-8'`` (or a mix) as a list of ints."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(v) for v in part.split("-", 1))
+                out.extend(range(lo, hi + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--depths must look like '3-8' or '3,4,8'; got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"--depths needs chain depths >= 1; got {text!r}")
+    return out
+
+
+def _accuracy(args) -> int:
+    from .accuracy import run_accuracy
+
+    t0 = time.perf_counter()
+    progress = (lambda line: print("  " + line, file=sys.stderr, flush=True)) if args.verbose else None
+    try:
+        result = run_accuracy(
+            depths=args.depths,
+            count=args.count,
+            n=args.n,
+            moduli=args.moduli,
+            seed=args.seed,
+            decode=args.decode,
+            planner=args.planner,
+            progress=progress,
+        )
+    except ValueError as exc:  # bad options and PlanError (too few moduli for a depth): a message, no traceback
+        print(f"rnstensor accuracy: error: {exc}", file=sys.stderr)
+        return 2
+    print(result.format())
+    print(f"\n({time.perf_counter() - t0:.1f} s)")
+    if args.json:
+        result.to_json(args.json)
+        print(f"JSON written to {args.json}")
     return 0
 
 
@@ -120,8 +176,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     demo.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")
     demo.add_argument("--moduli", type=int, default=15, help="INT8 moduli in the basis (default 15)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--accuracy-count",
+        type=int,
+        default=4,
+        help="tensors per dataset in the short accuracy run at d = 3 and 8 (default 4; 0 skips it)",
+    )
+    acc = sub.add_parser(
+        "accuracy",
+        help="papers/002 Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
+    )
+    acc.add_argument("--depths", type=_parse_depths, default=[3, 4, 5, 6, 7, 8], help="chain depths (default 3-8)")
+    acc.add_argument("--count", type=int, default=32, help="tensors per dataset (default 32, as in the paper)")
+    acc.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
+    acc.add_argument("--n", type=int, default=8, help="mode size (default 8)")
+    acc.add_argument("--moduli", type=int, default=15, help="INT8 moduli in the basis (default 15)")
+    acc.add_argument("--decode", choices=("fp64", "exact"), default="fp64", help="decode of the residue methods")
+    acc.add_argument(
+        "--planner", choices=("greedy", "optimal"), default="greedy", help="drop planner (default greedy, Alg. 2)"
+    )
+    acc.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    acc.add_argument("-v", "--verbose", action="store_true", help="progress lines on stderr")
     args = parser.parse_args(argv)
-    return {"info": _info, "demo": _demo}[args.command](args)
+    if args.command == "accuracy" and args.count < 1:
+        parser.error(f"--count must be at least 1; got {args.count}")
+    return {"info": _info, "demo": _demo, "accuracy": _accuracy}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import numpy as np
 
 from .arith import float_parts
 from .backends import get_backend
-from .basis import Basis, log2_int
+from .basis import Basis
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
@@ -178,7 +178,8 @@ def encode(
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1:
         raise ValueError(f"bits must be an integer >= 1; got {bits!r}")
     bits = int(bits)
-    if 2 * (1 << bits) >= basis.product:
+    # compare bit lengths first: an absurd ``bits`` must not build a 2**bits integer
+    if bits >= basis.product.bit_length() or 2 * (1 << bits) >= basis.product:
         raise RNSRangeError(
             f"encode: bits={bits} needs a basis product above 2^{bits + 1}, but {basis!r} gives "
             f"2^{basis.log2_product:.1f}; use at most bits={basis.product.bit_length() - 3} or more moduli"

@@ -7,7 +7,6 @@ hands the residue arithmetic to the backend.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -214,11 +213,11 @@ def fold_pending(T: RNSTensor, A, axis: int) -> tuple[np.ndarray, RNSTensor]:
     --------
     >>> import numpy as np, rnstensor as rt
     >>> B = rt.Basis.int8(15)
-    >>> X = rt.encode(np.ones((2, 2)), B)
+    >>> X = rt.encode(np.ones((2, 2)), B, bits=20)
     >>> A = np.array([[1.0, 0.0], [0.0, 3.0]])
-    >>> Y = rt.mode_product(X, rt.encode(A, B, shared_axes=(1,)), 0)
+    >>> Y = rt.mode_product(X, rt.encode(A, B, bits=20, shared_axes=(1,)), 0)
     >>> A_eff, Y0 = rt.fold_pending(Y, A, 0)
-    >>> rt.decode(rt.mode_product(Y0, rt.encode(A_eff, B, shared_axes=(1,)), 0))
+    >>> rt.decode(rt.mode_product(Y0, rt.encode(A_eff, B, bits=20, shared_axes=(1,)), 0))
     array([[1., 1.],
            [9., 9.]])
     """
@@ -431,7 +430,9 @@ def decode(T: RNSTensor, mode: str = "fp64", *, backend: Optional[str] = None) -
     -------
     ndarray of float64, shape ``T.shape``
         Entries encoded from ``-0.0`` decode to ``-0.0`` while no arithmetic
-        has touched them; every other zero is ``+0.0``.
+        has touched them; every other integer zero is ``+0.0``. In ``'exact'``
+        mode a nonzero negative value that rounds to zero gives ``-0.0`` (the
+        correctly rounded result).
 
     Examples
     --------

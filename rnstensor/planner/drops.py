@@ -24,10 +24,10 @@ def drop_plan(bits: int, rhos: Sequence[int], basis: Basis, restore: bool) -> Op
 
     Examples
     --------
-    >>> drop_plan(4, [3, 2], Basis((7, 5, 3)), restore=True)
-    (0, 0)
-    >>> drop_plan(2, [7, 7], Basis((7, 5, 3)), restore=True)
+    >>> drop_plan(4, [3, 2], Basis((7, 5, 3)), restore=True)  # 48 // 3 = 16 >= 2**4: drop 3, B = 17
     (1, 0)
+    >>> drop_plan(2, [7, 7], Basis((7, 5, 3)), restore=True) is None  # 2 * 10 * 7 >= 105
+    True
     """
     trace = simulate(bits, rhos, basis, restore, None)
     if trace.failure is not None:

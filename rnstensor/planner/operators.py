@@ -67,7 +67,13 @@ def prepare_operators(operators: Sequence[np.ndarray], axes: Sequence[int], bits
         eff, c = fold_exponents(A, pend)
         rel = np.zeros(eff.shape[1], np.int64) if pend is None else pend - c
         ints, e = encode_integers(eff, bits, shared_axes=(1,))
-        e = e.reshape(-1)
+        e = e.reshape(-1).copy()
+        # an all-zero row yields exact zeros whatever its exponent; Alg. 5's exponent 0 would make its
+        # pending scale the largest of the axis and, folded into a later operator on the axis, push every
+        # other column ~b bits down (the rows that matter lose their precision): give it the smallest scale
+        zero = ~np.any(eff != 0, axis=1)
+        if zero.any() and not zero.all():
+            e[zero] = e[~zero].max()
         pending[ax] = -e
         out.append(PreparedOperator(ax, eff, ints, e, rel, _row_sum_max(ints)))
     return tuple(out)

@@ -1,0 +1,20 @@
+"""Shared test set-up: hypothesis profile, the exact oracles on sys.path."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+# no deadline (the numpy reference backend is slow by design, numba compiles on first use);
+# every property test sets its own modest max_examples
+settings.register_profile(
+    "rnstensor",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("ci", parent=settings.get_profile("rnstensor"), derandomize=True)
+settings.load_profile(os.environ.get("RNSTENSOR_HYPOTHESIS_PROFILE", "rnstensor"))

@@ -1,0 +1,24 @@
+"""The examples in the public docstrings run and print what they claim."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "rnstensor.basis",
+    "rnstensor.encode",
+    "rnstensor.primitives",
+    "rnstensor.reference",
+    "rnstensor.backends",
+    "rnstensor.chain",
+    "rnstensor.planner.drops",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no examples"
+    assert result.failed == 0
