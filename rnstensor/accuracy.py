@@ -131,6 +131,13 @@ class AccuracyResult:
             lines.append(f"  {METHOD_LABELS['einsum']:<16}" + "".join(f"{'-':>6}" for _ in depths))
         for m in methods:
             lines.append(f"  {METHOD_LABELS[m]:<16}" + "".join(f"{self.plans[d][m]['bits']:>6}" for d in depths))
+        if cfg.get("input_bits") is not None:
+            for m in methods:
+                if m != "composed":
+                    lines.append(
+                        f"  {METHOD_LABELS[m] + ' input b':<16}"
+                        + "".join(f"{self.plans[d][m]['input_bits']:>6}" for d in depths)
+                    )
         if "rescale" in methods:
             lines.append(
                 f"  {'Rescale moduli':<16}"
@@ -224,6 +231,7 @@ def run_accuracy(
     methods: Sequence[str] = METHODS,
     decode: str = "fp64",
     planner: str = "greedy",
+    input_bits: Optional[object] = None,
     backend: Optional[str] = None,
     progress: Optional[Callable[[str], None]] = None,
 ) -> AccuracyResult:
@@ -262,6 +270,9 @@ def run_accuracy(
         Decode of the residue methods (the paper measures ``'fp64'``).
     planner : {'greedy', 'optimal'}
         Drop planner of Rescale and RescaleBE (the paper: ``'greedy'``, Alg. 2).
+    input_bits : int or 'max', optional
+        Input encoding width of the persistent methods (default: their ``b``);
+        ``'max'`` is the widest each plan's range checks allow.
     backend : str, optional
         Residue backend (default: the current one).
     progress : callable, optional
@@ -308,6 +319,7 @@ def run_accuracy(
         "methods": list(methods),
         "decode": decode,
         "planner": planner,
+        "input_bits": input_bits,
         "backend": get_backend(backend).name,
         "seeding": "operators at depth d: numpy default_rng(seed), d draws of uniform(-1, 1, (n, n)); "
         "dataset k (0 uniform, 1 smooth, 2 wide160): default_rng(SeedSequence([seed, 1 + k])), same tensors at every depth",
@@ -318,10 +330,17 @@ def run_accuracy(
     for d in depths:
         ops = chain_operators(d, n, np.random.default_rng(operator_seed(seed)))
         axes = cycling_axes(d)
-        plans = {m: plan_chain(ops, axes, moduli=basis, method=m, planner=planner, ndim=3) for m in residue_methods}
+        plans = {
+            m: plan_chain(
+                ops, axes, moduli=basis, method=m, planner=planner, ndim=3,
+                input_bits=None if m == "composed" else input_bits,
+            )
+            for m in residue_methods
+        }
         result.plans[d] = {
             m: {
                 "bits": p.bits,
+                "input_bits": p.input_bits,
                 "drops": tuple(p.drops),
                 "final_moduli": len(basis) - (sum(p.drops) if m == "rescale" else 0),
             }

@@ -295,7 +295,7 @@ def plan_chain(
     method: str = "rescale_be",
     planner: str = "greedy",
     bits: Optional[int] = None,
-    input_bits: Optional[int] = None,
+    input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
 ) -> ChainPlan:
     """Plan a chain of mode products once; apply the plan to many tensors.
@@ -318,9 +318,10 @@ def plan_chain(
     bits : int, optional
         Force the encoding width; by default the largest ``b <= 53`` that
         passes the method's range checks.
-    input_bits : int, optional
+    input_bits : int or 'max', optional
         Encode the input tensor with this width instead of ``bits`` (persistent
-        methods): wider keeps small entries of wide-range tensors.
+        methods): wider keeps small entries of wide-range tensors. ``'max'``:
+        the widest the plan's range checks allow.
     ndim : int, optional
         Number of tensor axes (default ``max(axes) + 1``); leading axes of the
         input beyond these are a batch.
@@ -361,7 +362,7 @@ def mode_chain(
     decode: str = "fp64",
     planner: str = "greedy",
     bits: Optional[int] = None,
-    input_bits: Optional[int] = None,
+    input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
 ) -> np.ndarray:
     """One-shot chain of mode products: ``plan_chain(...)(X, decode)``.

@@ -147,6 +147,7 @@ def _accuracy(args) -> int:
             seed=args.seed,
             decode=args.decode,
             planner=args.planner,
+            input_bits=args.input_bits,
             progress=progress,
         )
     except ValueError as exc:  # bad options and PlanError (too few moduli for a depth): a message, no traceback
@@ -194,6 +195,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     acc.add_argument("--decode", choices=("fp64", "exact"), default="fp64", help="decode of the residue methods")
     acc.add_argument(
         "--planner", choices=("greedy", "optimal"), default="greedy", help="drop planner (default greedy, Alg. 2)"
+    )
+    acc.add_argument(
+        "--input-bits",
+        type=lambda v: v if v == "max" else int(v),
+        default=None,
+        help="input encoding width of the persistent methods: an integer or 'max' (default: their b)",
     )
     acc.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     acc.add_argument("-v", "--verbose", action="store_true", help="progress lines on stderr")

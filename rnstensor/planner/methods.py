@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -88,13 +88,13 @@ def plan_schedule(
     method: str = "rescale_be",
     planner: str = "greedy",
     bits: Optional[int] = None,
-    input_bits: Optional[int] = None,
+    input_bits: Optional[Union[int, str]] = None,
 ) -> Schedule:
     """Choose the encoding bits and drop counts of a chain (largest ``b <= 53`` passing every check).
 
     With ``bits`` given, that width is checked and used (it may exceed 53
     where the basis holds it). ``input_bits`` encodes the tensor wider (or
-    narrower) than the operators. ``planner='optimal'`` chooses the drops to
+    narrower) than the operators; ``'max'`` takes the widest that passes. ``planner='optimal'`` chooses the drops to
     minimise the a-priori error bound instead of Alg. 2's greedy rule. Raises
     :class:`PlanError` naming the failing step and the missing bits when no
     width passes.
@@ -105,14 +105,22 @@ def plan_schedule(
         raise ValueError(f"planner must be one of {PLANNERS}; got {planner!r}")
     if input_bits is not None and method == "composed":
         raise ValueError("input_bits applies to the persistent methods; 'composed' encodes every product at bits")
-    for name, val in (("bits", bits), ("input_bits", input_bits)):
+    widest = isinstance(input_bits, str) and input_bits == "max"
+    for name, val in (("bits", bits), ("input_bits", None if widest else input_bits)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1):
-            raise ValueError(f"{name} must be a positive integer; got {val!r}")
+            raise ValueError(f"{name} must be a positive integer" + (" or 'max'" if name == "input_bits" else "")
+                             + f"; got {val!r}")
     candidates = range(53, 0, -1) if bits is None else [int(bits)]
     failure = None
     for b in candidates:
-        sched, failure = _try(method, b, input_bits, planner, operators, axes, basis)
+        sched, failure = _try(method, b, None if widest else input_bits, planner, operators, axes, basis)
         if sched is not None:
+            # 'max': widen the input encoding while every range check still passes
+            while widest:
+                wider, _ = _try(method, b, sched.input_bits + 1, planner, operators, axes, basis)
+                if wider is None:
+                    break
+                sched = wider
             return sched
     step, what, need, have = failure
     where = "the encoding" if step < 0 else f"product {step + 1} (axis {axes[step]})" + (
