@@ -69,7 +69,9 @@ def test_table2_matches_plan_chain_on_documented_operators():
     g = np.random.default_rng(3)
     ops = [g.uniform(-1, 1, (8, 8)) for _ in range(5)]
     plan = rt.plan_chain(ops, (0, 1, 2, 0, 1), method="rescale")
-    assert r.plans[5]["rescale"] == {"bits": plan.bits, "drops": plan.drops, "final_moduli": 15 - sum(plan.drops)}
+    assert r.plans[5]["rescale"] == {
+        "bits": plan.bits, "input_bits": plan.input_bits, "drops": plan.drops, "final_moduli": 15 - sum(plan.drops)
+    }
 
 
 # ----- the paper's qualitative accuracy claims (Fig. 6, Table 3) ------------------------------
@@ -169,7 +171,7 @@ def test_result_structure_json_and_printing(short_run, tmp_path):
     text = short_run.to_json(str(path))
     data = json.loads(path.read_text())
     assert data == json.loads(text)
-    assert data["table2"]["8"]["rescale_be"] == {"bits": 53, "drops": [7, 7, 7, 7, 7, 7, 8, 0], "final_moduli": 15}
+    assert data["table2"]["8"]["rescale_be"] == {"bits": 53, "input_bits": 53, "drops": [7, 7, 7, 7, 7, 7, 8, 0], "final_moduli": 15}
     rec = [e for e in data["errors"] if (e["method"], e["dataset"], e["depth"]) == ("rescale_be", "wide160", 8)]
     assert len(rec) == 1 and rec[0]["normwise"] == short_run.error("rescale_be", "wide160", 8)
     out = short_run.format()
