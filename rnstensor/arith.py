@@ -223,18 +223,26 @@ def decode_fp64_ref(planes: np.ndarray, active: Sequence[int], exponent: np.ndar
     f, k = float_factor(factor)
     e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), v.shape) + k
     # ldexp with an exponent far outside float range saturates correctly to 0/inf; clip keeps int32
-    return np.ldexp(v * f, np.clip(e, -1 << 20, 1 << 20).astype(np.int32))
+    with np.errstate(over="ignore"):
+        return np.ldexp(v * f, np.clip(e, -1 << 20, 1 << 20).astype(np.int32))
 
 
 def round_scaled_int(w: int, e: int) -> float:
-    """``w * 2**e`` rounded once to nearest-even float64 (``±inf`` on overflow)."""
+    """``w * 2**e`` rounded once to nearest-even float64 (``±inf`` on overflow, ``±0.0`` below half the least subnormal)."""
     w, e = int(w), int(e)
+    if w == 0:
+        return 0.0
+    top = w.bit_length() + e  # 2**(top-1) <= |w| * 2**e < 2**top
+    if top > 1025:
+        return math.inf if w > 0 else -math.inf
+    if top < -1076:
+        return 0.0 if w > 0 else -0.0
     try:
         if e >= 0:
-            return float(w << e) if w else 0.0
+            return float(w << e)
         return w / (1 << -e)  # CPython's int true division rounds correctly, subnormals included
     except OverflowError:
-        return math.copysign(math.inf, w)
+        return math.inf if w > 0 else -math.inf
 
 
 def decode_exact_ref(planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int) -> np.ndarray:

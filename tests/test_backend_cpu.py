@@ -1,0 +1,390 @@
+"""CpuBackend against the numpy reference (rnstensor.arith): every call equal bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rnstensor import arith
+from rnstensor.backends import NumpyBackend, get_backend
+from rnstensor.backends import cpu as cpu_mod
+from rnstensor.backends.cpu import CpuBackend
+from rnstensor.basis import Basis, centered, int8_pool
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in ldexp:RuntimeWarning")
+
+REF = NumpyBackend()
+CPU = CpuBackend()
+
+CUSTOM = [Basis((7, 5, 3)), Basis((255, 256, 7)), Basis((2,)), Basis((3, 2)), Basis((256,)), Basis((11, 13, 4))]
+
+
+# ----- helpers ------------------------------------------------------------------------------
+
+
+def same_int8(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype == np.int8 and a.shape == b.shape and np.array_equal(a, b)
+
+
+def assert_same_float(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype == np.float64 and a.shape == b.shape
+    ua, ub = a.view(np.uint64), b.view(np.uint64)
+    both_nan = np.isnan(a) & np.isnan(b)
+    bad = (ua != ub) & ~both_nan
+    if bad.any():
+        i = np.flatnonzero(bad)[0]
+        raise AssertionError(f"{bad.sum()} entries differ; first at {i}: reference {a.flat[i]!r}, cpu {b.flat[i]!r}")
+
+
+def random_planes(rng: np.random.Generator, moduli, shape) -> np.ndarray:
+    """Valid centered residues, with the range ends over-represented."""
+    rows = []
+    for p in moduli:
+        lo, hi = -(p // 2), (p + 1) // 2 - 1
+        r = rng.integers(lo, hi + 1, size=shape)
+        edge = rng.random(shape)
+        r = np.where(edge < 0.1, lo, np.where(edge > 0.9, hi, r))
+        rows.append(r.astype(np.int8))
+    return np.stack(rows) if rows else np.zeros((0,) + tuple(shape), np.int8)
+
+
+def planes_of(values, moduli) -> np.ndarray:
+    """Centered residues of the given Python ints, shape ``(L, len(values))``."""
+    return np.array([[centered(int(v), p) for v in values] for p in moduli], dtype=np.int8).reshape(
+        (len(moduli), len(values))
+    )
+
+
+def bases():
+    return st.one_of(st.integers(2, 49).map(Basis.int8), st.sampled_from(CUSTOM))
+
+
+def shapes(min_dims=1, max_dims=4, max_side=6):
+    return st.lists(st.integers(1, max_side), min_size=min_dims, max_size=max_dims).map(tuple)
+
+
+@pytest.fixture
+def threaded(monkeypatch):
+    """Force the multi-threaded split even for small inputs."""
+    monkeypatch.setattr(cpu_mod, "_MIN_WORK", 16)
+    monkeypatch.setattr(cpu_mod, "_nthreads", lambda: 3)
+
+
+def test_registry_returns_cpu_backend():
+    assert get_backend("cpu").name == "cpu"
+    assert isinstance(get_backend("cpu"), CpuBackend)
+
+
+# ----- encode -------------------------------------------------------------------------------
+
+
+def _special_values(rng, n):
+    pool = np.array(
+        [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.5, 2.0**-1074, -(2.0**-1074), 2.0**-1022,
+         2.0**-1000, 2.0**1000, -(2.0**1000), np.finfo(float).max, -np.finfo(float).max, 2.0**53 - 1,
+         2.0**52 + 0.5, 4503599627370497.0, 0.49999999999999994, 5e-324 * 3, 1e-310, -1e-310]
+    )
+    return rng.choice(pool, size=n)
+
+
+@settings(max_examples=60)
+@given(basis=bases(), bits=st.integers(1, 120), shape=shapes(max_dims=3, max_side=7),
+       scale=st.integers(-1100, 1000), mix=st.integers(0, 3), seed=st.integers(0, 2**32 - 1),
+       exp_mode=st.sampled_from(["alg5", "random", "per_row", "huge"]))
+def test_encode_matches_reference(basis, bits, shape, scale, mix, seed, exp_mode):
+    rng = np.random.default_rng(seed)
+    n = math.prod(shape)
+    x = rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)
+    x = np.ldexp(x, np.clip(scale, -1020, 960))  # stays finite
+    if mix >= 1:
+        x = np.where(rng.random(n) < 0.3, _special_values(rng, n), x)
+    if mix >= 2:  # ties: k + 1/2 at the rounding position
+        x = np.where(rng.random(n) < 0.3, np.ldexp(rng.integers(-(1 << 20), 1 << 20, n) + 0.5, int(scale) % 50 - 25), x)
+    if mix == 3:  # subnormals
+        x = np.where(rng.random(n) < 0.5, rng.integers(-(1 << 52), 1 << 52, n) * 2.0**-1074, x)
+    x = x.reshape(shape)
+    if exp_mode == "alg5":
+        big = np.abs(x).max()
+        exponent = np.int64(bits - np.frexp(big)[1]) if big > 0 else np.int64(0)
+    elif exp_mode == "random":
+        exponent = np.int64(rng.integers(-1200, 1200))
+    elif exp_mode == "huge":
+        exponent = np.int64(rng.choice([5000, 100000, -5000, -100000, 1200, 2000]))
+    else:
+        exponent = rng.integers(-60, 1130, size=shape[:-1] + (1,)).astype(np.int64)
+    a = REF.encode(x, exponent, basis.moduli, bits)
+    b = CPU.encode(x, exponent, basis.moduli, bits)
+    assert same_int8(a, b)
+
+
+def test_encode_wide_and_edge_cases():
+    rng = np.random.default_rng(7)
+    basis = Basis.int8(49)
+    x = np.concatenate([_special_values(rng, 400), rng.standard_normal(400) * 2.0 ** rng.integers(-1070, 1020, 400)])
+    for bits in (1, 2, 30, 52, 53, 54, 64, 100, 120):
+        big = np.abs(x).max()
+        e = np.int64(bits - np.frexp(big)[1])
+        assert same_int8(REF.encode(x, e, basis.moduli, bits), CPU.encode(x, e, basis.moduli, bits))
+    # per-entry exponents spanning the whole table and beyond it
+    e = rng.integers(-1200, 9000, size=x.shape).astype(np.int64)
+    assert same_int8(REF.encode(x, e, basis.moduli, 120), CPU.encode(x, e, basis.moduli, 120))
+    # 0-d input and an empty one
+    assert same_int8(REF.encode(np.float64(2.5), np.int64(0), basis.moduli, 53),
+                     CPU.encode(np.float64(2.5), np.int64(0), basis.moduli, 53))
+    assert CPU.encode(np.zeros((0, 3)), np.int64(0), basis.moduli, 53).shape == (49, 0, 3)
+
+
+def test_encode_threaded(threaded):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((37, 100)) * 2.0 ** rng.integers(-20, 20, (37, 100))
+    for bits, mods in ((53, Basis.int8(15).moduli), (110, Basis.int8(20).moduli)):
+        e = np.int64(bits - np.frexp(np.abs(x).max())[1])
+        assert same_int8(REF.encode(x, e, mods, bits), CPU.encode(x, e, mods, bits))
+
+
+# ----- products -----------------------------------------------------------------------------
+
+
+@settings(max_examples=60)
+@given(basis=bases(), shape=shapes(max_dims=4, max_side=7), data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_product_matches_reference(basis, shape, data, seed):
+    rng = np.random.default_rng(seed)
+    nd = len(shape)
+    axis = data.draw(st.integers(-nd, nd - 1))
+    n_in = shape[axis]
+    n_out = data.draw(st.integers(1, 12))
+    X = random_planes(rng, basis.moduli, shape)
+    A = random_planes(rng, basis.moduli, (n_out, n_in))
+    assert same_int8(REF.product(A, X, basis.moduli, axis), CPU.product(A, X, basis.moduli, axis))
+
+
+@pytest.mark.parametrize("shape,axis", [((64, 8, 8, 8), 1), ((64, 8, 8, 8), 2), ((64, 8, 8, 8), 3),
+                                        ((5, 9, 7), 0), ((3, 40, 5), 1), ((2, 3, 2000), 2)])
+def test_product_fem_shapes(shape, axis):
+    rng = np.random.default_rng(axis)
+    basis = Basis.int8(15)
+    X = random_planes(rng, basis.moduli, shape)
+    for n_out in (shape[axis], shape[axis] + 1, 2):
+        A = random_planes(rng, basis.moduli, (n_out, shape[axis]))
+        assert same_int8(REF.product(A, X, basis.moduli, axis), CPU.product(A, X, basis.moduli, axis))
+
+
+@pytest.mark.parametrize("n_in", [191, 192, 193, 300, 1024, 1025, 2100])
+def test_product_long_contractions_at_the_extremes(n_in):
+    # every product (-128)(-128) = 2**14 for p = 256: the sums reach n_in * 2**14,
+    # past float32's exact range once n_in > 1024 (the BLAS path must chunk)
+    basis = Basis((256, 255, 7, 11))
+    rng = np.random.default_rng(n_in)
+    for axis, shape in ((0, (n_in, 3)), (1, (2, n_in)), (1, (2, n_in, 2))):
+        X = random_planes(rng, basis.moduli, shape)
+        A = random_planes(rng, basis.moduli, (5, n_in))
+        X[0] = -128
+        A[0] = -128
+        A[1, 0] = -127
+        assert same_int8(REF.product(A, X, basis.moduli, axis), CPU.product(A, X, basis.moduli, axis))
+
+
+def test_product_threaded_and_noncontiguous(threaded):
+    rng = np.random.default_rng(11)
+    basis = Basis.int8(6)
+    X = random_planes(rng, basis.moduli, (20, 9, 6, 5))
+    for axis in range(4):
+        A = random_planes(rng, basis.moduli, (4, X.shape[axis + 1]))
+        assert same_int8(REF.product(A, X, basis.moduli, axis), CPU.product(A, X, basis.moduli, axis))
+    Xt = random_planes(rng, basis.moduli, (6, 300)).transpose(0, 2, 1)  # non-contiguous, BLAS path
+    A = random_planes(rng, basis.moduli, (3, 300))
+    assert same_int8(REF.product(A, Xt, basis.moduli, 0), CPU.product(A, Xt, basis.moduli, 0))
+
+
+# ----- elementwise --------------------------------------------------------------------------
+
+
+def _field_shape(shape, data):
+    kind = data.draw(st.sampled_from(["same", "suffix", "ones", "scalar", "planes_broadcast"]))
+    if kind == "same":
+        return shape, shape
+    if kind == "suffix":
+        k = data.draw(st.integers(0, len(shape)))
+        return shape, shape[k:]
+    if kind == "ones":
+        return shape, tuple(d if data.draw(st.booleans()) else 1 for d in shape)
+    if kind == "scalar":
+        return shape, ()
+    return tuple(1 if i == 0 else d for i, d in enumerate(shape)), shape
+
+
+@settings(max_examples=60)
+@given(basis=bases(), shape=shapes(max_dims=4, max_side=9), data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_hadamard_matches_reference(basis, shape, data, seed):
+    rng = np.random.default_rng(seed)
+    sa, sf = _field_shape(shape, data)
+    X = random_planes(rng, basis.moduli, sa)
+    F = random_planes(rng, basis.moduli, sf)
+    assert same_int8(REF.hadamard(X, F, basis.moduli), CPU.hadamard(X, F, basis.moduli))
+
+
+@settings(max_examples=60)
+@given(basis=bases(), shape=shapes(max_dims=4, max_side=9), subtract=st.booleans(), broadcast=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_add_matches_reference(basis, shape, subtract, broadcast, seed):
+    rng = np.random.default_rng(seed)
+    a = random_planes(rng, basis.moduli, shape)
+    b = random_planes(rng, basis.moduli, shape[1:] if broadcast else shape)
+    assert same_int8(REF.add(a, b, basis.moduli, subtract), CPU.add(a, b, basis.moduli, subtract))
+
+
+def test_elementwise_large_and_threaded(threaded):
+    rng = np.random.default_rng(5)
+    basis = Basis.int8(15)
+    X = random_planes(rng, basis.moduli, (40, 8, 8, 8))
+    Y = random_planes(rng, basis.moduli, (40, 8, 8, 8))
+    F = random_planes(rng, basis.moduli, (8, 8, 8))
+    G = random_planes(rng, basis.moduli, (8, 1))
+    assert same_int8(REF.hadamard(X, F, basis.moduli), CPU.hadamard(X, F, basis.moduli))
+    assert same_int8(REF.hadamard(X, G, basis.moduli), CPU.hadamard(X, G, basis.moduli))
+    assert same_int8(REF.hadamard(X, Y, basis.moduli), CPU.hadamard(X, Y, basis.moduli))
+    for sub in (False, True):
+        assert same_int8(REF.add(X, Y, basis.moduli, sub), CPU.add(X, Y, basis.moduli, sub))
+
+
+# ----- drop and base extension --------------------------------------------------------------
+
+
+def _active_subset(basis, data):
+    mods = basis.moduli
+    if len(mods) > 1 and data.draw(st.booleans()):
+        keep = data.draw(st.lists(st.booleans(), min_size=len(mods), max_size=len(mods)))
+        sub = tuple(p for p, k in zip(mods, keep) if k)
+        if sub:
+            return sub
+    return mods
+
+
+@settings(max_examples=80)
+@given(basis=bases(), data=st.data(), shape=shapes(max_dims=2, max_side=12), seed=st.integers(0, 2**32 - 1))
+def test_drop_extend_matches_reference(basis, data, shape, seed):
+    rng = np.random.default_rng(seed)
+    active = _active_subset(basis, data)
+    drops = data.draw(st.integers(0, len(active) - 1))
+    if data.draw(st.booleans()):
+        # an explicit drop order (the error-optimal planner's), not the smallest first
+        drops = tuple(data.draw(st.permutations(active))[:drops])
+    extend = data.draw(st.booleans())
+    X = random_planes(rng, active, shape)
+    a, act_a = REF.drop_extend(X, active, basis, drops, extend)
+    b, act_b = CPU.drop_extend(X, active, basis, drops, extend)
+    assert act_a == act_b
+    assert same_int8(a, b)
+
+
+@pytest.mark.parametrize("s", [2, 3, 15, 16, 33, 49])
+def test_drop_extend_every_drop_count(s):
+    basis = Basis.int8(s)
+    rng = np.random.default_rng(s)
+    X = random_planes(rng, basis.moduli, (3, 50))
+    for drops in range(s):
+        for extend in (False, True):
+            a, act_a = REF.drop_extend(X, basis.moduli, basis, drops, extend)
+            b, act_b = CPU.drop_extend(X, basis.moduli, basis, drops, extend)
+            assert act_a == act_b and same_int8(a, b), (drops, extend)
+
+
+def test_drop_extend_all_dropped_and_threaded(threaded):
+    basis = Basis.int8(15)
+    rng = np.random.default_rng(1)
+    X = random_planes(rng, basis.moduli, (2000,))
+    cases = [(15, False), (15, True), (16, True), (7, True), (1, False), (0, True), ((), True),
+             ((197, 256, 211), True), ((256, 255), False), (np.int64(3), True)]
+    for drops, extend in cases:
+        a, act_a = REF.drop_extend(X, basis.moduli, basis, drops, extend)
+        b, act_b = CPU.drop_extend(X, basis.moduli, basis, drops, extend)
+        assert act_a == act_b and same_int8(a, b), (drops, extend)
+    with pytest.raises(ValueError):
+        CPU.drop_extend(X, basis.moduli, basis, -1, False)
+    with pytest.raises(ValueError):
+        CPU.drop_extend(X, basis.moduli, basis, (197, 197), True)
+    with pytest.raises(ValueError):
+        CPU.drop_extend(X, basis.moduli, basis, (7,), True)
+
+
+# ----- decode -------------------------------------------------------------------------------
+
+
+def _reference_decode(X, active, exponent, factor, mode):
+    try:
+        return REF.decode(X, active, exponent, factor, mode)
+    except OverflowError:
+        if mode != "exact":
+            raise
+    # arith.round_scaled_int overflows a second time in its own overflow branch,
+    # math.copysign(inf, w) with an int w too large for a float: same rounding,
+    # with the sign taken from the int
+    v = arith.to_int_ref(X, active)
+    e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), v.shape)
+    out = np.empty(v.shape, np.float64)
+    for i in np.ndindex(v.shape):
+        w = int(v[i]) * int(factor)
+        try:
+            out[i] = arith.round_scaled_int(w, int(e[i]))
+        except OverflowError:
+            out[i] = math.inf if w > 0 else -math.inf
+    return out
+
+
+def _decode_both(X, active, exponent, factor, mode):
+    a = _reference_decode(X, active, exponent, factor, mode)
+    b = CPU.decode(X, active, exponent, factor, mode)
+    assert_same_float(a, b)
+
+
+FACTORS = [1, 2, 3, 251 * 241, 2**64, 2**300 + 1, 3**500, 7 * 2**1000, math.prod(int8_pool()), -5]
+
+
+@settings(max_examples=80)
+@given(basis=bases(), data=st.data(), shape=shapes(max_dims=2, max_side=10), mode=st.sampled_from(["fp64", "exact"]),
+       factor=st.sampled_from(FACTORS), seed=st.integers(0, 2**32 - 1))
+def test_decode_matches_reference(basis, data, shape, mode, factor, seed):
+    rng = np.random.default_rng(seed)
+    active = _active_subset(basis, data)
+    X = random_planes(rng, active, shape)
+    P = math.prod(active)
+    fbits = abs(factor).bit_length()
+    # around the interesting places: overflow, the normal/subnormal border, underflow to zero
+    anchor = data.draw(st.sampled_from([0, 1024, -1022, -1074, -1100, 1100, -1200]))
+    e0 = anchor - P.bit_length() - fbits + data.draw(st.integers(-60, 60))
+    if data.draw(st.booleans()):
+        exponent = np.int64(e0)
+    else:
+        exponent = (e0 + rng.integers(-40, 40, size=shape[:-1] + (1,))).astype(np.int64)
+    _decode_both(X, active, exponent, factor, mode)
+
+
+@pytest.mark.parametrize("mode", ["fp64", "exact"])
+def test_decode_ties_subnormals_and_overflow(mode):
+    basis = Basis.int8(15)
+    P = basis.product
+    rng = np.random.default_rng(2)
+    vals = [0, 1, -1, 2, 3, 4, 5, 6, 7, 8, 12, 20, (P - 1) // 2, -((P - 1) // 2), 2**53, 2**53 + 1, 2**54 + 2,
+            2**54 + 6, -(2**54 + 2), 2**60 + 2**7, 2**80 + 2**27, 2**80 + 2**27 + 1, 2**100 - 1]
+    vals += [int(v) for v in rng.integers(-(2**62), 2**62, 40)]
+    X = planes_of(vals, basis.moduli)
+    for e in [0, -1, -3, -1074, -1075, -1076, -1077, -1080, -1074 - 53, -1074 - 60, -1074 - 100, -1200, -1400,
+              1000, 1023 - 53, 1024 - 53, 1024 - 100, 1100, -5000, 5000, -(1 << 16), 1 << 16]:
+        for factor in (1, 3, 2**70, 2**70 + 2**17 + 1, 5**200):
+            _decode_both(X, basis.moduli, np.int64(e), factor, mode)
+
+
+@pytest.mark.parametrize("mode", ["fp64", "exact"])
+def test_decode_threaded_and_degenerate(threaded, mode):
+    basis = Basis.int8(20)
+    rng = np.random.default_rng(4)
+    X = random_planes(rng, basis.moduli, (400,))
+    _decode_both(X, basis.moduli, np.int64(-60), 251 * 241, mode)
+    _decode_both(X[:, :0], basis.moduli, np.int64(-60), 3, mode)
+    _decode_both(X[:1, :5], basis.moduli[:1], np.int64(3), 7, mode)
+    e = rng.integers(-1300, 1100, size=400).astype(np.int64)
+    _decode_both(X, basis.moduli, e, 2**200 + 3, mode)
