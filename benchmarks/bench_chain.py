@@ -22,19 +22,10 @@ import tracemalloc
 import numpy as np
 
 import rnstensor as rt
+from _timing import best_time
 from rnstensor.accuracy import einsum_chain
 from rnstensor.backends import get_backend
 from rnstensor.primitives import decode, drop, mode_product, strip_pending
-
-
-def best_of(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 def phases(plan, X: np.ndarray) -> dict:
@@ -43,7 +34,7 @@ def phases(plan, X: np.ndarray) -> dict:
     t0 = time.perf_counter()
     T = plan.encode_input(X)
     t["encode"] += time.perf_counter() - t0
-    for op, ax, st in zip(plan._encoded, plan.axes, plan.schedule.steps):
+    for op, ax, st in zip(plan.encoded_operators, plan.axes, plan.schedule.steps):
         t0 = time.perf_counter()
         T, _ = strip_pending(T, 1 + ax)
         T = mode_product(T, op, 1 + ax)
@@ -84,9 +75,9 @@ def main() -> None:
         X = rng.uniform(-1, 1, size=(batch, n, n, n))
         ops = [rng.uniform(-1, 1, size=(n, n)) for _ in range(3)]
         plans = {m: rt.plan_chain(ops, [0, 1, 2], moduli=args.s, method=m) for m in ("rescale_be", "composed")}
-        t_ein = best_of(lambda: einsum_chain(X, ops, [0, 1, 2]), args.repeat)
-        t_be = best_of(lambda: plans["rescale_be"](X), args.repeat)
-        t_co = best_of(lambda: plans["composed"](X), args.repeat)
+        t_ein = best_time(lambda: einsum_chain(X, ops, [0, 1, 2]), args.repeat)
+        t_be = best_time(lambda: plans["rescale_be"](X), args.repeat)
+        t_co = best_time(lambda: plans["composed"](X), args.repeat)
         ph = phases(plans["rescale_be"], X)
         ph = {k: v for k, v in ph.items()}
         row = dict(

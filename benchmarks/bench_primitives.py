@@ -20,17 +20,8 @@ import time
 import numpy as np
 
 import rnstensor as rt
+from _timing import best_time
 from rnstensor.backends import get_backend
-
-
-def best_time(fn, repeat: int) -> float:
-    fn()  # warm-up: numba compilation, page faults
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
 
 
 def main() -> None:
@@ -63,7 +54,7 @@ def main() -> None:
         )
 
     # the yardstick: numpy float64 einsum of one mode product (8 B in + 8 B out per entry)
-    t = best_time(lambda: np.einsum("jk,bkmn->bjmn", A, x), args.repeat)
+    t = best_time(lambda: np.einsum("jk,bkmn->bjmn", A, x, optimize=True), args.repeat)
     record("float64 einsum, n=8 mode product", "numpy", t, 16 * N)
 
     for name in ("numpy", "cpu"):

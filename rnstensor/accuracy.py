@@ -186,7 +186,11 @@ class AccuracyResult:
 
 
 def einsum_chain(X: np.ndarray, operators: Sequence[np.ndarray], axes: Sequence[int], ndim: int = 3) -> np.ndarray:
-    """The float64 baseline: one ``numpy.einsum`` per mode product (batch axes leading), rounded at every product."""
+    """The float64 baseline: one ``numpy.einsum`` per mode product (batch axes leading), rounded at every product.
+
+    ``optimize=True`` lets numpy hand each product to BLAS (about 2.5x faster
+    than its plain loops at n = 8): the fastest float64 einsum, the honest yardstick.
+    """
     letters = "abcdefghijklmnopqrstuvwxyz"
     Y = np.asarray(X, dtype=np.float64)
     batch = Y.ndim - ndim
@@ -194,7 +198,7 @@ def einsum_chain(X: np.ndarray, operators: Sequence[np.ndarray], axes: Sequence[
         src = list(letters[: Y.ndim])
         dst = list(src)
         dst[batch + ax] = "Z"
-        Y = np.einsum(f"Z{src[batch + ax]},{''.join(src)}->{''.join(dst)}", A, Y)
+        Y = np.einsum(f"Z{src[batch + ax]},{''.join(src)}->{''.join(dst)}", A, Y, optimize=True)
     return Y
 
 

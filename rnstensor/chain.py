@@ -65,6 +65,11 @@ class ChainPlan:
         self._coefficients: dict = {}
 
     @property
+    def encoded_operators(self) -> tuple[RNSTensor, ...]:
+        """The operators as executed: residues encoded once, with their row exponents."""
+        return self._encoded
+
+    @property
     def schedule(self) -> Schedule:
         """The planner's output: prepared operators and the bound of every step."""
         return self._schedule
