@@ -228,7 +228,7 @@ class ChainPlan:
 
 
 def _encode_operator(op, basis: Basis, bits: int) -> RNSTensor:
-    """The residues of a prepared operator, carrying the row exponents the planner chose.
+    """The residues of a prepared operator, carrying the row exponents and exact row sums the planner used.
 
     They differ from :func:`encode`'s only on all-zero rows (see
     :func:`rnstensor.planner.prepare_operators`), whose integers are zero.
@@ -237,6 +237,7 @@ def _encode_operator(op, basis: Basis, bits: int) -> RNSTensor:
     rows = -np.asarray(op.row_exponents, dtype=np.int64).reshape(-1)
     if T.scale.axes[0] is not None and not np.array_equal(T.scale.axes[0], rows):
         T = RNSTensor(T.residues, T.basis, T.active, T.bound, T.scale.replace(axes=(rows, None)), T.negative_zeros)
+    T._row_sums = tuple(int(sum(abs(int(a)) for a in row)) for row in op.ints)
     return T
 
 

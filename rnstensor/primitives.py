@@ -27,6 +27,7 @@ __all__ = [
     "decode",
     "to_int",
     "operator_row_sums",
+    "operator_rho",
     "fold_pending",
     "fold_exponents",
     "strip_pending",
@@ -80,13 +81,31 @@ def operator_row_sums(op: RNSTensor) -> tuple[int, ...]:
     return op._row_sums
 
 
+# past this many entries an operator's exact row sums (Python ints per entry) cost more than
+# the product itself; mode_product then uses the a-priori n_in * bound, which is as rigorous
+EXACT_ROW_SUMS_MAX = 1 << 16
+
+
+def operator_rho(op: RNSTensor) -> int:
+    """The bound growth of a product with ``op``: its exact largest row sum (Eq. 21) when known or cheap.
+
+    Exact for operators of at most ``EXACT_ROW_SUMS_MAX`` entries or with
+    row sums already known (a plan's operators carry the planner's); else
+    ``n_in * op.bound``, a rigorous upper bound.
+    """
+    if op._row_sums is not None or op.size <= EXACT_ROW_SUMS_MAX:
+        return max(operator_row_sums(op), default=0)
+    return op.shape[1] * op.bound
+
+
 def mode_product(T: RNSTensor, op: RNSTensor, axis: int, *, backend: Optional[str] = None) -> RNSTensor:
     """Contract axis ``axis`` of ``T`` with the encoded operator ``op`` (``n_out × n_in``).
 
     ``v'[..., j, ...] = sum_k op[j, k] v[..., k, ...]`` on every active modulus;
     the bound becomes ``bound * rho`` with ``rho = max_j sum_k |op[j, k]|``
-    (papers/002 Eq. 21-22). The operator's row exponents become the pending
-    scale of ``axis``; its scalar exponent and factor multiply ``T``'s.
+    (papers/002 Eq. 21-22; see :func:`operator_rho` for large operators). The
+    operator's row exponents become the pending scale of ``axis``; its scalar
+    exponent and factor multiply ``T``'s.
 
     Parameters
     ----------
@@ -140,8 +159,7 @@ def mode_product(T: RNSTensor, op: RNSTensor, axis: int, *, backend: Optional[st
         raise ValueError(
             "op must share one exponent along each row (encode it with shared_axes=(1,) or None)"
         )
-    rho = max(operator_row_sums(op), default=0)
-    bound = T.bound * rho
+    bound = T.bound * operator_rho(op)
     P = T.active_product
     if 2 * bound >= P:
         raise range_error(f"mode_product along axis {a}", bound, P)

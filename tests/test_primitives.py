@@ -660,3 +660,26 @@ def test_set_backend_roundtrip():
     assert "numpy" in rt.available_backends() and "cpu" in rt.available_backends()
     with pytest.raises(ValueError, match="backend"):
         rt.set_backend("no-such-backend")
+
+
+def test_large_operator_uses_the_a_priori_row_sum_bound():
+    # past EXACT_ROW_SUMS_MAX entries mode_product bounds the growth by n_in * bound (rigorous),
+    # and the residues are still exact
+    from rnstensor.primitives import EXACT_ROW_SUMS_MAX, operator_rho
+
+    rng = np.random.default_rng(7)
+    n_out, n_in = 2, EXACT_ROW_SUMS_MAX // 2 + 1
+    A = rng.uniform(-1, 1, (n_out, n_in))
+    B = rt.Basis.int8(12)
+    op = rt.encode(A, B, bits=20, shared_axes=(1,))
+    assert operator_rho(op) == n_in * op.bound
+    x = rng.uniform(-1, 1, (n_in, 3))
+    T = rt.encode(x, B, bits=20)
+    Y = rt.mode_product(T, op, 0)
+    assert Y.bound == T.bound * n_in * op.bound
+    va, vt = rt.to_int(op), rt.to_int(T)
+    want = [[sum(int(va[j, k]) * int(vt[k, c]) for k in range(n_in)) for c in range(3)] for j in range(n_out)]
+    assert rt.to_int(Y).tolist() == want
+    # a small operator keeps the exact largest row sum
+    small = rt.encode(A[:, :8], B, bits=20, shared_axes=(1,))
+    assert operator_rho(small) == max(sum(abs(int(v)) for v in row) for row in rt.to_int(small))
