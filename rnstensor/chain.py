@@ -170,7 +170,8 @@ class ChainPlan:
         x = self._check_input(X)
         xnorm = Fraction(float(np.max(np.abs(x)))) if x.size else Fraction(0)
         if self.method == "composed":
-            return fraction_up(composed_bound(self.norms(), self.bits, len(self.basis), xnorm, decode))
+            rhos = [op.rho for op in self._schedule.operators]
+            return fraction_up(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode))
         # one exponent per tensor of the batch (as encode_input): bound each exponent class, take the max
         tensor_axes = tuple(range(x.ndim - self.ndim, x.ndim))
         e = group_exponents(x, self.input_bits, tensor_axes)
@@ -183,9 +184,8 @@ class ChainPlan:
             return 0.0
         if decode not in self._coefficients:
             steps = self._schedule.steps
-            final_moduli = len(self.basis) - (
-                0 if self.method == "rescale_be" else sum(self.drops)
-            )
+            gone = set() if self.method == "rescale_be" else {q for st in steps for q in st.dropped}
+            final_moduli = [p for p in self.basis.moduli if p not in gone]
             self._coefficients[decode] = persistent_coefficients(
                 self.norms(), [st.dropped for st in steps], steps[-1].after, final_moduli, decode
             )

