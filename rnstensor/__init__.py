@@ -5,6 +5,7 @@ from .basis import Basis, int8_pool
 from .chain import ChainPlan, mode_chain, plan_chain
 from .encode import encode
 from .errors import PlanError, RNSRangeError
+from .gemm import dgemm, matmul, moduli_for_bits, zgemm
 from .primitives import (
     add,
     base_extend,
@@ -39,6 +40,10 @@ __all__ = [
     "to_int",
     "plan_chain",
     "mode_chain",
+    "dgemm",
+    "zgemm",
+    "matmul",
+    "moduli_for_bits",
     "ChainPlan",
     "RNSRangeError",
     "PlanError",

@@ -1,0 +1,94 @@
+"""Emulated DGEMM / ZGEMM on the CPU: effective GFLOP/s vs numpy float64 matmul in the same run, phase breakdown.
+
+For square N x N x N problems (U[-1, 1) data) and each s: the best wall time
+of ``rnstensor.dgemm(a, b, moduli=s)``, its rate ``2 N^3 / time``, the rate of
+``a @ b`` (numpy float64 BLAS) measured in the same run, and one extra
+instrumented call split into phases (``rnstensor.gemm.PHASES``): encode
+(scaling + residues), residue products (``mode_product``), decode (exact
+reconstruction) and other (checks, moduli choice). ZGEMM (3M, ``8 N^3``
+flops) with ``--complex``. Prints a table and writes JSON (``--json PATH``).
+
+Usage: ``python benchmarks/bench_gemm.py [--sizes 256 512 1024 2048] [--moduli 8 12 16 20] [--complex] [--repeat 3] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+import rnstensor as rt
+from _timing import best_time
+from rnstensor import gemm as G
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    ap.add_argument("--moduli", type=int, nargs="+", default=[8, 12, 16, 20])
+    ap.add_argument("--complex", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    rng = np.random.default_rng(0)
+    cplx = args.complex
+    flops_per = 8 if cplx else 2
+    gemm = rt.zgemm if cplx else rt.dgemm
+    results = []
+    for N in args.sizes:
+        a = rng.uniform(-1, 1, (N, N))
+        b = rng.uniform(-1, 1, (N, N))
+        if cplx:
+            a = a + 1j * rng.uniform(-1, 1, (N, N))
+            b = b + 1j * rng.uniform(-1, 1, (N, N))
+        flops = flops_per * N**3
+        t_np = best_time(lambda: a @ b, args.repeat)
+        for s in args.moduli:
+            t = best_time(lambda: gemm(a, b, moduli=s), args.repeat)
+            G.PHASES = {}
+            t0 = time.perf_counter()
+            gemm(a, b, moduli=s)
+            total = time.perf_counter() - t0
+            phases = dict(G.PHASES)
+            G.PHASES = None
+            phases["other"] = phases.get("other", 0.0) + max(total - sum(phases.values()), 0.0)
+            row = dict(
+                N=N,
+                s=s,
+                t=G.gemm_width(s, N, "complex" if cplx else "real"),
+                seconds=t,
+                gflops=flops / t / 1e9,
+                numpy_seconds=t_np,
+                numpy_gflops=flops / t_np / 1e9,
+                ratio_vs_numpy=t_np / t,
+                phases={k: v / total for k, v in phases.items()},
+            )
+            results.append(row)
+            ph = row["phases"]
+            print(
+                f"N={N:5d} s={s:2d} t={row['t']:3d}  {t * 1e3:9.1f} ms  {row['gflops']:7.2f} GFLOP/s  "
+                f"numpy {row['numpy_gflops']:7.2f} GFLOP/s  x{row['ratio_vs_numpy']:.3f}  "
+                f"encode {ph.get('encode', 0):5.1%} products {ph.get('products', 0):5.1%} "
+                f"decode {ph.get('decode', 0):5.1%} other {ph.get('other', 0):5.1%}",
+                flush=True,
+            )
+    if args.json:
+        meta = dict(
+            kind="zgemm" if cplx else "dgemm",
+            repeat=args.repeat,
+            date=time.strftime("%Y-%m-%d"),
+            machine=platform.processor() or platform.machine(),
+            cores=os.cpu_count(),
+            backend=rt.get_backend().name,
+        )
+        with open(args.json, "w") as f:
+            json.dump(dict(meta, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,541 @@
+"""dgemm / zgemm / matmul against an exact oracle (Python ints, one correct rounding), BLAS semantics, invariances."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rnstensor as rt
+from rnstensor import gemm as G
+from rnstensor import gemm_accuracy as GA
+from rnstensor.errors import RNSRangeError
+
+# ----- the exact oracle: every float is m * 2**e, so a GEMM is integer arithmetic and one rounding ------
+
+_SHIFT = 1074  # every float64 is an integer multiple of 2**-1074
+
+
+def _xint(x: float) -> int:
+    """``x * 2**1074`` as an exact Python int."""
+    if x == 0:
+        return 0
+    m, e = math.frexp(x)
+    n = int(m * (1 << 53))  # exact: 53-bit significand
+    sh = e - 53 + _SHIFT
+    return n << sh if sh >= 0 else n >> -sh  # exact: x is a multiple of 2**-1074
+
+
+def _round(n: int, e: int) -> float:
+    """``n * 2**e`` rounded once to the nearest float64 (ties to even), subnormals and overflow included."""
+    if n == 0:
+        return 0.0
+    sign = -1.0 if n < 0 else 1.0
+    n = abs(n)
+    lead = n.bit_length() - 1 + e  # 2**lead <= value < 2**(lead + 1)
+    q = max(lead - 52, -1074)  # the quantum of the result's binade
+    sh = q - e
+    if sh <= 0:
+        mant = n << -sh
+    else:
+        mant = n >> sh
+        rem = n - (mant << sh)
+        half = 1 << (sh - 1)
+        if rem > half or (rem == half and mant & 1):
+            mant += 1
+    if mant.bit_length() + q > 1024:
+        return sign * math.inf
+    return sign * math.ldexp(float(mant), q)
+
+
+def _ints(M: np.ndarray) -> list[list[int]]:
+    return [[_xint(float(v)) for v in row] for row in np.asarray(M)]
+
+
+def ref_dgemm(A: np.ndarray, B: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """The correctly rounded ``alpha * A @ B`` (exact integer sums, one rounding)."""
+    Ai, Bt, al = _ints(A), _ints(np.asarray(B).T), _xint(alpha)
+    out = np.empty((len(Ai), len(Bt)))
+    for i, ra in enumerate(Ai):
+        for j, cb in enumerate(Bt):
+            out[i, j] = _round(al * sum(x * y for x, y in zip(ra, cb)), -3 * _SHIFT)
+    return out
+
+
+def ref_zgemm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Real and imaginary parts of ``A @ B``, each correctly rounded."""
+    Ar, Ai = _ints(A.real), _ints(A.imag)
+    Br, Bi = _ints(B.real.T), _ints(B.imag.T)
+    out = np.empty((A.shape[0], B.shape[1]), np.complex128)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            re = sum(x * y for x, y in zip(Ar[i], Br[j])) - sum(x * y for x, y in zip(Ai[i], Bi[j]))
+            im = sum(x * y for x, y in zip(Ar[i], Bi[j])) + sum(x * y for x, y in zip(Ai[i], Br[j]))
+            out[i, j] = complex(_round(re, -2 * _SHIFT), _round(im, -2 * _SHIFT))
+    return out
+
+
+def test_oracle_rounding():
+    assert _round(1, -1075) == 0.0 and _round(3, -1075) == 2.0**-1073  # ties to even at the bottom
+    assert _round(3, -1076) == 2.0**-1074
+    assert _round((1 << 53) + 1, 0) == 2.0**53 and _round((1 << 53) + 3, 0) == 2.0**53 + 4
+    assert _round(-5, -2) == -1.25 and _round(1, 1024) == math.inf
+    for x in (0.1, -3e300, 5e-324, 2.5e-310, 1.0):
+        assert _round(_xint(x), -_SHIFT) == x
+
+
+# ----- data ---------------------------------------------------------------------------------------
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def unif(shape, seed=0) -> np.ndarray:
+    """U[-1, 1): multiples of 2**-52, encoded exactly at t >= 52 (the default width for k <= 2**16)."""
+    return rng(seed).uniform(-1.0, 1.0, shape)
+
+
+def phi(shape, p=2.0, seed=0) -> np.ndarray:
+    """``(U(0,1) - 1/2) exp(p N(0,1))``: wide exponent ranges (papers/000 Sec. 7)."""
+    r = rng(seed)
+    return (r.uniform(0, 1, shape) - 0.5) * np.exp(p * r.standard_normal(shape))
+
+
+def ints_scaled(shape, seed=0, bits=20, spread=30) -> np.ndarray:
+    """Small integers times per-entry powers of two within ``spread`` binades: exact at the default width."""
+    r = rng(seed)
+    v = r.integers(-(1 << bits), 1 << bits, shape).astype(np.float64)
+    return np.ldexp(v, r.integers(-spread // 2, spread // 2, shape))
+
+
+FLAGS = ["N", "T", "C"]
+
+
+def _op(x, f):
+    return x if f == "N" else (x.T.conj() if f == "C" else x.T)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).view(np.int64)
+
+
+def assert_bitwise(x, y):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.shape == y.shape and x.dtype == y.dtype
+    if x.dtype.kind == "c":
+        assert_bitwise(x.real.copy(), y.real.copy())
+        assert_bitwise(x.imag.copy(), y.imag.copy())
+        return
+    nan = np.isnan(x)
+    assert np.array_equal(nan, np.isnan(y))
+    assert np.array_equal(_bits(np.where(nan, 0.0, x)), _bits(np.where(nan, 0.0, y)))
+
+
+# ----- width rule ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,c", [("real", 2), ("complex", 12)])
+@pytest.mark.parametrize("k", [1, 7, 1024, 4096, 65536, 10**6])
+def test_width_rule_is_tight(kind, c, k):
+    for s in (4, 8, 15, 16, 24, 49):
+        t = G.gemm_width(s, k, kind)
+        P = rt.Basis.int8(s).product
+        if t >= 1:
+            assert c * k * 4**t < P <= c * k * 4 ** (t + 1)
+
+
+def test_moduli_for_bits():
+    assert rt.moduli_for_bits(4096) == 16 and rt.moduli_for_bits(256) == 15
+    for k in (1, 100, 4096, 1 << 16):
+        for bits in (20, 53, 80):
+            s = rt.moduli_for_bits(k, bits)
+            assert G.gemm_width(s, k) >= bits and (s == 2 or G.gemm_width(s - 1, k) < bits)
+    assert rt.moduli_for_bits(4096, 53, kind="complex") == 16
+    with pytest.raises(RNSRangeError):
+        rt.moduli_for_bits(4096, 200)
+
+
+def test_exact_bits_needed():
+    assert G.exact_bits_needed(np.array([[1.0, 0.5], [3.0, 2.0**-30]]), (1,)) == 32
+    assert G.exact_bits_needed(np.zeros((2, 2)), (1,)) == 1
+    assert G.exact_bits_needed(unif((5, 50)), (1,)) <= 53
+
+
+# ----- correctness against the exact oracle -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("ta", FLAGS)
+@pytest.mark.parametrize("tb", FLAGS)
+def test_dgemm_trans_correctly_rounded(ta, tb):
+    m, k, n = 5, 33, 4
+    A = ints_scaled((m, k), 1)
+    B = ints_scaled((k, n), 2)
+    a = A if ta == "N" else np.ascontiguousarray(A.T)
+    b = B if tb == "N" else np.ascontiguousarray(B.T)
+    got = rt.dgemm(a, b, trans_a=ta, trans_b=tb)
+    assert_bitwise(got, ref_dgemm(A, B))
+
+
+@pytest.mark.parametrize("k", [1100, 2600])
+def test_dgemm_k_above_chunk_limit(k):
+    # the CPU backend splits k into exact float32 BLAS chunks of 1024, summed exactly
+    A, B = unif((4, k), 3), unif((k, 3), 4)
+    assert_bitwise(rt.dgemm(A, B), ref_dgemm(A, B))
+    assert_bitwise(rt.dgemm(A, B, moduli="auto"), ref_dgemm(A, B))
+
+
+def test_uniform_k4096_correctly_rounded_float64_level():
+    # papers/000 Table 6: U[-1,1), k = 4096, s = 16 (the default) -> 100% correctly rounded
+    A, B = unif((6, 4096), 5), unif((4096, 5), 6)
+    got, ref = rt.dgemm(A, B), ref_dgemm(A, B)
+    assert_bitwise(got, ref)
+    assert np.linalg.norm(got - ref) <= 1e-16 * np.linalg.norm(ref)
+    assert np.linalg.norm(A @ B - ref) > 0  # numpy float64 is not
+
+
+def test_huge_and_tiny_exponents():
+    m, k, n = 4, 40, 3
+    A, B = ints_scaled((m, k), 7), ints_scaled((k, n), 8)
+    A[0] *= 2.0**900
+    A[1] *= 2.0**-900
+    B[:, 0] *= 2.0**-900
+    B[:, 2] *= 2.0**-100
+    got = rt.dgemm(A, B)
+    assert_bitwise(got, ref_dgemm(A, B))
+    assert got[0, 0] != 0 and np.isfinite(got).all()
+
+
+def test_subnormal_and_overflowing_results():
+    A, B = unif((3, 50), 9), unif((50, 4), 10)
+    As = A * 2.0**-540
+    Bs = B * 2.0**-540  # products near 2**-1080: subnormal results, rounded once
+    got = rt.dgemm(As, Bs)
+    assert_bitwise(got, ref_dgemm(As, Bs))
+    assert (np.abs(got[got != 0]) < 2.0**-1022).all()
+    Ab = A * 2.0**600
+    Bb = B * 2.0**430  # results near 2**1030: +-inf where the correctly rounded value overflows
+    got = rt.dgemm(Ab, Bb)
+    assert_bitwise(got, ref_dgemm(Ab, Bb))
+    assert np.isinf(got).any()
+
+
+@pytest.mark.parametrize("s", [8, 16, 20])
+def test_crt_boundary_exact(s):
+    # papers/000 Sec. 8.3: all entries 1 - 2**-53 push |c| to the top of the range; operators above
+    # 2**16 entries take mode_product's a-priori n_in * bound path, which the width rule must satisfy
+    m, k, n = 70, 1000, 2
+    x = 1.0 - 2.0**-53
+    A, B = np.full((m, k), x), np.full((k, n), -x)
+    want = ref_dgemm(A[:1], B[:, :1])[0, 0]
+    got = rt.dgemm(A, B, moduli=s)
+    if s >= 16:
+        assert (got == want).all()
+    assert np.abs(got - want).max() <= 2.0 ** -(G.gemm_width(s, k) - 2) * k
+    Z = rt.zgemm(A * (1 + 1j), B * (1 + 1j), moduli=s)  # Ar + Ai and Br + Bi at 2**(t+1): P2 at its bound
+    zwant = ref_zgemm(A[:1] * (1 + 1j), B[:, :1] * (1 + 1j))[0, 0]
+    if s >= 16:
+        assert (Z == zwant).all()
+
+
+def test_wide_range_default_within_error_bound():
+    # phi = 2 data at the default width is not exact; papers/000 Eq. 7 bounds the error
+    k = 300
+    A, B = phi((6, k), 2.0, 11), phi((k, 5), 2.0, 12)
+    got, ref = rt.dgemm(A, B), ref_dgemm(A, B)
+    t = G.gemm_width(rt.moduli_for_bits(k), k)
+    D = t - np.frexp(np.abs(A).max(axis=1))[1]
+    E = t - np.frexp(np.abs(B).max(axis=0))[1]
+    bound = (
+        0.5 * np.ldexp(np.abs(B).sum(axis=0)[None, :], -D[:, None])
+        + 0.5 * np.ldexp(np.abs(A).sum(axis=1)[:, None], -E[None, :])
+        + 0.25 * k * np.ldexp(1.0, -(D[:, None] + E[None, :]))
+        + 2.0**-53 * np.abs(ref)
+    )
+    assert (np.abs(got - ref) <= bound * (1 + 1e-12)).all()
+
+
+def test_auto_moduli_is_correctly_rounded_on_wide_data():
+    k = 200
+    A, B = phi((5, k), 2.0, 13), phi((k, 4), 2.0, 14)
+    need = max(G.exact_bits_needed(A, (1,)), G.exact_bits_needed(B, (0,)))
+    assert need > 53 and G.gemm_width(G._resolve_moduli("auto", A, B, k, False), k) >= need
+    assert_bitwise(rt.dgemm(A, B, moduli="auto"), ref_dgemm(A, B))
+
+
+@settings(max_examples=20)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 40),
+    st.integers(1, 4),
+    st.integers(-1000, 1000),
+    st.integers(0, 2**32 - 1),
+)
+def test_property_auto_exact(m, k, n, shift, seed):
+    r = rng(seed)
+    A = np.ldexp(r.standard_normal((m, k)), r.integers(-30, 30, (m, k)))
+    B = np.ldexp(r.standard_normal((k, n)), r.integers(-30, 30, (k, n)) + shift // 2)
+    A[r.random((m, k)) < 0.2] = 0.0
+    assert_bitwise(rt.dgemm(A, B, moduli="auto"), ref_dgemm(A, B))
+
+
+# ----- BLAS semantics -------------------------------------------------------------------------------------
+
+
+def test_alpha_beta():
+    A, B = unif((4, 30), 15), unif((30, 3), 16)
+    C = unif((4, 3), 17)
+    Z = ref_dgemm(A, B)
+    nanC = np.full((4, 3), np.nan)
+    assert_bitwise(rt.dgemm(A, B, nanC, beta=0.0), Z)  # beta = 0 ignores c, NaN included
+    assert_bitwise(rt.dgemm(A, B, C, beta=1.0), Z + C)
+    for alpha in (-1.0, 0.1, -3.7e-5, 2.0**-20):
+        assert_bitwise(rt.dgemm(A, B, alpha=alpha), ref_dgemm(A, B, alpha))  # alpha folded: one rounding
+    alpha, beta = 0.3, -1.7
+    assert_bitwise(rt.dgemm(A, B, C, alpha=alpha, beta=beta), ref_dgemm(A, B, alpha) + beta * C)
+    # alpha = 0: a and b are not referenced (NaN there does not propagate)
+    An = A.copy()
+    An[0, 0] = np.nan
+    assert_bitwise(rt.dgemm(An, B, C, alpha=0.0, beta=2.0), 2.0 * C)
+    assert_bitwise(rt.dgemm(An, B, nanC, alpha=0.0, beta=0.0), np.zeros((4, 3)))
+    # out, also aliasing c
+    C2 = C.copy()
+    res = rt.dgemm(A, B, C2, beta=1.0, out=C2)
+    assert res is C2
+    assert_bitwise(C2, Z + C)
+
+
+def test_empty_dimensions():
+    C = unif((3, 2), 18)
+    assert_bitwise(rt.dgemm(np.zeros((3, 0)), np.zeros((0, 2)), C, beta=0.5), 0.5 * C)
+    assert_bitwise(rt.dgemm(np.zeros((3, 0)), np.zeros((0, 2))), np.zeros((3, 2)))
+    assert rt.dgemm(np.zeros((0, 4)), np.ones((4, 2))).shape == (0, 2)
+    assert rt.dgemm(np.ones((3, 4)), np.ones((4, 0))).shape == (3, 0)
+    assert rt.zgemm(np.zeros((0, 4), complex), np.ones((4, 2), complex)).shape == (0, 2)
+    # k = 0 with a NaN alpha: there is no product term (BLAS)
+    assert_bitwise(rt.dgemm(np.zeros((3, 0)), np.zeros((0, 2)), C, alpha=np.nan, beta=1.0), C)
+
+
+def test_non_contiguous_inputs():
+    big_a, big_b = unif((20, 90), 19), unif((70, 30), 20)
+    a = big_a[::3, 1::2]  # 7 x 45, strided
+    b = big_b[5:50, ::4]  # 45 x 8
+    want = rt.dgemm(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    assert_bitwise(rt.dgemm(a, b), want)
+    assert_bitwise(rt.dgemm(np.asfortranarray(a), b), want)
+    assert_bitwise(rt.dgemm(a.T.copy().T, b), want)
+    # transposed views with the matching flags
+    assert_bitwise(rt.dgemm(np.ascontiguousarray(a.T).T, b), want)
+    assert_bitwise(rt.dgemm(a.T, b.T, trans_a="T", trans_b="T"), want)
+    assert_bitwise(want, ref_dgemm(a, b))
+
+
+def test_inf_nan_rows_and_columns():
+    A, B = unif((5, 20), 21), unif((20, 4), 22)
+    clean = rt.dgemm(A, B)
+    An, Bn = A.copy(), B.copy()
+    An[1, 3] = np.inf
+    An[3, 0] = np.nan
+    Bn[7, 2] = -np.inf
+    got = rt.dgemm(An, Bn)
+    good_r = [0, 2, 4]
+    good_c = [0, 1, 3]
+    assert_bitwise(got[np.ix_(good_r, good_c)], clean[np.ix_(good_r, good_c)])
+    np_ref = An @ Bn  # IEEE propagation in the affected rows / columns, as float64 BLAS
+    assert_bitwise(got[[1, 3]], np_ref[[1, 3]])
+    assert_bitwise(got[:, 2], np_ref[:, 2])
+    assert np.isnan(got[3]).all() and not np.isfinite(got[:, 2]).any()
+    # moduli='auto' ignores the non-finite entries when choosing s
+    assert_bitwise(rt.dgemm(An, Bn, moduli="auto")[np.ix_(good_r, good_c)], clean[np.ix_(good_r, good_c)])
+    with np.errstate(invalid="ignore"):
+        Z = rt.zgemm(An + 0j, Bn * 1j)
+    assert np.isnan(Z[3]).all()
+
+
+# ----- invariances and determinism ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("j", [-400, -7, 1, 33, 500])
+def test_scale_invariance(j):
+    A, B = phi((6, 150), 2.0, 23), phi((150, 5), 2.0, 24)  # not exactly encodable at the default width
+    base = rt.dgemm(A, B)
+    assert_bitwise(rt.dgemm(np.ldexp(A, j), B), np.ldexp(base, j))
+    assert_bitwise(rt.dgemm(A, np.ldexp(B, j)), np.ldexp(base, j))
+    ZA = A + 1j * phi(A.shape, 2.0, 25)
+    ZB = B - 1j * phi(B.shape, 2.0, 26)
+    zb = rt.zgemm(ZA, ZB)
+    sz = rt.zgemm(ZA * 2.0**j, ZB)
+    assert_bitwise(sz, np.ldexp(zb.real, j) + 1j * np.ldexp(zb.imag, j))
+
+
+def test_row_and_column_scaling_invariance():
+    A, B = phi((5, 80), 1.0, 27), phi((80, 4), 1.0, 28)
+    base = rt.dgemm(A, B)
+    r = np.array([3, -200, 0, 41, -5])
+    c = np.array([-17, 300, 2, 0])
+    assert_bitwise(rt.dgemm(np.ldexp(A, r[:, None]), np.ldexp(B, c[None, :])), np.ldexp(base, r[:, None] + c[None, :]))
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_tiling_is_bitwise_identical(cplx):
+    m, k, n = 37, 1030, 29
+    A, B = phi((m, k), 2.0, 29), phi((k, n), 2.0, 30)
+    if cplx:
+        A, B = A + 1j * unif((m, k), 31), B - 1j * phi((k, n), 1.0, 32)
+    f = rt.zgemm if cplx else rt.dgemm
+    whole = f(A, B, workspace_bytes=1 << 40)
+    ws = 200_000
+    mb, nb = G._tiles(m, n, k, 16, cplx, ws)
+    assert mb < m or nb < n  # really tiled
+    assert_bitwise(f(A, B, workspace_bytes=ws), whole)
+    assert_bitwise(f(A[:6], B[:, :5], workspace_bytes=1), whole[:6, :5])  # 1 x 1 tiles; rows / columns independent
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_backends_bitwise(cplx):
+    A, B = phi((6, 70), 2.0, 33), phi((70, 5), 2.0, 34)
+    if cplx:
+        A, B = A + 1j * unif(A.shape, 35), B + 1j * unif(B.shape, 36)
+    f = rt.zgemm if cplx else rt.dgemm
+    for kw in ({}, {"moduli": 20}, {"moduli": "auto"}):
+        assert_bitwise(f(A, B, backend="numpy", **kw), f(A, B, backend="cpu", **kw))
+    old = rt.set_backend("numpy")
+    try:
+        via_default = f(A, B, alpha=0.7)
+    finally:
+        rt.set_backend(old)
+    assert_bitwise(via_default, f(A, B, alpha=0.7, backend="cpu"))
+
+
+# ----- ZGEMM -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [20, 1100])
+def test_3m_residues_equal_4m(k):
+    A = phi((4, k), 1.0, 37) + 1j * phi((4, k), 2.0, 38)
+    B = phi((k, 3), 1.0, 39) - 1j * unif((k, 3), 40)
+    s = 16
+    basis = rt.Basis.int8(s)
+    t = G.gemm_width(s, k, "complex")
+    Ar, Ai, Br, Bi, vs = G._encode_complex(A, B, basis, t, None)
+    re3, im3 = G._products_3m(Ar, Ai, Br, Bi, vs, None)
+    re4, im4 = G._products_4m(Ar, Ai, Br, Bi, None)
+    assert np.array_equal(re3.residues, re4.residues) and np.array_equal(im3.residues, im4.residues)
+    assert re3.scale.same_as(re4.scale) and im3.scale.same_as(im4.scale)
+
+
+@pytest.mark.parametrize("ta", FLAGS)
+@pytest.mark.parametrize("tb", FLAGS)
+def test_zgemm_trans_correctly_rounded(ta, tb):
+    m, k, n = 3, 25, 4
+    A = ints_scaled((m, k), 41) + 1j * ints_scaled((m, k), 42)
+    B = ints_scaled((k, n), 43) - 1j * ints_scaled((k, n), 44)
+
+    def stored(X, f):  # the array whose op(.) is X
+        return X if f == "N" else np.ascontiguousarray(X.T.conj() if f == "C" else X.T)
+
+    got = rt.zgemm(stored(A, ta), stored(B, tb), trans_a=ta, trans_b=tb)
+    assert_bitwise(got, ref_zgemm(A, B))
+
+
+def test_zgemm_uniform_and_alpha_beta():
+    k = 1100
+    A = unif((3, k), 45) + 1j * unif((3, k), 46)
+    B = unif((k, 2), 47) + 1j * unif((k, 2), 48)
+    ref = ref_zgemm(A, B)
+    assert_bitwise(rt.zgemm(A, B), ref)
+    assert_bitwise(rt.zgemm(A, B, moduli="auto"), ref)
+    C = unif((3, 2), 49) - 1j * unif((3, 2), 50)
+    assert_bitwise(rt.zgemm(A, B, np.full((3, 2), np.nan + 0j)), ref)
+    assert_bitwise(rt.zgemm(A, B, alpha=-1.0), -ref)
+    assert_bitwise(rt.zgemm(A, B, alpha=1j), 1j * ref)  # purely imaginary alpha: still one rounding per part
+    got = rt.zgemm(A, B, C, alpha=0.5 - 2j, beta=1.5j)
+    want = (0.5 - 2j) * ref + 1.5j * C
+    assert np.allclose(got, want, rtol=1e-15, atol=0)
+
+
+# ----- matmul ---------------------------------------------------------------------------------------------
+
+
+def test_matmul_semantics():
+    a3 = unif((2, 1, 4, 30), 51)
+    b3 = unif((3, 30, 5), 52)
+    got = rt.matmul(a3, b3)
+    assert got.shape == (2, 3, 4, 5)
+    for i in range(2):
+        for j in range(3):
+            assert_bitwise(got[i, j], rt.dgemm(a3[i, 0], b3[j]))
+    v = unif(30, 53)
+    assert rt.matmul(v, b3).shape == (3, 5) and rt.matmul(a3, v).shape == (2, 1, 4)
+    assert rt.matmul(v, v).shape == ()
+    assert_bitwise(rt.matmul(v, v), ref_dgemm(v[None], v[:, None])[0, 0])
+    assert (np.abs(got - a3 @ b3) <= 1e-14 * (np.abs(a3) @ np.abs(b3))).all()
+    z = rt.matmul(a3 + 1j * a3, b3)
+    assert z.dtype == np.complex128
+    assert_bitwise(z[1, 2], rt.zgemm(a3[1, 0] + 1j * a3[1, 0], b3[2] + 0j))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rt.matmul(unif((2, 3)), unif((4, 2)))
+    with pytest.raises(ValueError, match="broadcast"):
+        rt.matmul(unif((2, 3, 4)), unif((3, 4, 2)))
+    with pytest.raises(TypeError, match="float64 or complex128"):
+        rt.matmul(unif((2, 3)).astype(np.float32), unif((3, 2)))
+    with pytest.raises(ValueError, match="0-d"):
+        rt.matmul(np.float64(2.0), unif((3, 2)))
+
+
+# ----- errors ---------------------------------------------------------------------------------------------
+
+
+def test_bad_input_errors():
+    a, b = unif((3, 4)), unif((4, 2))
+    with pytest.raises(TypeError, match="float64"):
+        rt.dgemm(a.astype(np.float32), b)
+    with pytest.raises(TypeError, match="zgemm"):
+        rt.dgemm(a + 0j, b)
+    with pytest.raises(TypeError, match="float64"):
+        rt.dgemm(np.ones((3, 4), int), b)
+    with pytest.raises(TypeError, match="complex128"):
+        rt.zgemm(a, b)
+    with pytest.raises(ValueError, match="trans_a"):
+        rt.dgemm(a, b, trans_a="X")
+    with pytest.raises(ValueError, match="trans_b"):
+        rt.zgemm(a + 0j, b + 0j, trans_b=1)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rt.dgemm(a, b, trans_a="T")
+    with pytest.raises(ValueError, match="2-D"):
+        rt.dgemm(a[0], b)
+    with pytest.raises(ValueError, match="c must have shape"):
+        rt.dgemm(a, b, unif((2, 2)), beta=1.0)
+    with pytest.raises(ValueError, match="c is required"):
+        rt.dgemm(a, b, beta=1.0)
+    for bad in (1, 50, 0, "x", True, 2.5):
+        with pytest.raises(ValueError, match="moduli"):
+            rt.dgemm(a, b, moduli=bad)
+    with pytest.raises(RNSRangeError, match="moduli"):
+        rt.dgemm(unif((2, 1 << 15)), unif((1 << 15, 1)), moduli=2)
+    with pytest.raises(ValueError, match="out"):
+        rt.dgemm(a, b, out=np.empty((2, 2)))
+    with pytest.raises(ValueError, match="workspace_bytes"):
+        rt.dgemm(a, b, workspace_bytes=0)
+    with pytest.raises(TypeError, match="alpha"):
+        rt.dgemm(a, b, alpha=1j)
+    assert_bitwise(rt.dgemm(a, b, trans_a="n", moduli=2), rt.dgemm(a, b, moduli=np.int64(2)))
+
+
+@pytest.mark.parametrize("module", [G, GA])
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_accuracy_harness_reference_matches_oracle():
+    for name in GA.GEMM_DATASETS:
+        A, B = GA.gemm_dataset(name, 3, 64, 2, seed=1)
+        S, e = GA.exact_gemm(A, B)
+        C = ref_dgemm(A, B)
+        m = GA.gemm_metrics(C, S, e, np.abs(A) @ np.abs(B))
+        assert m["cr_percent"] == 100.0 and m["max_ulp"] <= 0.5
