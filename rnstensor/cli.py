@@ -133,7 +133,42 @@ def _parse_depths(text: str) -> list[int]:
     return out
 
 
+def _accuracy_gemm(args) -> int:
+    import json
+
+    from .gemm_accuracy import gemm_accuracy
+
+    t0 = time.perf_counter()
+    m, k, n = args.size
+    print(f"papers/000 Table 6: emulated DGEMM vs the exact product, {m} x {k} x {n}, seed {args.seed}")
+    print(f"{'data':<10} {'method':<14} {'s':>3} {'t':>4} {'max ulp':>10} {'CR %':>8} {'componentwise':>14} {'normwise':>10}")
+
+    def show(r):
+        s_, t_ = r.get("s"), r.get("t")
+        print(
+            f"{r['data']:<10} {r['method']:<14} {'' if s_ is None else s_:>3} {'' if t_ is None else t_:>4} "
+            f"{r['max_ulp']:>10.3g} {r['cr_percent']:>8.3f} {r['componentwise']:>14.2e} {r['normwise']:>10.2e}",
+            flush=True,
+        )
+
+    try:
+        rows = gemm_accuracy(
+            datasets=args.data, moduli=args.gemm_moduli, m=m, k=k, n=n, seed=args.seed, progress=show
+        )
+    except ValueError as exc:
+        print(f"rnstensor accuracy gemm: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"\n({time.perf_counter() - t0:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+        print(f"JSON written to {args.json}")
+    return 0
+
+
 def _accuracy(args) -> int:
+    if args.target == "gemm":
+        return _accuracy_gemm(args)
     from .accuracy import run_accuracy
 
     t0 = time.perf_counter()
@@ -187,6 +222,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "accuracy",
         help="papers/002 Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
     )
+    acc.add_argument(
+        "target", nargs="?", choices=("chain", "gemm"), default="chain",
+        help="chain: papers/002 Sec. 6.2 (default); gemm: papers/000 Table 6 for emulated DGEMM",
+    )
+    acc.add_argument("--data", nargs="+", default=["uniform", "phi2", "sincos"], help="gemm: data sets")
+    acc.add_argument(
+        "--gemm-moduli", nargs="+", default=[12, 14, 16, 18, 20, 24],
+        type=lambda v: v if v == "auto" else int(v), help="gemm: moduli counts (or 'auto')",
+    )
+    acc.add_argument("--size", nargs=3, type=int, default=[512, 4096, 512], metavar=("M", "K", "N"), help="gemm: shape")
     acc.add_argument("--depths", type=_parse_depths, default=[3, 4, 5, 6, 7, 8], help="chain depths (default 3-8)")
     acc.add_argument("--count", type=int, default=32, help="tensors per dataset (default 32, as in the paper)")
     acc.add_argument("--seed", type=int, default=0, help="master seed (default 0)")

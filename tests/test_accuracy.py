@@ -228,3 +228,13 @@ def test_cli_demo_includes_short_accuracy_run(capsys):
     assert main(["demo", "--batch", "1", "--accuracy-count", "1"]) == 0
     out = capsys.readouterr().out
     assert "accuracy experiment" in out and "d=3" in out and "d=8" in out and "wide160" in out
+
+
+def test_cli_accuracy_gemm_prints_table6_rows(capsys):
+    assert main(["accuracy", "gemm", "--size", "8", "64", "8", "--gemm-moduli", "16", "auto", "--data", "uniform"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("uniform")]
+    assert [r[1] for r in rows] == ["numpy", "dgemm", "dgemm"]
+    # with enough moduli (and with 'auto') every entry is correctly rounded: 100 % and at most half an ulp
+    for r in rows[1:]:
+        assert float(r[-3]) == 100.0 and float(r[-4]) <= 0.5
