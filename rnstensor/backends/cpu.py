@@ -19,15 +19,20 @@ __all__ = ["CpuBackend"]
 
 # Exactness of the modular reductions below (p <= 256 throughout):
 #
-# _cr32(t) for an integer-valued float32 |t| <= 2**22: ip = fl(1/p) and the
-# product t*ip carry relative errors below 2**-24 each, so |t*ip - t/p| <= 1/6
-# for p >= 3 (and 0 for p = 2, where ip is exact). Adding and subtracting
-# 1.5*2**23 rounds that to an integer q (valid while |q| < 2**22) with
-# |q - t/p| < 2/3, so c = t - q*p is exact (|q*p| < 2**24) and lies in
-# (-2p/3, 2p/3); one conditional +-p lands it in [h - p, h - 1], h = ceil(p/2).
-# _cr64 is the same in float64, exact for |t| <= 2**48.
-_R32 = np.float32(12582912.0)
-_R64 = 6755399441055744.0
+# _cr32(t) for an integer-valued float32 t with |t| + p < 2**22 returns the
+# centered residue [t]_p in [h - p, h - 1], h = ceil(p/2), with no compare or
+# select: c = t - q*p with q = floor((t + k) * ip), k = p - h + 1/2, ip = fl(1/p).
+# Why exact: u = t + k is a half-integer with |u| < 2**22, so it is exact in
+# float32, and x = u/p = (2m + 1)/(2p) (m = t + p - h an integer) is at least
+# 1/(2p) away from every integer. s = fl(u * ip) = x (1 + d1)(1 + d2) with
+# |d1|, |d2| <= 2**-24, so |s - x| <= |x| (2**-23 + 2**-48) < 1/(2p) because
+# |u| < 2**22: s and x lie strictly between the same two integers and
+# floor(s) = floor(u/p) = q. Then q*p is an integer below 2**23 (exact) and
+# t - q*p = (m - q*p) - (p - h) is exact with m - q*p = m mod p in [0, p), so
+# c lies in [h - p, h - 1]: the centered residue. (u * ip is a product of an
+# addition, never contracted to an FMA; t - q*p may be, it is exact either way.)
+# _cr64 is the same in float64, exact for |t| + p < 2**51 (|d| <= 2**-53).
+# This is 4 flops (add, mul, floor, fnmadd) where round-then-correct took 9.
 # Contraction (FMA) only ever removes a rounding from the bounds above, so the
 # product kernels may use it; decode's Horner must not (the reference rounds twice).
 _FM = {"contract"}
@@ -84,24 +89,14 @@ def _launch(kernel, ntasks: int, work: int, *args) -> None:
 
 @njit(inline="always", nogil=True)
 def _cr32(t, p, ip, h):
-    q = (t * ip + _R32) - _R32
-    c = t - q * p
-    if c >= h:
-        c -= p
-    elif c < h - p:
-        c += p
-    return c
+    q = np.floor((t + ((p - h) + np.float32(0.5))) * ip)
+    return t - q * p
 
 
 @njit(inline="always", nogil=True)
 def _cr64(t, p, ip, h):
-    q = (t * ip + _R64) - _R64
-    c = t - q * p
-    if c >= h:
-        c -= p
-    elif c < h - p:
-        c += p
-    return c
+    q = np.floor((t + ((p - h) + 0.5)) * ip)
+    return t - q * p
 
 
 @njit(nogil=True, cache=True)
@@ -176,46 +171,121 @@ def _any_below(limbs, n, hi):
     return False
 
 
-@njit(inline="always", nogil=True)
-def _mrc_block(R, perm, minv, qf, qip, qh, U, tmp, W):
-    # centered mixed-radix digits of a block: U[i] <- digit i in conversion order.
-    # |U_j - U_i| <= 255 and the inverse < 256, so every product is < 2**16 (exact).
-    # Digit i is read from a separate buffer: two rows of one array defeat
-    # LLVM's alias analysis and the loop would stay scalar (4x slower)
-    m = perm.size
-    for i in range(m):
-        src = R[perm[i]]
-        Ui = U[i]
-        for b in range(W):
-            Ui[b] = src[b]
-    for i in range(m):
-        Ui = U[i]
-        for b in range(W):
-            tmp[b] = Ui[b]
-        for j in range(i + 1, m):
-            c = minv[i, j]
-            p = qf[j]
-            ip = qip[j]
-            h = qh[j]
-            Uj = U[j]
-            for b in range(W):
-                Uj[b] = _cr32((Uj[b] - tmp[b]) * c, p, ip, h)
+# Mixed-radix digits with one reduction per digit. For the conversion order
+# q_0, q_1, ... with W_i = q_0 ... q_{i-1}, the centered digits of v satisfy
+# v = sum_i d_i W_i, so d_i = [(x_i - sum_{k<i} d_k W_k) W_i^{-1}]_{q_i}, i.e.
+#   d_i = [ C[i, i] x_i + sum_{k<i} C[i, k] d_k ]_{q_i},
+#   C[i, i] = [W_i^{-1}]_{q_i},  C[i, k] = [-W_k W_i^{-1}]_{q_i}   (centered, |C| <= 128).
+# That is the same digit as the reference's triangular sweep (a centered digit
+# is unique), but with i multiply-adds and ONE reduction instead of i modular
+# multiplications. Every term is an integer of magnitude <= 128 * 128 = 2**14;
+# with at most 49 terms every partial sum is an exact float32 integer below
+# 49 * 2**14 < 2**20, in any order and with or without FMA contraction, and one
+# _cr32 (exact for |t| + p < 2**22) reduces it. The same shape -- an int8 plane
+# times a constant plus a constant combination of earlier digits, reduced once
+# -- also gives the planes after a group of drops and the extended residues
+# (see _drop_extend_kernel), so _dot_reduce is the one hot loop of all three.
 
 
-@njit(inline="always", nogil=True)
-def _load_block(X, i0, W, R):
-    for l in range(X.shape[0]):
-        src = X[l, i0 : i0 + W]
-        dst = R[l]
+def _centered_int(r: int, p: int) -> int:
+    r %= p
+    return r - p if r >= (p + 1) // 2 else r
+
+
+def _mrc_coeffs(order: tuple[int, ...]) -> np.ndarray:
+    """``C`` of the one-reduction digits above (float32, row ``i`` holds digit ``i``'s constants).
+
+    ``C[i, :i]`` are the digit coefficients, ``C[i, i]`` that of ``x_i``.
+    """
+    m = len(order)
+    C = np.zeros((m, max(m, 1)), np.float32)
+    W = 1
+    for i, q in enumerate(order):
+        wi = pow(W % q, -1, q)
+        C[i, i] = _centered_int(wi, q)
+        w = 1
+        for k in range(i):
+            C[i, k] = _centered_int(-w * wi, q)
+            w *= order[k]
+        W *= q
+    return C
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _dot_reduce(x, cx, D, col, n, p, ip, h, acc, W):
+    # acc <- [cx * x + sum_{k<n} col[k] * D[k]]_p over W lanes (x int8, D float32
+    # digits, all constants centered): at most 49 terms of magnitude <= 2**14, so
+    # exact as argued above. cx == 0 skips x. Four terms per pass, summed as a
+    # tree, keep the accumulator's loads and stores off the critical path (chains
+    # of FMAs and longer passes measured slower here); D's rows are only read and
+    # acc is a separate buffer, so every loop vectorizes.
+    # Signed zeros: the "+ 0" turns a -0.0 from x * cx (x = 0, cx < 0) into +0.0
+    # (also when fused to an FMA), and +0.0 plus any zero product stays +0.0, so
+    # no sum and no digit is ever -0.0 (the fp64 decode of a zero would otherwise
+    # come out -0.0 where the reference's integer digits give +0.0).
+    if cx == 0:
         for b in range(W):
-            dst[b] = np.float32(src[b])
+            acc[b] = 0
+    else:
+        for b in range(W):
+            acc[b] = np.float32(x[b]) * cx + np.float32(0.0)
+    k = 0
+    while k + 4 <= n:
+        c0 = col[k]
+        c1 = col[k + 1]
+        c2 = col[k + 2]
+        c3 = col[k + 3]
+        D0 = D[k]
+        D1 = D[k + 1]
+        D2 = D[k + 2]
+        D3 = D[k + 3]
+        for b in range(W):
+            acc[b] += (c0 * D0[b] + c1 * D1[b]) + (c2 * D2[b] + c3 * D3[b])
+        k += 4
+    if k + 2 <= n:
+        c0 = col[k]
+        c1 = col[k + 1]
+        D0 = D[k]
+        D1 = D[k + 1]
+        for b in range(W):
+            acc[b] += c0 * D0[b] + c1 * D1[b]
+        k += 2
+    if k < n:
+        c0 = col[k]
+        D0 = D[k]
+        for b in range(W):
+            acc[b] = _cr32(acc[b] + c0 * D0[b], p, ip, h)
+    else:
+        for b in range(W):
+            acc[b] = _cr32(acc[b], p, ip, h)
+
+
+@njit(cache=True, nogil=True)
+def _put_f32(acc, dst, W):
+    for b in range(W):
+        dst[b] = acc[b]
+
+
+@njit(cache=True, nogil=True)
+def _put_i8(acc, dst, W):
+    for b in range(W):
+        dst[b] = np.int8(acc[b])
+
+
+@njit(cache=True, nogil=True)
+def _mrc_digits(X, i0, W, perm, C, qf, qip, qh, D, acc):
+    # D[i, :W] <- centered mixed-radix digit i (conversion order perm, constants C)
+    # of the entries X[:, i0:i0 + W]
+    for i in range(perm.size):
+        _dot_reduce(X[perm[i], i0 : i0 + W], C[i, i], D, C[i], i, qf[i], qip[i], qh[i], acc, W)
+        _put_f32(acc, D[i], W)
 
 
 # ----- encode -------------------------------------------------------------------------------
 
 
 @njit(cache=True, nogil=True)
-def _enc_split(xi, e, hi, lo, sg, kb, W):
+def _enc_split(xi, e, hi, lo, kb, W):
     # x * 2**e = m * 2**k from the IEEE fields. k > 0: an integer already,
     # residues [m]_p [2^k]_p; k <= 0: v = round_half_even(m / 2**-k) by integer
     # shifts. Either way the residues of round_half_even(x * 2**e) come out, as
@@ -237,37 +307,35 @@ def _enc_split(xi, e, hi, lo, sg, kb, W):
         big = k > 0
         nbig += 1 if big else 0
         kb[b] = k if big else 0
-        # v < 2**53 in int32-sized halves (AVX2 converts those to float64):
-        # hi*[2^24]_p + lo < 2**38, well inside _cr64's range
+        # the signed value (|v| <= 2**53) as hi * 2**24 + lo with int32-sized
+        # parts (AVX2 converts those to float64): hi = floor(v / 2**24) by the
+        # arithmetic shift, 0 <= lo < 2**24, so hi*[2^24]_p + lo is below 2**38
+        # in magnitude, well inside _cr64's range, and its centered residue is
+        # that of the signed v: no separate sign step
+        v = -v if bits < 0 else v
         hi[b] = np.float64(np.int32(v >> 24))
         lo[b] = np.float64(np.int32(v & 16777215))
-        sg[b] = -1.0 if bits < 0 else 1.0
     return nbig
 
 
 @njit(cache=True, nogil=True)
-def _enc_small(hi, lo, sg, o, p, ip, h, c, W):
+def _enc_small(hi, lo, o, p, ip, h, c, W):
     for b in range(W):
-        r = _cr64(hi[b] * c + lo[b], p, ip, h) * sg[b]
-        if r >= h:
-            r -= p
-        o[b] = np.int8(r)
+        o[b] = np.int8(_cr64(hi[b] * c + lo[b], p, ip, h))
 
 
 @njit(cache=True, nogil=True)
-def _enc_big(hi, lo, sg, kb, pwl, o, p, ip, h, c, W):
-    # [2^0]_p = 1 and _cr64 is idempotent, so entries with k <= 0 pass through
+def _enc_big(hi, lo, kb, pwl, o, p, ip, h, c, W):
+    # [2^0]_p = 1 and _cr64 is idempotent, so entries with k <= 0 pass through;
+    # |r * [2^k]_p| < 2**15
     TW = pwl.size
     for b in range(W):
         r = _cr64(hi[b] * c + lo[b], p, ip, h)
-        r = _cr64(r * pwl[min(kb[b], TW - 1)], p, ip, h) * sg[b]
-        if r >= h:
-            r -= p
-        o[b] = np.int8(r)
+        o[b] = np.int8(_cr64(r * pwl[min(kb[b], TW - 1)], p, ip, h))
 
 
 @njit(cache=True, nogil=True)
-def _encode_kernel(xi, ev, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
+def _encode_kernel(xi, ev, inner, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
     # The hot loops live in separate small functions: inside one large body
     # LLVM left them scalar (4-5x slower)
     N = xi.size
@@ -275,16 +343,13 @@ def _encode_kernel(xi, ev, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
     TW = pw.shape[1]
     hi = np.empty(_BLOCK, np.float64)
     lo = np.empty(_BLOCK, np.float64)
-    sg = np.empty(_BLOCK, np.float64)
     kb = np.empty(_BLOCK, np.int64)
     eb = np.empty(_BLOCK, np.int64)
-    if ev.size == 1:
-        eb[:] = ev[0]
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
-        e = eb if ev.size == 1 else ev[i0 : i0 + W]
-        nbig = _enc_split(xi[i0 : i0 + W], e, hi, lo, sg, kb, W)
+        _block_exponents(ev, inner, i0, W, eb)
+        nbig = _enc_split(xi[i0 : i0 + W], eb, hi, lo, kb, W)
         huge = False
         if nbig > 0:
             for b in range(W):
@@ -293,9 +358,9 @@ def _encode_kernel(xi, ev, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
         for l in range(L):
             o = out[l, i0 : i0 + W]
             if nbig == 0:
-                _enc_small(hi, lo, sg, o, pf[l], ipf[l], hf[l], c24[l], W)
+                _enc_small(hi, lo, o, pf[l], ipf[l], hf[l], c24[l], W)
                 continue
-            _enc_big(hi, lo, sg, kb, pw[l], o, pf[l], ipf[l], hf[l], c24[l], W)
+            _enc_big(hi, lo, kb, pw[l], o, pf[l], ipf[l], hf[l], c24[l], W)
             if huge:
                 # beyond the table: 2^k is periodic mod p once k passes its 2-adic part
                 a = pa[l]
@@ -307,10 +372,7 @@ def _encode_kernel(xi, ev, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
                     k = kb[b]
                     if k >= TW:
                         r = _cr64(hi[b] * c24[l] + lo[b], p, ip, h)
-                        r = _cr64(r * pw[l, a + (k - a) % per], p, ip, h) * sg[b]
-                        if r >= h:
-                            r -= p
-                        o[b] = np.int8(r)
+                        o[b] = np.int8(_cr64(r * pw[l, a + (k - a) % per], p, ip, h))
 
 
 @lru_cache(maxsize=64)
@@ -356,13 +418,45 @@ def _mod_consts(moduli: tuple[int, ...]):
     return out
 
 
-def _exponent_vector(exponent, shape) -> np.ndarray:
+def _exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
+    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]``.
+
+    Trailing axes the exponent broadcasts over are not materialized (a
+    per-batch exponent of shape ``(batch, 1, 1, 1)`` stays ``batch`` values).
+    """
     e = np.asarray(exponent, dtype=np.int64)
-    if np.broadcast_shapes(e.shape, shape) != tuple(shape):
-        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {tuple(shape)}")
-    if e.size == 1:
-        return _ro(e.reshape(1).copy())
-    return _ro(np.ascontiguousarray(np.broadcast_to(e, shape)).reshape(-1))
+    shape = tuple(shape)
+    if np.broadcast_shapes(e.shape, shape) != shape:
+        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {shape}")
+    nd = len(shape)
+    ep = e.reshape((1,) * (nd - e.ndim) + e.shape)
+    k = nd
+    while k > 0 and ep.shape[k - 1] == 1:
+        k -= 1
+    lead = ep[(Ellipsis,) + (0,) * (nd - k)] if k < nd else ep
+    ev = np.ascontiguousarray(np.broadcast_to(lead, shape[:k])).reshape(-1)
+    return _ro(ev), math.prod(shape[k:])
+
+
+@njit(cache=True, nogil=True)
+def _block_exponents(ev, inner, i0, W, eb):
+    # eb[b] = the exponent of entry i0 + b (see _exponent_runs)
+    if inner == 1:
+        src = ev[i0 : i0 + W]
+        for b in range(W):
+            eb[b] = src[b]
+        return
+    j = i0 // inner
+    pos = i0 - j * inner
+    b = 0
+    while b < W:
+        run = min(inner - pos, W - b)
+        val = ev[j]
+        for t in range(b, b + run):
+            eb[t] = val
+        b += run
+        j += 1
+        pos = 0
 
 
 # ----- products -----------------------------------------------------------------------------
@@ -370,79 +464,328 @@ def _exponent_vector(exponent, shape) -> np.ndarray:
 
 @njit(cache=True, nogil=True, fastmath=_FM)
 def _mac_reduce(Af, T, acc, R, p, ip, h, W):
-    # R[j] = [sum_k Af[j, k] T[k]]_p over W lanes; four terms per pass, so one
-    # accumulator load/store per 32 multiply-adds
-    n_out, n_in = Af.shape
+    # R[j] = [sum_k Af[j, k] T[k]]_p over W lanes. The operator is zero-padded to
+    # n4 (a multiple of 4) columns and T to n4 rows, so the terms come in chains of
+    # four multiply-adds; up to 8 terms need no accumulator pass, and the last
+    # pass is fused with the reduction. All sums are exact integers
+    # (< 2**22 - 2**8), so the grouping does not matter. What keeps it fast
+    # (each measured; LLVM's choices here are fragile, so change it measuring):
+    # - no loop touches more than 9 arrays: LLVM checks every pair of a written
+    #   and another accessed array at run time, at most 8 checks, and otherwise
+    #   leaves the loop scalar (acc + 8 rows of T + R[j] would be 9);
+    # - every loop works on two independent lanes per iteration, v and v + H: one
+    #   lane's chain (multiply-adds, reduction, conversion) is ~40 cycles long and
+    #   the out-of-order window did not overlap enough iterations to hide it;
+    # - the n4 <= 8 loops (the common operators) sit here, with their loads in
+    #   their own branch: as helper functions, or with the loads hoisted, they ran
+    #   ~25% slower; longer contractions go through the helpers below.
+    n_out, n4 = Af.shape
+    H = W // 2
     for j in range(n_out):
-        k = 0
-        if n_in % 2 == 1:
-            c0 = Af[j, 0]
-            T0 = T[0]
-            for v in range(W):
-                acc[v] = c0 * T0[v]
-            k = 1
-        else:
-            for v in range(W):
-                acc[v] = 0
-        while k + 4 <= n_in:
-            c0 = Af[j, k]
-            c1 = Af[j, k + 1]
-            c2 = Af[j, k + 2]
-            c3 = Af[j, k + 3]
-            T0 = T[k]
-            T1 = T[k + 1]
-            T2 = T[k + 2]
-            T3 = T[k + 3]
-            for v in range(W):
-                acc[v] += (c0 * T0[v] + c1 * T1[v]) + (c2 * T2[v] + c3 * T3[v])
-            k += 4
         Rj = R[j]
-        if k < n_in:
-            # the last two terms fused with the reduction
-            c0 = Af[j, k]
-            c1 = Af[j, k + 1]
-            T0 = T[k]
-            T1 = T[k + 1]
-            for v in range(W):
-                Rj[v] = np.int8(_cr32(acc[v] + (c0 * T0[v] + c1 * T1[v]), p, ip, h))
+        a = Af[j]
+        if n4 == 4:
+            c0, c1, c2, c3 = a[0], a[1], a[2], a[3]
+            T0, T1, T2, T3 = T[0], T[1], T[2], T[3]
+            for v in range(H):
+                w = v + H
+                s = c0 * T0[v]
+                s += c1 * T1[v]
+                s += c2 * T2[v]
+                s += c3 * T3[v]
+                t = c0 * T0[w]
+                t += c1 * T1[w]
+                t += c2 * T2[w]
+                t += c3 * T3[w]
+                Rj[v] = np.int8(_cr32(s, p, ip, h))
+                Rj[w] = np.int8(_cr32(t, p, ip, h))
+            for w in range(2 * H, W):
+                t = c0 * T0[w]
+                t += c1 * T1[w]
+                t += c2 * T2[w]
+                t += c3 * T3[w]
+                Rj[w] = np.int8(_cr32(t, p, ip, h))
+        elif n4 == 8:
+            T0 = T[0]; T1 = T[1]; T2 = T[2]; T3 = T[3]; T4 = T[4]; T5 = T[5]; T6 = T[6]; T7 = T[7]
+            c0 = a[0]; c1 = a[1]; c2 = a[2]; c3 = a[3]; c4 = a[4]; c5 = a[5]; c6 = a[6]; c7 = a[7]
+            for v in range(H):
+                w = v + H
+                s = c0 * T0[v]
+                s += c1 * T1[v]
+                s += c2 * T2[v]
+                s += c3 * T3[v]
+                u = c4 * T4[v]
+                u += c5 * T5[v]
+                u += c6 * T6[v]
+                u += c7 * T7[v]
+                s2 = c0 * T0[w]
+                s2 += c1 * T1[w]
+                s2 += c2 * T2[w]
+                s2 += c3 * T3[w]
+                u2 = c4 * T4[w]
+                u2 += c5 * T5[w]
+                u2 += c6 * T6[w]
+                u2 += c7 * T7[w]
+                Rj[v] = np.int8(_cr32(s + u, p, ip, h))
+                Rj[w] = np.int8(_cr32(s2 + u2, p, ip, h))
+            for v in range(2 * H, W):
+                s = c0 * T0[v] + c1 * T1[v] + c2 * T2[v] + c3 * T3[v] + c4 * T4[v] + c5 * T5[v] + c6 * T6[v] + c7 * T7[v]
+                Rj[v] = np.int8(_cr32(s, p, ip, h))
         else:
-            for v in range(W):
-                Rj[v] = np.int8(_cr32(acc[v], p, ip, h))
+            _mac8_set(a, T, acc, W, H)
+            k = 8
+            while n4 - k > 4:
+                _mac4_add(a, T, k, acc, W)
+                k += 4
+            _mac4_acc_reduce(a, T, k, acc, Rj, p, ip, h, W, H)
+
+
+@njit(inline="always", nogil=True, fastmath=_FM)
+def _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v):
+    s = c0 * T0[v]
+    s += c1 * T1[v]
+    s += c2 * T2[v]
+    s += c3 * T3[v]
+    return s
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _mac8_set(a, T, acc, W, H):
+    # acc = terms 0 .. 7
+    c0, c1, c2, c3, c4, c5, c6, c7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+    T0, T1, T2, T3, T4, T5, T6, T7 = T[0], T[1], T[2], T[3], T[4], T[5], T[6], T[7]
+    for v in range(H):
+        w = v + H
+        acc[v] = _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v) + _mac4(c4, c5, c6, c7, T4, T5, T6, T7, v)
+        acc[w] = _mac4(c0, c1, c2, c3, T0, T1, T2, T3, w) + _mac4(c4, c5, c6, c7, T4, T5, T6, T7, w)
+    for v in range(2 * H, W):
+        acc[v] = _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v) + _mac4(c4, c5, c6, c7, T4, T5, T6, T7, v)
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _mac4_add(a, T, k, acc, W):
+    # acc += terms k .. k+3 (one lane per iteration: with acc[v] and acc[v + H]
+    # both read and written, LLVM cannot tell the two halves apart)
+    c0, c1, c2, c3 = a[k], a[k + 1], a[k + 2], a[k + 3]
+    T0, T1, T2, T3 = T[k], T[k + 1], T[k + 2], T[k + 3]
+    for v in range(W):
+        acc[v] += _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v)
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _mac4_acc_reduce(a, T, k, acc, Rj, p, ip, h, W, H):
+    # Rj = [acc + terms k .. k+3]_p
+    c0, c1, c2, c3 = a[k], a[k + 1], a[k + 2], a[k + 3]
+    T0, T1, T2, T3 = T[k], T[k + 1], T[k + 2], T[k + 3]
+    for v in range(H):
+        w = v + H
+        s = acc[v] + _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v)
+        t = acc[w] + _mac4(c0, c1, c2, c3, T0, T1, T2, T3, w)
+        Rj[v] = np.int8(_cr32(s, p, ip, h))
+        Rj[w] = np.int8(_cr32(t, p, ip, h))
+    for v in range(2 * H, W):
+        Rj[v] = np.int8(_cr32(acc[v] + _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v), p, ip, h))
+
+
+# Layout moves of the direct product. A task's block is Ba rows of `pre` times a
+# tile [t0, t1) of `post`; the MAC wants it as n_in rows T[k] of W float32 lanes
+# and writes n_out rows R[j] of W int8 lanes. Byte-wise copies of runtime length
+# 1..8 stay scalar and cost several times the MAC, so the common shapes move
+# whole words instead:
+# - post == 1 (the contracted axis is the last one) and n_in a multiple of 4:
+#   each row's run of 4 or 8 residues is one int32/int64 word, and T[k] is that
+#   word shifted right by 8 (k mod w) bits, truncated to int8 (its low byte,
+#   sign included) -- one vectorized loop per k over consecutive rows. The
+#   scatter packs 4 or 8 rows R[j] back into words the same way.
+# - runs of 32 or more residues: converted straight into T, copied straight out
+#   (long enough to vectorize);
+# - shorter runs that are whole int64 (or int32) words -- post and the tile a
+#   multiple of 8 (or 4): copied as words into an int8 staging block TB, then
+#   converted in one contiguous pass; the scatter copies words back.
+# Anything else falls back to byte copies.
 
 
 @njit(cache=True, nogil=True)
-def _gather_rows(Xl, a0, a1, t0, t1, T):
-    # T[k, (a - a0) * tl + t] = Xl[a, k, t0 + t] as float32
-    n_in = Xl.shape[1]
-    tl = t1 - t0
-    if tl == 1:
+def _unpack_rows(src, T, k0, W):
+    # T[k0 + i, b] = byte i of the word src[b], sign-extended (src contiguous)
+    for i in range(src.itemsize):
+        Ti = T[k0 + i]
+        s = 8 * i
+        for b in range(W):
+            Ti[b] = np.float32(np.int8(src[b] >> s))
+
+
+@njit(cache=True, nogil=True)
+def _pack8(R, j0, dst, W):
+    # dst[b] = the int64 word of bytes R[j0 .. j0 + 7, b] (dst contiguous)
+    R0 = R[j0]
+    R1 = R[j0 + 1]
+    R2 = R[j0 + 2]
+    R3 = R[j0 + 3]
+    R4 = R[j0 + 4]
+    R5 = R[j0 + 5]
+    R6 = R[j0 + 6]
+    R7 = R[j0 + 7]
+    for b in range(W):
+        lo = (np.int64(np.uint8(R0[b])) | (np.int64(np.uint8(R1[b])) << 8)
+              | (np.int64(np.uint8(R2[b])) << 16) | (np.int64(np.uint8(R3[b])) << 24))
+        hi = (np.int64(np.uint8(R4[b])) | (np.int64(np.uint8(R5[b])) << 8)
+              | (np.int64(np.uint8(R6[b])) << 16) | (np.int64(np.uint8(R7[b])) << 24))
+        dst[b] = lo | (hi << 32)
+
+
+@njit(cache=True, nogil=True)
+def _pack4(R, j0, dst, W):
+    # dst[b] = the int32 word of bytes R[j0 .. j0 + 3, b] (dst contiguous)
+    R0 = R[j0]
+    R1 = R[j0 + 1]
+    R2 = R[j0 + 2]
+    R3 = R[j0 + 3]
+    for b in range(W):
+        dst[b] = np.int32(np.int64(np.uint8(R0[b])) | (np.int64(np.uint8(R1[b])) << 8)
+                          | (np.int64(np.uint8(R2[b])) << 16) | (np.int64(R3[b]) << 24))
+
+
+@njit(cache=True, nogil=True)
+def _unpack_words(Xw, S, a0, W, T):
+    # rows a0 .. a0 + W - 1 of Xw (nw words each) into T as float32; S: staging
+    nb = Xw.itemsize
+    nw = T.shape[0] // nb
+    if nw == 1:
+        _unpack_rows(Xw[a0 : a0 + W], T, 0, W)
+        return
+    # several words per row: de-interleave them into contiguous runs first
+    for kw in range(nw):
+        Sk = S[kw * W : (kw + 1) * W]
+        for b in range(W):
+            Sk[b] = Xw[(a0 + b) * nw + kw]
+        _unpack_rows(Sk, T, nb * kw, W)
+
+
+@njit(cache=True, nogil=True)
+def _pack_words(R, Ow, S, a0, W):
+    # rows a0 .. a0 + W - 1 of Ow (nw words each) from the bytes R[:, :W]; S: staging
+    nb = Ow.itemsize
+    nw = R.shape[0] // nb
+    for jw in range(nw):
+        dst = Ow[a0 : a0 + W] if nw == 1 else S[jw * W : (jw + 1) * W]
+        if nb == 8:
+            _pack8(R, 8 * jw, dst, W)
+        else:
+            _pack4(R, 4 * jw, dst, W)
+        if nw > 1:
+            for b in range(W):
+                Ow[(a0 + b) * nw + jw] = dst[b]
+
+
+@njit(cache=True, nogil=True)
+def _words_in(Xw, Tw, a0, a1, c0, tw):
+    # Tw[k, (a - a0) * tw + c] = Xw[a, k, c0 + c]: runs of tw whole words
+    n_in = Xw.shape[1]
+    if tw == 1:
         for k in range(n_in):
-            Tk = T[k]
-            Xk = Xl[a0:a1, k, t0]
+            Tk = Tw[k]
             for b in range(a1 - a0):
-                Tk[b] = np.float32(Xk[b])
+                Tk[b] = Xw[a0 + b, k, c0]
         return
     for a in range(a0, a1):
-        o = (a - a0) * tl
-        Xa = Xl[a]
+        o = (a - a0) * tw
         for k in range(n_in):
-            Tk = T[k, o : o + tl]
-            Xak = Xa[k, t0:t1]
-            for t in range(tl):
-                Tk[t] = np.float32(Xak[t])
+            Tk = Tw[k, o : o + tw]
+            Xak = Xw[a, k, c0 : c0 + tw]
+            for c in range(tw):
+                Tk[c] = Xak[c]
 
 
 @njit(cache=True, nogil=True)
-def _scatter_rows(R, Ol, a0, a1, t0, t1):
-    # Ol[a, j, t0 + t] = R[j, (a - a0) * tl + t]
-    n_out = Ol.shape[1]
+def _gather_rows(Xl, a0, a1, t0, t1, TB, T):
+    # T[k, (a - a0) * tl + t] = Xl[a, k, t0 + t] as float32 (tl = t1 - t0)
+    pre, n_in, post = Xl.shape
     tl = t1 - t0
-    if tl == 1:
+    W = (a1 - a0) * tl
+    if post == 1 and n_in % 8 == 0:
+        flat = Xl.reshape(pre * n_in)
+        _unpack_words(flat.view(np.int64), TB.reshape(TB.size).view(np.int64), a0, W, T)
+        return
+    if post == 1 and n_in % 4 == 0:
+        flat = Xl.reshape(pre * n_in)
+        _unpack_words(flat.view(np.int32), TB.reshape(TB.size).view(np.int32), a0, W, T)
+        return
+    if tl >= 32:
+        # long runs: convert straight into T (these loops vectorize)
+        for a in range(a0, a1):
+            o = (a - a0) * tl
+            Xa = Xl[a]
+            for k in range(n_in):
+                Tk = T[k, o : o + tl]
+                Xak = Xa[k, t0:t1]
+                for t in range(tl):
+                    Tk[t] = np.float32(Xak[t])
+        return
+    if tl % 8 == 0 and post % 8 == 0:
+        _words_in(Xl.view(np.int64), TB.view(np.int64), a0, a1, t0 // 8, tl // 8)
+    elif tl % 4 == 0 and post % 4 == 0:
+        _words_in(Xl.view(np.int32), TB.view(np.int32), a0, a1, t0 // 4, tl // 4)
+    else:
+        for a in range(a0, a1):
+            o = (a - a0) * tl
+            Xa = Xl[a]
+            for k in range(n_in):
+                Tk = TB[k, o : o + tl]
+                Xak = Xa[k, t0:t1]
+                for t in range(tl):
+                    Tk[t] = Xak[t]
+    _to_f32(TB, T, n_in, W)
+
+
+@njit(cache=True, nogil=True)
+def _to_f32(TB, T, n, W):
+    for k in range(n):
+        src = TB[k]
+        dst = T[k]
+        for b in range(W):
+            dst[b] = np.float32(src[b])
+
+
+@njit(cache=True, nogil=True)
+def _words_out(Rw, Ow, a0, a1, c0, tw):
+    # Ow[a, j, c0 + c] = Rw[j, (a - a0) * tw + c], the inverse of _words_in
+    n_out = Ow.shape[1]
+    if tw == 1:
         for j in range(n_out):
-            Oj = Ol[a0:a1, j, t0]
-            Rj = R[j]
+            Rj = Rw[j]
             for b in range(a1 - a0):
-                Oj[b] = Rj[b]
+                Ow[a0 + b, j, c0] = Rj[b]
+        return
+    for a in range(a0, a1):
+        o = (a - a0) * tw
+        for j in range(n_out):
+            Rj = Rw[j, o : o + tw]
+            Oaj = Ow[a, j, c0 : c0 + tw]
+            for c in range(tw):
+                Oaj[c] = Rj[c]
+
+
+@njit(cache=True, nogil=True)
+def _scatter_rows(R, Ol, a0, a1, t0, t1, SB):
+    # Ol[a, j, t0 + t] = R[j, (a - a0) * tl + t], the inverse of _gather_rows
+    # (SB: staging, as many bytes as R)
+    pre, n_out, post = Ol.shape
+    tl = t1 - t0
+    W = a1 - a0
+    if post == 1 and n_out % 8 == 0:
+        flat = Ol.reshape(pre * n_out)
+        _pack_words(R, flat.view(np.int64), SB.reshape(SB.size).view(np.int64), a0, W)
+        return
+    if post == 1 and n_out % 4 == 0:
+        flat = Ol.reshape(pre * n_out)
+        _pack_words(R, flat.view(np.int32), SB.reshape(SB.size).view(np.int32), a0, W)
+        return
+    if tl < 32 and tl % 8 == 0 and post % 8 == 0:
+        _words_out(R.view(np.int64), Ol.view(np.int64), a0, a1, t0 // 8, tl // 8)
+        return
+    if tl < 32 and tl % 4 == 0 and post % 4 == 0:
+        _words_out(R.view(np.int32), Ol.view(np.int32), a0, a1, t0 // 4, tl // 4)
         return
     for a in range(a0, a1):
         o = (a - a0) * tl
@@ -459,17 +802,23 @@ def _product_direct(A, X, pf, ipf, hf, out, Ba, tw, task0, task1):
     # X (L, pre, n_in, post) -> out (L, pre, n_out, post). A task takes Ba rows of
     # `pre` (or one row and a tile of `post`) and lays them out as T (n_in, W) so
     # every inner loop runs over many contiguous float32 lanes; float32 sums
-    # of <= 256 products of <= 2**14 are exact (< 2**22). The loops live in
+    # of <= 192 products of <= 2**14 are exact (< 2**22 - 2**8, _cr32's range). The loops live in
     # separate functions: inlined into one body LLVM leaves some of them scalar.
     _, pre, n_in, post = X.shape
     n_out = A.shape[1]
     nt = (post + tw - 1) // tw
     nb = (pre + Ba - 1) // Ba
     Wmax = Ba * tw
-    Af = np.empty((n_out, n_in), np.float32)
-    T = np.empty((n_in, Wmax), np.float32)
-    acc = np.empty(Wmax, np.float32)
-    R = np.empty((n_out, Wmax), np.int8)
+    # the operator and T zero-padded to a multiple of 4 terms (see _mac_reduce)
+    n4 = (n_in + 3) // 4 * 4
+    Af = np.zeros((n_out, n4), np.float32)
+    # rows of whole int64 words for the word moves of _gather_rows/_scatter_rows
+    Wb = (Wmax + 7) // 8 * 8
+    TB = np.empty((n_in, Wb), np.int8)
+    T = np.zeros((n4, Wb), np.float32)
+    acc = np.empty(Wb, np.float32)
+    R = np.empty((n_out, Wb), np.int8)
+    SB = np.empty((n_out, Wb), np.int8)
     lcur = -1
     for idx in range(task0, task1):
         l = idx // (nb * nt)
@@ -485,9 +834,9 @@ def _product_direct(A, X, pf, ipf, hf, out, Ba, tw, task0, task1):
                 for k in range(n_in):
                     Af[j, k] = A[l, j, k]
             lcur = l
-        _gather_rows(X[l], a0, a1, t0, t1, T)
+        _gather_rows(X[l], a0, a1, t0, t1, TB, T[:n_in])
         _mac_reduce(Af, T, acc, R, pf[l], ipf[l], hf[l], W)
-        _scatter_rows(R, out[l], a0, a1, t0, t1)
+        _scatter_rows(R, out[l], a0, a1, t0, t1, SB)
 
 
 @njit(cache=True, nogil=True)
@@ -542,117 +891,108 @@ def _elementwise(A, B, pf, ipf, hf, mode, out, task0, task1):
 
 @njit(cache=True, nogil=True)
 def _drop_extend_kernel(
-    X, pf, ipf, hf, dq, dinv, dal, perm, minv, qf, qip, qh, src, tf, tip, th, tw, out, task0, task1
+    X, dperm, A, dpf, dip, dh, rsrc, Bc, E, rpf, ripf, rh, mperm, C, mpf, mip, mh, tsrc, Tw, tpf, tip, th,
+    out, task0, task1,
 ):
-    # One pass per block of entries: every plane of the block is loaded once, the
-    # drops run in registers/L1, and the mixed-radix digits are shared by every
-    # restored modulus. Extension sums |digit| * weight < 2**15 over <= 49 digits
-    # (< 2**21) and reduces once: the reference's per-step reductions give the
-    # same centered residue.
+    # g drops (Alg. 1 with q_1, ..., q_g in drop order) and the base extension,
+    # one pass per block of entries, every step one _dot_reduce.
+    #
+    # g drops at once. Drop i replaces v_{i-1} by v_i = (v_{i-1} - r_i) / q_i with
+    # r_i = [v_{i-1}]_{q_i}. By induction v_i = (v - sum_{k<=i} r_k W_k) / W_{i+1}
+    # (W_k = q_1 ... q_{k-1}), so r_i = [(v - sum_{k<i} r_k W_k) W_i^{-1}]_{q_i}:
+    # the r_i are exactly the centered mixed-radix digits of v over the dropped
+    # moduli IN DROP ORDER (step 1, constants A), and with Q = q_1 ... q_g
+    #   [v_g]_p = [ [Q^{-1}]_p x_p + sum_i [-W_i Q^{-1}]_p r_i ]_p
+    # for every remaining modulus p (step 2, constants Bc and E): g + 1 terms
+    # of <= 2**14, one reduction. The reference's per-drop steps compute the same
+    # residues of the same integers, so the planes agree bit for bit.
+    #
+    # Extension: the centered digits d of v_g over the remaining moduli (even
+    # modulus first, step 3), then [v_g]_t = [sum_i d_i [W'_i]_t]_t for every
+    # restored modulus t (step 4, weights Tw, centered): the reference reduces
+    # after every term, but the centered residue of the same sum is unique.
     L, N = X.shape
-    drops = dq.size
-    m = perm.size
-    T = src.size
-    need_mrc = False
-    for t in range(T):
-        if src[t] < 0:
-            need_mrc = True
-    R = np.empty((L, _BLOCK), np.float32)
-    U = np.empty((m, _BLOCK), np.float32)
+    g = dperm.size
+    nr = rsrc.size
+    m = mperm.size
+    T = tsrc.size
+    Dd = np.empty((max(g, 1), _BLOCK), np.float32)
+    Dm = np.empty((max(m, 1), _BLOCK), np.float32)
+    Y = np.empty((nr, _BLOCK), np.int8)
     acc = np.empty(_BLOCK, np.float32)
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
-        _load_block(X, i0, W, R)
-        for d in range(drops):
-            # the dropped plane goes to its own buffer, as in _mrc_block
-            Rq = R[dq[d]]
-            for b in range(W):
-                acc[b] = Rq[b]
-            for j in range(L):
-                if dal[d, j]:
-                    c = dinv[d, j]
-                    p = pf[j]
-                    ip = ipf[j]
-                    h = hf[j]
-                    Rj = R[j]
-                    for b in range(W):
-                        Rj[b] = _cr32((Rj[b] - acc[b]) * c, p, ip, h)
-        if need_mrc:
-            _mrc_block(R, perm, minv, qf, qip, qh, U, acc, W)
+        # 1. digits r_i of v over the dropped moduli, drop order
+        _mrc_digits(X, i0, W, dperm, A, dpf, dip, dh, Dd, acc)
+        # 2. the remaining planes of v_g
+        for j in range(nr):
+            x = X[rsrc[j], i0 : i0 + W]
+            Yj = Y[j]
+            if g == 0:
+                for b in range(W):
+                    Yj[b] = x[b]
+            else:
+                _dot_reduce(x, Bc[j], Dd, E[j], g, rpf[j], ripf[j], rh[j], acc, W)
+                _put_i8(acc, Yj, W)
+        # 3. digits of v_g over the remaining moduli (only when extending)
+        if m > 0:
+            _mrc_digits(Y, 0, W, mperm, C, mpf, mip, mh, Dm, acc)
+        # 4. the output planes: kept ones copied, restored ones from the digits
         for t in range(T):
             o = out[t, i0 : i0 + W]
-            s = src[t]
+            s = tsrc[t]
             if s >= 0:
-                Rs = R[s]
+                Ys = Y[s]
                 for b in range(W):
-                    o[b] = np.int8(Rs[b])
+                    o[b] = Ys[b]
             else:
-                for b in range(W):
-                    acc[b] = 0
-                for i in range(m):
-                    w = tw[i, t]
-                    Ui = U[i]
-                    for b in range(W):
-                        acc[b] += Ui[b] * w
-                p = tf[t]
-                ip = tip[t]
-                h = th[t]
-                for b in range(W):
-                    o[b] = np.int8(_cr32(acc[b], p, ip, h))
+                _dot_reduce(Y[0], np.float32(0.0), Dm, Tw[t], m, tpf[t], tip[t], th[t], acc, W)
+                _put_i8(acc, o, W)
 
 
 @lru_cache(maxsize=512)
 def _drop_plan(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int, ...], extend: bool):
-    """Host tables for one drop_extend call: the drop schedule, MRC inverses and radix weights."""
-    L = len(active)
-    drops = len(order)
-    D = max(drops, 1)
-    dq = np.zeros(drops, np.int64)
-    dinv = np.zeros((D, L), np.float32)
-    dal = np.zeros((D, L), np.bool_)
-    alive = list(range(L))
-    for d, q in enumerate(order):
+    """Host tables for one drop_extend call (see _drop_extend_kernel): all exact, centered, float32."""
+    alive = list(range(len(active)))
+    dperm = []
+    for q in order:
         vals = [active[i] for i in alive]
         if q not in vals:
             raise ValueError(f"drop_extend: cannot drop modulus {q}: it is not among the active moduli {tuple(vals)}")
         iq = alive[vals.index(q)]
-        dq[d] = iq
-        for j in alive:
-            if j != iq:
-                dinv[d, j] = pow(q, -1, active[j])
-                dal[d, j] = True
+        dperm.append(iq)
         alive.remove(iq)
+    g = len(order)
     rem = tuple(active[i] for i in alive)
+    Q = math.prod(order)
+    Wd = [math.prod(order[:i]) for i in range(g)]
+    Bc = np.array([_centered_int(pow(Q % p, -1, p), p) for p in rem], np.float32)
+    E = np.zeros((len(rem), max(g, 1)), np.float32)
+    for j, p in enumerate(rem):
+        qinv = pow(Q % p, -1, p)
+        for i in range(g):
+            E[j, i] = _centered_int(-Wd[i] * qinv, p)
     if extend:
         targets = tuple(basis)
-        src = [alive[rem.index(p)] if p in rem else -1 for p in targets]
-        order = mrc_order(rem)
-        perm = [alive[rem.index(q)] for q in order]
+        tsrc = [rem.index(p) if p in rem else -1 for p in targets]
+        morder = mrc_order(rem) if min(tsrc) < 0 else ()
         out_active = tuple(basis)
     else:
         targets = rem
-        src = list(alive)
-        order = ()
-        perm = []
+        tsrc = list(range(len(rem)))
+        morder = ()
         out_active = rem
-    m = len(order)
-    minv = np.zeros((m, m), np.float32)
-    for i in range(m):
-        for j in range(i + 1, m):
-            minv[i, j] = pow(order[i], -1, order[j])
-    tw = np.zeros((m, len(targets)), np.float32)
+    mperm = [rem.index(q) for q in morder]
+    Tw = np.zeros((len(targets), max(len(morder), 1)), np.float32)
     for t, p in enumerate(targets):
-        if src[t] < 0:
-            w = 1
-            for i in range(m):
-                tw[i, t] = w % p
-                w *= order[i]
-    pf, ipf, hf = _mod_consts(tuple(active))[:3]
-    qf, qip, qh = _mod_consts(tuple(order))[:3]
-    tf, tip, th = _mod_consts(tuple(targets))[:3]
-    tabs = (pf, ipf, hf, dq, dinv, dal, np.array(perm, np.int64), minv, qf, qip, qh,
-            np.array(src, np.int64), tf, tip, th, tw)
+        if tsrc[t] < 0:
+            for i in range(len(morder)):
+                Tw[t, i] = _centered_int(math.prod(morder[:i]), p)
+    tabs = (np.array(dperm, np.int64), _mrc_coeffs(order), *_mod_consts(order)[:3],
+            np.array(alive, np.int64), Bc, E, *_mod_consts(rem)[:3],
+            np.array(mperm, np.int64), _mrc_coeffs(morder), *_mod_consts(morder)[:3],
+            np.array(tsrc, np.int64), Tw, *_mod_consts(targets)[:3])
     for a in tabs:
         a.setflags(write=False)
     return tabs, out_active
@@ -662,44 +1002,72 @@ def _drop_plan(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int
 
 
 @njit(cache=True, nogil=True)
-def _decode_fp64_kernel(X, perm, minv, qf, qip, qh, qd, f, ev, k, p2, out, task0, task1):
-    # no fastmath here: the reference rounds q*V and +d separately
+def _horner_fp64(D, qd, V, W):
+    # V = d_{m-1}, then V = q_j * V + d_j for j = m-2 .. 0, as horner_fp64_ref: each
+    # product and each sum rounded separately (no fastmath, so no FMA contraction
+    # and no reassociation). Two steps per pass halve V's loads and stores; the
+    # operations and their order are unchanged.
+    m = qd.size
+    Dm = D[m - 1]
+    for b in range(W):
+        V[b] = np.float64(Dm[b])
+    j = m - 2
+    while j >= 1:
+        q1 = qd[j]
+        q0 = qd[j - 1]
+        D1 = D[j]
+        D0 = D[j - 1]
+        for b in range(W):
+            V[b] = q0 * (q1 * V[b] + np.float64(D1[b])) + np.float64(D0[b])
+        j -= 2
+    if j == 0:
+        q0 = qd[0]
+        D0 = D[0]
+        for b in range(W):
+            V[b] = q0 * V[b] + np.float64(D0[b])
+
+
+@njit(cache=True, nogil=True)
+def _decode_fp64_kernel(X, perm, C, qf, qip, qh, qd, f, ev, inner, k, p2, out, task0, task1):
     L, N = X.shape
     m = perm.size
-    scalar_e = ev.size == 1
-    e0 = ev[0] + k
-    tmp64 = np.empty(_BLOCK, np.float64)
-    R = np.empty((L, _BLOCK), np.float32)
-    U = np.empty((m, _BLOCK), np.float32)
-    tmp = np.empty(_BLOCK, np.float32)
+    V = np.empty(_BLOCK, np.float64)
+    D = np.empty((m, _BLOCK), np.float32)
+    acc = np.empty(_BLOCK, np.float32)
+    eb = np.empty(_BLOCK, np.int64)
+    S = np.empty(_BLOCK, np.int64)
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
-        _load_block(X, i0, W, R)
-        _mrc_block(R, perm, minv, qf, qip, qh, U, tmp, W)
-        V = tmp64
-        Um = U[m - 1]
-        for b in range(W):
-            V[b] = np.float64(Um[b])
-        for j in range(m - 2, -1, -1):
-            q = qd[j]
-            Uj = U[j]
-            for b in range(W):
-                V[b] = q * V[b] + np.float64(Uj[b])
+        _mrc_digits(X, i0, W, perm, C, qf, qip, qh, D, acc)
+        _horner_fp64(D, qd, V, W)
+        _block_exponents(ev, inner, i0, W, eb)
         o = out[i0 : i0 + W]
-        if scalar_e and -1074 <= e0 <= 1023:
-            # one exact power of two for the block: the product rounds once, as ldexp does
-            s = p2[e0 + 1074]
+        if _scale_pow2(V, f, eb, k, S, o, W) > 0:
+            # exponents outside the normal range (rare): the table/libm path
             for b in range(W):
-                o[b] = (V[b] * f) * s
-            continue
-        for b in range(W):
-            e = (ev[0] if scalar_e else ev[i0 + b]) + k
-            if e < -1048576:
-                e = -1048576
-            elif e > 1048576:
-                e = 1048576
-            o[b] = _ldexp(V[b] * f, e, p2)
+                e = eb[b] + k
+                if e < -1022 or e > 1023:
+                    e = min(max(e, -1048576), 1048576)
+                    o[b] = _ldexp(V[b] * f, e, p2)
+
+
+@njit(cache=True, nogil=True)
+def _scale_pow2(V, f, e, k, S, o, W):
+    # o[b] = (V[b] * f) * 2**(e[b] + k), the power built from its IEEE bits where
+    # e[b] + k is a normal exponent: a product by an exact power of two rounds
+    # once, as ldexp does (subnormal or overflowing results included). Returns
+    # how many entries lie outside [-1022, 1023] (left for the caller).
+    nbad = 0
+    for b in range(W):
+        ee = e[b] + k
+        ec = min(max(ee, -1022), 1023)
+        nbad += 1 if ec != ee else 0
+        S[b] = (ec + 1023) << 52
+    Sf = S.view(np.float64)
+    for b in range(W):
+        o[b] = (V[b] * f) * Sf[b]
+    return nbad
 
 
 @njit(cache=True, nogil=True)
@@ -709,7 +1077,7 @@ def _signed_horner(U, qd, sgn, Vf, carry, W):
     # exact and vectorizes across entries. The top nonzero centered digit
     # outweighs all lower ones, so it carries the sign and every Horner prefix
     # of s*v is >= 0: the limbs stay normalized in [0, 2**40).
-    m = U.shape[0]
+    m = qd.size
     nl = Vf.shape[0]
     for b in range(W):
         sgn[b] = 0.0
@@ -741,7 +1109,7 @@ def _signed_horner(U, qd, sgn, Vf, carry, W):
 
 
 @njit(cache=True, nogil=True)
-def _decode_exact_kernel(X, perm, minv, qf, qip, qh, qd, ev, eadd, flimbs, nl40, fsign, p2, out, task0, task1):
+def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, nl40, fsign, p2, out, task0, task1):
     # |v| (vectorized, _signed_horner), moved to 30-bit limbs in int64 (so that
     # limb * limb + carry never overflows), times the odd part of the factor
     # (its power of two joins the exponent), then rounded once to nearest-even
@@ -751,22 +1119,21 @@ def _decode_exact_kernel(X, perm, minv, qf, qip, qh, qd, ev, eadd, flimbs, nl40,
     m = perm.size
     nf = flimbs.size
     unit = nf == 1 and flimbs[0] == 1
-    scalar_e = ev.size == 1
+    eb = np.empty(_BLOCK, np.int64)
     n30 = (40 * nl40 + 29) // 30
     V = np.zeros(n30, np.int64)
     P = np.zeros(n30 + nf + 1, np.int64)
-    R = np.empty((L, _BLOCK), np.float32)
     U = np.empty((m, _BLOCK), np.float32)
-    tmp = np.empty(_BLOCK, np.float32)
+    acc = np.empty(_BLOCK, np.float32)
     sgn = np.empty(_BLOCK, np.float64)
     carry = np.empty(_BLOCK, np.float64)
     Vf = np.empty((nl40, _BLOCK), np.float64)
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
-        _load_block(X, i0, W, R)
-        _mrc_block(R, perm, minv, qf, qip, qh, U, tmp, W)
+        _mrc_digits(X, i0, W, perm, C, qf, qip, qh, U, acc)
         _signed_horner(U, qd, sgn, Vf, carry, W)
+        _block_exponents(ev, inner, i0, W, eb)
         for b in range(W):
             if sgn[b] == 0.0:
                 out[i0 + b] = 0.0
@@ -798,7 +1165,7 @@ def _decode_exact_kernel(X, perm, minv, qf, qip, qh, qd, ev, eadd, flimbs, nl40,
             while n > 0 and M[n - 1] == 0:
                 n -= 1
             nb = 30 * (n - 1) + _bitlen(M[n - 1])
-            e = (ev[0] if scalar_e else ev[i0 + b]) + eadd
+            e = eb[b] + eadd
             if e < -(1 << 40):
                 e = -(1 << 40)
             elif e > (1 << 40):
@@ -819,15 +1186,11 @@ def _decode_plan(active: tuple[int, ...]):
     order = mrc_order(active)
     m = len(order)
     perm = np.array([active.index(q) for q in order], np.int64)
-    minv = np.zeros((m, m), np.float32)
-    for i in range(m):
-        for j in range(i + 1, m):
-            minv[i, j] = pow(order[i], -1, order[j])
     qf, qip, qh = _mod_consts(order)[:3]
     qd = np.array(order, np.float64)
     # |v| <= P/2 < 2**bits(P): base-2**40 limbs enough for that
     nl = (math.prod(order).bit_length() + 39) // 40
-    tabs = (perm, minv, qf, qip, qh, qd)
+    tabs = (perm, _mrc_coeffs(order), qf, qip, qh, qd)
     for a in tabs:
         a.setflags(write=False)
     return tabs, nl
@@ -901,7 +1264,7 @@ class CpuBackend:
         x = np.require(np.asarray(x, dtype=np.float64), requirements="C")
         mods = tuple(int(p) for p in moduli)
         out = np.empty((len(mods),) + x.shape, np.int8)
-        ev = _exponent_vector(exponent, x.shape)
+        ev, inner = _exponent_runs(exponent, x.shape)
         if not mods or x.size == 0:
             return out
         # k = ef - 1075 + e <= 971 + max(e): size the direct [2^k]_p table for that
@@ -911,7 +1274,7 @@ class CpuBackend:
         _, _, _, pf, ipf, hf = _mod_consts(mods)
         nblk = -(-x.size // _BLOCK)
         xi = _ro(x.reshape(-1).view(np.int64))
-        args = (xi, ev, pf, ipf, hf, c24, tab, pa, per, out.reshape(len(mods), -1))
+        args = (xi, ev, inner, pf, ipf, hf, c24, tab, pa, per, out.reshape(len(mods), -1))
         _launch(_encode_kernel, nblk, x.size * len(mods), *args)
         return out
 
@@ -948,8 +1311,9 @@ class CpuBackend:
         O4 = out.reshape(L, pre, n_out, post)
         pf32, ip32, h32, pf, ipf, hf = _mod_consts(mods)
         if n_in <= _DIRECT_MAX_K:
-            # lanes per task: enough to amortize loop overhead, T kept within ~32 KiB
-            V = int(min(1024, max(128, 8192 // n_in)))
+            # lanes per task: enough to amortize loop overhead, T kept within 16-32 KiB (L1);
+            # a multiple of 8 so that tiles of a long `post` are whole int64 words
+            V = int(min(512, max(256, 8192 // n_in))) // 8 * 8
             Ba, tw = (max(1, V // post), post) if post <= V else (1, V)
             ntasks = L * -(-pre // Ba) * -(-post // tw)
             _launch(_product_direct, ntasks, out.size * n_in, _ro(op), _ro(X4), pf32, ip32, h32, O4, Ba, tw)
@@ -1034,23 +1398,23 @@ class CpuBackend:
     ) -> np.ndarray:
         active = tuple(int(p) for p in active)
         X, shape = _planes_2d(planes, len(active))
-        ev = _exponent_vector(exponent, shape)
+        ev, inner = _exponent_runs(exponent, shape)
         if not active or X.shape[1] == 0:
             if mode == "fp64":
                 return arith.decode_fp64_ref(planes, active, exponent, factor)
             return arith.decode_exact_ref(planes, active, exponent, factor)
         tabs, nl = _decode_plan(active)
-        perm, minv, qf, qip, qh, qd = tabs
+        perm, C, qf, qip, qh, qd = tabs
         out = np.empty(X.shape[1], np.float64)
         if mode == "fp64":
             f, k = arith.float_factor(factor)
-            args = (X, perm, minv, qf, qip, qh, qd, float(f), ev, int(k), _P2, out)
+            args = (X, perm, C, qf, qip, qh, qd, float(f), ev, inner, int(k), _P2, out)
             _launch(_decode_fp64_kernel, -(-X.shape[1] // _BLOCK), X.size * 4, *args)
         else:
             factor = int(factor)
             if factor == 0:
                 return np.zeros(shape, np.float64)
             flimbs, t2, fsign = _factor_limbs(factor)
-            args = (X, perm, minv, qf, qip, qh, qd, ev, int(t2), flimbs, nl, fsign, _P2, out)
+            args = (X, perm, C, qf, qip, qh, qd, ev, inner, int(t2), flimbs, nl, fsign, _P2, out)
             _launch(_decode_exact_kernel, -(-X.shape[1] // _BLOCK), X.size * 16, *args)
         return out.reshape(shape)
