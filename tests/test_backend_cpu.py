@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -79,6 +80,51 @@ def test_registry_returns_cpu_backend():
     assert isinstance(get_backend("cpu"), CpuBackend)
 
 
+# ----- the modular reduction ----------------------------------------------------------------
+
+
+@numba.njit(cache=False)
+def _cr32_mismatches(p, lim):
+    # _cr32 against the integer centered residue for every |t| <= lim
+    pf = np.float32(p)
+    ip = np.float32(1.0) / pf
+    h = np.float32((p + 1) // 2)
+    bad = 0
+    for i in range(-lim, lim + 1):
+        r = i % p
+        if r >= (p + 1) // 2:
+            r -= p
+        if cpu_mod._cr32(np.float32(i), pf, ip, h) != r:
+            bad += 1
+    return bad
+
+
+@numba.njit(cache=False)
+def _cr64_mismatches(p, lo, n):
+    # _cr64 for lo <= |t| < lo + n
+    pf = np.float64(p)
+    ip = 1.0 / pf
+    h = np.float64((p + 1) // 2)
+    bad = 0
+    for sign in (1, -1):
+        for j in range(n):
+            i = sign * (lo + j)
+            r = i % p
+            if r >= (p + 1) // 2:
+                r -= p
+            if cpu_mod._cr64(np.float64(i), pf, ip, h) != r:
+                bad += 1
+    return bad
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 7, 64, 127, 128, 129, 197, 241, 251, 253, 255, 256])
+def test_reductions_exact_over_their_whole_range(p):
+    # _cr32 promises exactness for |t| + p < 2**22, _cr64 for |t| + p < 2**51
+    assert _cr32_mismatches(p, (1 << 22) - p - 1) == 0
+    for lo in (0, (1 << 48) - 50_000, (1 << 51) - p - 100_000):
+        assert _cr64_mismatches(p, lo, 100_000 - (1 if lo else 0)) == 0
+
+
 # ----- encode -------------------------------------------------------------------------------
 
 
@@ -146,6 +192,21 @@ def test_encode_threaded(threaded):
         assert same_int8(REF.encode(x, e, mods, bits), CPU.encode(x, e, mods, bits))
 
 
+EXPONENT_SHAPES = [(), (1,), (5, 1, 1), (1, 6, 1), (5, 6, 1), (5, 6, 7), (7,), (6, 7), (1, 1, 7), (5, 1, 7), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("eshape", EXPONENT_SHAPES)
+def test_encode_exponent_broadcast_shapes(eshape, threaded):
+    # exponents constant along trailing axes stay compact (runs); any others are per entry
+    rng = np.random.default_rng(len(eshape))
+    basis = Basis.int8(15)
+    x = rng.standard_normal((5, 6, 7)) * 2.0 ** rng.integers(-30, 30, (5, 6, 7))
+    e = rng.integers(-10, 60, size=eshape).astype(np.int64)
+    assert same_int8(REF.encode(x, e, basis.moduli, 53), CPU.encode(x, e, basis.moduli, 53))
+    e = rng.integers(900, 1200, size=eshape).astype(np.int64)  # integers already, the big path
+    assert same_int8(REF.encode(x, e, basis.moduli, 120), CPU.encode(x, e, basis.moduli, 120))
+
+
 # ----- products -----------------------------------------------------------------------------
 
 
@@ -198,6 +259,34 @@ def test_product_threaded_and_noncontiguous(threaded):
     Xt = random_planes(rng, basis.moduli, (6, 300)).transpose(0, 2, 1)  # non-contiguous, BLAS path
     A = random_planes(rng, basis.moduli, (3, 300))
     assert same_int8(REF.product(A, Xt, basis.moduli, 0), CPU.product(A, Xt, basis.moduli, 0))
+
+
+@pytest.mark.parametrize("post", [1, 2, 4, 8, 12, 16, 24, 32, 40, 64, 600])
+def test_product_layout_paths(post):
+    # every layout move of the direct kernel: words unpacked/packed (post 1), int32
+    # and int64 word runs (post 4, 8, 16, 24), long runs (>= 32), byte runs, tiles of
+    # a long `post`, partial blocks (pre = 37), contractions padded to 4 terms;
+    # extreme residues so the float32 sums reach their largest values
+    rng = np.random.default_rng(post)
+    basis = Basis((256, 255, 253, 7))
+    for n_in in (1, 3, 4, 5, 8, 9, 12, 16, 24, 33):
+        X = random_planes(rng, basis.moduli, (37, n_in, post))
+        X[0, :3] = -128
+        for n_out in (1, 4, 7, 8, 16, 24):
+            A = random_planes(rng, basis.moduli, (n_out, n_in))
+            A[0, 0] = -128
+            assert same_int8(REF.product(A, X, basis.moduli, 1), CPU.product(A, X, basis.moduli, 1)), (n_in, n_out)
+
+
+def test_product_layout_paths_threaded(threaded):
+    rng = np.random.default_rng(17)
+    basis = Basis.int8(5)
+    for shape, axis in (((300, 8), 1), ((150, 16), 1), ((100, 12), 1), ((90, 4), 1), ((70, 8, 8), 1),
+                        ((40, 8, 600), 1), ((33, 4, 4), 1)):
+        X = random_planes(rng, basis.moduli, shape)
+        for n_out in (shape[axis], 8, 5):
+            A = random_planes(rng, basis.moduli, (n_out, shape[axis]))
+            assert same_int8(REF.product(A, X, basis.moduli, axis), CPU.product(A, X, basis.moduli, axis))
 
 
 # ----- elementwise --------------------------------------------------------------------------
@@ -388,3 +477,17 @@ def test_decode_threaded_and_degenerate(threaded, mode):
     _decode_both(X[:1, :5], basis.moduli[:1], np.int64(3), 7, mode)
     e = rng.integers(-1300, 1100, size=400).astype(np.int64)
     _decode_both(X, basis.moduli, e, 2**200 + 3, mode)
+
+
+@pytest.mark.parametrize("mode", ["fp64", "exact"])
+@pytest.mark.parametrize("eshape", EXPONENT_SHAPES)
+def test_decode_exponent_broadcast_shapes(eshape, mode, threaded):
+    basis = Basis.int8(15)
+    rng = np.random.default_rng(len(eshape) + 10)
+    X = random_planes(rng, basis.moduli, (5, 6, 7))
+    e0 = -basis.product.bit_length()
+    e = (e0 + rng.integers(-50, 50, size=eshape)).astype(np.int64)
+    _decode_both(X, basis.moduli, e, 3, mode)
+    # some exponents past the normal range (fp64: the slow path for those entries)
+    e = rng.choice(np.array([e0, e0 - 1000, e0 - 1100, e0 + 1100, e0 - 5000, 5000]), size=eshape).astype(np.int64)
+    _decode_both(X, basis.moduli, e, 3, mode)

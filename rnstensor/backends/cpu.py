@@ -11,6 +11,10 @@ from functools import lru_cache
 import numba
 import numpy as np
 from numba import njit
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 from .. import arith
 from ..basis import Basis, mrc_order
@@ -85,6 +89,77 @@ def _launch(kernel, ntasks: int, work: int, *args) -> None:
 
 
 # ----- scalar helpers -----------------------------------------------------------------------
+
+
+@intrinsic
+def _borrow(typingctx, arr):
+    """The same array without its NRT owner (meminfo NULL): a borrowed reference.
+
+    Numba increfs and decrefs an array's owner -- an atomic add on a counter the
+    array shares with every view of it -- whenever a view is made or an array
+    is passed to a function. The kernels below make thousands of views and
+    helper calls per block, and with several threads on the same input and
+    tables those counters bounce between cores. Every kernel launched by
+    _launch first borrows its array arguments: refcount operations on a NULL
+    owner are no-ops, and the caller keeps the arrays alive for the call.
+    """
+
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, value=args[0])
+        dst = context.make_array(sig.return_type)(context, builder)
+        for name in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(dst, name, getattr(src, name))
+        dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
+        dst.parent = cgutils.get_null_value(dst.parent.type)
+        return dst._getvalue()
+
+    return arr(arr), codegen
+
+
+@intrinsic
+def _flat_as(typingctx, arr, dt):
+    """A C-contiguous array's bytes as a 1-D array of dtype ``dt`` (borrowed, see _borrow).
+
+    What ``arr.reshape(-1).view(dt)`` gives, without compiling numba's reshape
+    and view for every array type (each costs ~0.3 s of cold compile time).
+    A trailing partial element is left out.
+    """
+    if not isinstance(arr, types.Array) or arr.layout != "C" or not isinstance(dt, types.NumberClass):
+        return None
+    dtype = dt.instance_type
+    ret = types.Array(dtype, 1, "C")
+
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, value=args[0])
+        dst = context.make_array(sig.return_type)(context, builder)
+        intp = context.get_value_type(types.intp)
+        size = intp(context.get_abi_sizeof(context.get_data_type(dtype)))
+        n = builder.udiv(builder.mul(src.nitems, src.itemsize), size)
+        data = builder.bitcast(src.data, dst.data.type)
+        populate_array(dst, data=data, shape=[n], strides=[size], itemsize=size, meminfo=None)
+        return dst._getvalue()
+
+    return ret(arr, dt), codegen
+
+
+@intrinsic
+def _readonly(typingctx, arr):
+    """The same array typed read-only (borrowed): one specialization of a helper serves both."""
+    if not isinstance(arr, types.Array):
+        return None
+    ret = arr.copy(readonly=True)
+
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, value=args[0])
+        dst = context.make_array(sig.return_type)(context, builder)
+        for name in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(dst, name, getattr(src, name))
+        dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
+        dst.parent = cgutils.get_null_value(dst.parent.type)
+        return dst._getvalue()
+
+    return ret(arr), codegen
+
 
 
 @njit(inline="always", nogil=True)
@@ -338,6 +413,8 @@ def _enc_big(hi, lo, kb, pwl, o, p, ip, h, c, W):
 def _encode_kernel(xi, ev, inner, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
     # The hot loops live in separate small functions: inside one large body
     # LLVM left them scalar (4-5x slower)
+    xi, ev, pf, ipf, hf, c24 = _borrow(xi), _borrow(ev), _borrow(pf), _borrow(ipf), _borrow(hf), _borrow(c24)
+    pw, pa, pper, out = _borrow(pw), _borrow(pa), _borrow(pper), _borrow(out)
     N = xi.size
     L = pf.size
     TW = pw.shape[1]
@@ -532,83 +609,58 @@ def _mac_reduce(Af, T, acc, R, p, ip, h, W):
                 s = c0 * T0[v] + c1 * T1[v] + c2 * T2[v] + c3 * T3[v] + c4 * T4[v] + c5 * T5[v] + c6 * T6[v] + c7 * T7[v]
                 Rj[v] = np.int8(_cr32(s, p, ip, h))
         else:
-            _mac8_set(a, T, acc, W, H)
-            k = 8
+            # longer contractions: four terms per pass, summed as a tree, through acc
+            k = n4 - n4  # (a computed 0: a literal would compile another specialization)
             while n4 - k > 4:
-                _mac4_add(a, T, k, acc, W)
+                _mac4_acc(a, T, k, acc, W)
                 k += 4
-            _mac4_acc_reduce(a, T, k, acc, Rj, p, ip, h, W, H)
-
-
-@njit(inline="always", nogil=True, fastmath=_FM)
-def _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v):
-    s = c0 * T0[v]
-    s += c1 * T1[v]
-    s += c2 * T2[v]
-    s += c3 * T3[v]
-    return s
+            _mac4_acc_reduce(a, T, k, acc, Rj, p, ip, h, W)
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def _mac8_set(a, T, acc, W, H):
-    # acc = terms 0 .. 7
-    c0, c1, c2, c3, c4, c5, c6, c7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
-    T0, T1, T2, T3, T4, T5, T6, T7 = T[0], T[1], T[2], T[3], T[4], T[5], T[6], T[7]
-    for v in range(H):
-        w = v + H
-        acc[v] = _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v) + _mac4(c4, c5, c6, c7, T4, T5, T6, T7, v)
-        acc[w] = _mac4(c0, c1, c2, c3, T0, T1, T2, T3, w) + _mac4(c4, c5, c6, c7, T4, T5, T6, T7, w)
-    for v in range(2 * H, W):
-        acc[v] = _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v) + _mac4(c4, c5, c6, c7, T4, T5, T6, T7, v)
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def _mac4_add(a, T, k, acc, W):
-    # acc += terms k .. k+3 (one lane per iteration: with acc[v] and acc[v + H]
-    # both read and written, LLVM cannot tell the two halves apart)
+def _mac4_acc(a, T, k, acc, W):
+    # acc (+)= terms k .. k+3 (= for k == 0). One lane per iteration and a tree of four
+    # products: with acc both read and written, LLVM cannot tell two lane
+    # streams apart, and this form measured fastest for long contractions.
     c0, c1, c2, c3 = a[k], a[k + 1], a[k + 2], a[k + 3]
     T0, T1, T2, T3 = T[k], T[k + 1], T[k + 2], T[k + 3]
-    for v in range(W):
-        acc[v] += _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v)
+    if k > 0:
+        for v in range(W):
+            acc[v] += (c0 * T0[v] + c1 * T1[v]) + (c2 * T2[v] + c3 * T3[v])
+    else:
+        for v in range(W):
+            acc[v] = (c0 * T0[v] + c1 * T1[v]) + (c2 * T2[v] + c3 * T3[v])
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def _mac4_acc_reduce(a, T, k, acc, Rj, p, ip, h, W, H):
+def _mac4_acc_reduce(a, T, k, acc, Rj, p, ip, h, W):
     # Rj = [acc + terms k .. k+3]_p
     c0, c1, c2, c3 = a[k], a[k + 1], a[k + 2], a[k + 3]
     T0, T1, T2, T3 = T[k], T[k + 1], T[k + 2], T[k + 3]
-    for v in range(H):
-        w = v + H
-        s = acc[v] + _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v)
-        t = acc[w] + _mac4(c0, c1, c2, c3, T0, T1, T2, T3, w)
-        Rj[v] = np.int8(_cr32(s, p, ip, h))
-        Rj[w] = np.int8(_cr32(t, p, ip, h))
-    for v in range(2 * H, W):
-        Rj[v] = np.int8(_cr32(acc[v] + _mac4(c0, c1, c2, c3, T0, T1, T2, T3, v), p, ip, h))
+    for v in range(W):
+        Rj[v] = np.int8(_cr32(acc[v] + ((c0 * T0[v] + c1 * T1[v]) + (c2 * T2[v] + c3 * T3[v])), p, ip, h))
 
 
-# Layout moves of the direct product. A task's block is Ba rows of `pre` times a
-# tile [t0, t1) of `post`; the MAC wants it as n_in rows T[k] of W float32 lanes
-# and writes n_out rows R[j] of W int8 lanes. Byte-wise copies of runtime length
-# 1..8 stay scalar and cost several times the MAC, so the common shapes move
-# whole words instead:
-# - post == 1 (the contracted axis is the last one) and n_in a multiple of 4:
-#   each row's run of 4 or 8 residues is one int32/int64 word, and T[k] is that
-#   word shifted right by 8 (k mod w) bits, truncated to int8 (its low byte,
-#   sign included) -- one vectorized loop per k over consecutive rows. The
-#   scatter packs 4 or 8 rows R[j] back into words the same way.
-# - runs of 32 or more residues: converted straight into T, copied straight out
-#   (long enough to vectorize);
-# - shorter runs that are whole int64 (or int32) words -- post and the tile a
-#   multiple of 8 (or 4): copied as words into an int8 staging block TB, then
-#   converted in one contiguous pass; the scatter copies words back.
-# Anything else falls back to byte copies.
+# Layout moves of the direct product. A task's block is rows a0 .. a1 of `pre`
+# times a tile [t0, t1) of `post`; the MAC wants it as n_in rows T[k] of W
+# float32 lanes (lane = (a - a0) * tl + t) and writes n_out rows R[j] of W int8
+# lanes. When the contracted axis is the last one (post == 1) those are
+# transposes with runs of one byte: strided byte loops, scalar and several
+# times the cost of the MAC. There, if n_in is a multiple of 8, every row's
+# residues k = 8g .. 8g+7 are one int64 word (Xw: the tensor as words, see
+# _flat_as), and T[8g + i] is byte i of the rows' words g: a shift, a
+# truncation to int8 and a conversion, one vectorized loop per byte
+# (_unpack_rows; the words are made contiguous first when a row has several).
+# The scatter packs 8 rows R[j] into words the same way (_pack_rows). Other
+# shapes convert straight into T and copy bytes straight out.
+# (Word moves for other small shapes, e.g. post = 8 runs or several rows per
+# word, measured faster still but cost ~4 s of cold compile time.)
 
 
 @njit(cache=True, nogil=True)
 def _unpack_rows(src, T, k0, W):
-    # T[k0 + i, b] = byte i of the word src[b], sign-extended (src contiguous)
-    for i in range(src.itemsize):
+    # T[k0 + i, b] = byte i of the word src[b], sign-extended
+    for i in range(8):
         Ti = T[k0 + i]
         s = 8 * i
         for b in range(W):
@@ -616,8 +668,8 @@ def _unpack_rows(src, T, k0, W):
 
 
 @njit(cache=True, nogil=True)
-def _pack8(R, j0, dst, W):
-    # dst[b] = the int64 word of bytes R[j0 .. j0 + 7, b] (dst contiguous)
+def _pack_rows(R, j0, dst, W):
+    # dst[b] = the int64 word of bytes R[j0 .. j0 + 7, b]
     R0 = R[j0]
     R1 = R[j0 + 1]
     R2 = R[j0 + 2]
@@ -635,157 +687,63 @@ def _pack8(R, j0, dst, W):
 
 
 @njit(cache=True, nogil=True)
-def _pack4(R, j0, dst, W):
-    # dst[b] = the int32 word of bytes R[j0 .. j0 + 3, b] (dst contiguous)
-    R0 = R[j0]
-    R1 = R[j0 + 1]
-    R2 = R[j0 + 2]
-    R3 = R[j0 + 3]
-    for b in range(W):
-        dst[b] = np.int32(np.int64(np.uint8(R0[b])) | (np.int64(np.uint8(R1[b])) << 8)
-                          | (np.int64(np.uint8(R2[b])) << 16) | (np.int64(R3[b]) << 24))
-
-
-@njit(cache=True, nogil=True)
-def _unpack_words(Xw, S, a0, W, T):
-    # rows a0 .. a0 + W - 1 of Xw (nw words each) into T as float32; S: staging
-    nb = Xw.itemsize
-    nw = T.shape[0] // nb
-    if nw == 1:
-        _unpack_rows(Xw[a0 : a0 + W], T, 0, W)
-        return
-    # several words per row: de-interleave them into contiguous runs first
-    for kw in range(nw):
-        Sk = S[kw * W : (kw + 1) * W]
-        for b in range(W):
-            Sk[b] = Xw[(a0 + b) * nw + kw]
-        _unpack_rows(Sk, T, nb * kw, W)
-
-
-@njit(cache=True, nogil=True)
-def _pack_words(R, Ow, S, a0, W):
-    # rows a0 .. a0 + W - 1 of Ow (nw words each) from the bytes R[:, :W]; S: staging
-    nb = Ow.itemsize
-    nw = R.shape[0] // nb
-    for jw in range(nw):
-        dst = Ow[a0 : a0 + W] if nw == 1 else S[jw * W : (jw + 1) * W]
-        if nb == 8:
-            _pack8(R, 8 * jw, dst, W)
-        else:
-            _pack4(R, 4 * jw, dst, W)
-        if nw > 1:
-            for b in range(W):
-                Ow[(a0 + b) * nw + jw] = dst[b]
-
-
-@njit(cache=True, nogil=True)
-def _words_in(Xw, Tw, a0, a1, c0, tw):
-    # Tw[k, (a - a0) * tw + c] = Xw[a, k, c0 + c]: runs of tw whole words
-    n_in = Xw.shape[1]
-    if tw == 1:
-        for k in range(n_in):
-            Tk = Tw[k]
-            for b in range(a1 - a0):
-                Tk[b] = Xw[a0 + b, k, c0]
-        return
-    for a in range(a0, a1):
-        o = (a - a0) * tw
-        for k in range(n_in):
-            Tk = Tw[k, o : o + tw]
-            Xak = Xw[a, k, c0 : c0 + tw]
-            for c in range(tw):
-                Tk[c] = Xak[c]
-
-
-@njit(cache=True, nogil=True)
-def _gather_rows(Xl, a0, a1, t0, t1, TB, T):
-    # T[k, (a - a0) * tl + t] = Xl[a, k, t0 + t] as float32 (tl = t1 - t0)
+def _gather_rows(Xl, Xw, l, a0, a1, t0, t1, S, T):
+    # T[k, (a - a0) * tl + t] = Xl[a, k, t0 + t] as float32 (tl = t1 - t0); Xl is
+    # plane l, Xw the whole tensor as words, S word scratch
     pre, n_in, post = Xl.shape
     tl = t1 - t0
-    W = (a1 - a0) * tl
+    nr = a1 - a0
     if post == 1 and n_in % 8 == 0:
-        flat = Xl.reshape(pre * n_in)
-        _unpack_words(flat.view(np.int64), TB.reshape(TB.size).view(np.int64), a0, W, T)
+        nw = n_in // 8
+        w0 = (l * pre + a0) * nw
+        for g in range(nw):
+            if nw == 1:
+                src = Xw[w0 : w0 + nr]
+            else:
+                src = S[:nr]
+                for b in range(nr):
+                    src[b] = Xw[w0 + g + b * nw]
+            _unpack_rows(src, T, 8 * g, nr)
         return
-    if post == 1 and n_in % 4 == 0:
-        flat = Xl.reshape(pre * n_in)
-        _unpack_words(flat.view(np.int32), TB.reshape(TB.size).view(np.int32), a0, W, T)
-        return
-    if tl >= 32:
-        # long runs: convert straight into T (these loops vectorize)
-        for a in range(a0, a1):
-            o = (a - a0) * tl
-            Xa = Xl[a]
-            for k in range(n_in):
-                Tk = T[k, o : o + tl]
-                Xak = Xa[k, t0:t1]
-                for t in range(tl):
-                    Tk[t] = np.float32(Xak[t])
-        return
-    if tl % 8 == 0 and post % 8 == 0:
-        _words_in(Xl.view(np.int64), TB.view(np.int64), a0, a1, t0 // 8, tl // 8)
-    elif tl % 4 == 0 and post % 4 == 0:
-        _words_in(Xl.view(np.int32), TB.view(np.int32), a0, a1, t0 // 4, tl // 4)
-    else:
-        for a in range(a0, a1):
-            o = (a - a0) * tl
-            Xa = Xl[a]
-            for k in range(n_in):
-                Tk = TB[k, o : o + tl]
-                Xak = Xa[k, t0:t1]
-                for t in range(tl):
-                    Tk[t] = Xak[t]
-    _to_f32(TB, T, n_in, W)
-
-
-@njit(cache=True, nogil=True)
-def _to_f32(TB, T, n, W):
-    for k in range(n):
-        src = TB[k]
-        dst = T[k]
-        for b in range(W):
-            dst[b] = np.float32(src[b])
-
-
-@njit(cache=True, nogil=True)
-def _words_out(Rw, Ow, a0, a1, c0, tw):
-    # Ow[a, j, c0 + c] = Rw[j, (a - a0) * tw + c], the inverse of _words_in
-    n_out = Ow.shape[1]
-    if tw == 1:
-        for j in range(n_out):
-            Rj = Rw[j]
-            for b in range(a1 - a0):
-                Ow[a0 + b, j, c0] = Rj[b]
+    if tl == 1:
+        for k in range(n_in):
+            Tk = T[k]
+            Xk = Xl[a0:a1, k, t0]
+            for b in range(nr):
+                Tk[b] = np.float32(Xk[b])
         return
     for a in range(a0, a1):
-        o = (a - a0) * tw
-        for j in range(n_out):
-            Rj = Rw[j, o : o + tw]
-            Oaj = Ow[a, j, c0 : c0 + tw]
-            for c in range(tw):
-                Oaj[c] = Rj[c]
+        o = (a - a0) * tl
+        Xa = Xl[a]
+        for k in range(n_in):
+            Tk = T[k, o : o + tl]
+            Xak = Xa[k, t0:t1]
+            for t in range(tl):
+                Tk[t] = np.float32(Xak[t])
 
 
 @njit(cache=True, nogil=True)
-def _scatter_rows(R, Ol, a0, a1, t0, t1, SB):
+def _scatter_rows(R, Ol, Ow, l, a0, a1, t0, t1, S):
     # Ol[a, j, t0 + t] = R[j, (a - a0) * tl + t], the inverse of _gather_rows
-    # (SB: staging, as many bytes as R)
     pre, n_out, post = Ol.shape
     tl = t1 - t0
-    W = a1 - a0
+    nr = a1 - a0
     if post == 1 and n_out % 8 == 0:
-        flat = Ol.reshape(pre * n_out)
-        _pack_words(R, flat.view(np.int64), SB.reshape(SB.size).view(np.int64), a0, W)
+        nw = n_out // 8
+        w0 = (l * pre + a0) * nw
+        for g in range(nw):
+            dst = Ow[w0 : w0 + nr] if nw == 1 else S[:nr]
+            _pack_rows(R, 8 * g, dst, nr)
+            if nw > 1:
+                for b in range(nr):
+                    Ow[w0 + g + b * nw] = dst[b]
         return
-    if post == 1 and n_out % 4 == 0:
-        flat = Ol.reshape(pre * n_out)
-        _pack_words(R, flat.view(np.int32), SB.reshape(SB.size).view(np.int32), a0, W)
-        return
-    if tl < 32 and tl % 8 == 0 and post % 8 == 0:
-        _words_out(R.view(np.int64), Ol.view(np.int64), a0, a1, t0 // 8, tl // 8)
-        return
-    if tl < 32 and tl % 4 == 0 and post % 4 == 0:
-        _words_out(R.view(np.int32), Ol.view(np.int32), a0, a1, t0 // 4, tl // 4)
+    if tl == 1:
+        for j in range(n_out):
+            Oj = Ol[a0:a1, j, t0]
+            Rj = R[j]
+            for b in range(nr):
+                Oj[b] = Rj[b]
         return
     for a in range(a0, a1):
         o = (a - a0) * tl
@@ -804,6 +762,7 @@ def _product_direct(A, X, pf, ipf, hf, out, Ba, tw, task0, task1):
     # every inner loop runs over many contiguous float32 lanes; float32 sums
     # of <= 192 products of <= 2**14 are exact (< 2**22 - 2**8, _cr32's range). The loops live in
     # separate functions: inlined into one body LLVM leaves some of them scalar.
+    A, X, pf, ipf, hf, out = _borrow(A), _borrow(X), _borrow(pf), _borrow(ipf), _borrow(hf), _borrow(out)
     _, pre, n_in, post = X.shape
     n_out = A.shape[1]
     nt = (post + tw - 1) // tw
@@ -814,11 +773,12 @@ def _product_direct(A, X, pf, ipf, hf, out, Ba, tw, task0, task1):
     Af = np.zeros((n_out, n4), np.float32)
     # rows of whole int64 words for the word moves of _gather_rows/_scatter_rows
     Wb = (Wmax + 7) // 8 * 8
-    TB = np.empty((n_in, Wb), np.int8)
     T = np.zeros((n4, Wb), np.float32)
     acc = np.empty(Wb, np.float32)
     R = np.empty((n_out, Wb), np.int8)
-    SB = np.empty((n_out, Wb), np.int8)
+    S = np.empty(Wb, np.int64)
+    Xw = _flat_as(X, np.int64)
+    Ow = _flat_as(out, np.int64)
     lcur = -1
     for idx in range(task0, task1):
         l = idx // (nb * nt)
@@ -834,15 +794,16 @@ def _product_direct(A, X, pf, ipf, hf, out, Ba, tw, task0, task1):
                 for k in range(n_in):
                     Af[j, k] = A[l, j, k]
             lcur = l
-        _gather_rows(X[l], a0, a1, t0, t1, TB, T[:n_in])
+        _gather_rows(X[l], Xw, l, a0, a1, t0, t1, S, T)
         _mac_reduce(Af, T, acc, R, pf[l], ipf[l], hf[l], W)
-        _scatter_rows(R, out[l], a0, a1, t0, t1, SB)
+        _scatter_rows(R, out[l], Ow, l, a0, a1, t0, t1, S)
 
 
 @njit(cache=True, nogil=True)
 def _reduce_swap(Y, O, p, ip, h, task0, task1):
     # O[a, j, t] = [Y[j, a, t]]_p: the exact BLAS sums (float32 or float64,
     # |Y| < 2**48) reduced and put back in tensor order
+    Y, O = _borrow(Y), _borrow(O)
     J, _, T = Y.shape
     for idx in range(task0, task1):
         a = idx // J
@@ -861,6 +822,7 @@ def _elementwise(A, B, pf, ipf, hf, mode, out, task0, task1):
     # A, out (L, outer, inner), B (L, inner): mode 0 product, 1 sum, 2 difference.
     # |t| <= 2**14, well inside _cr32's exact range; chunks of `inner` keep the
     # tasks even when outer is 1
+    A, B, pf, ipf, hf, out = _borrow(A), _borrow(B), _borrow(pf), _borrow(ipf), _borrow(hf), _borrow(out)
     _, outer, inner = A.shape
     nch = (inner + _CHUNK - 1) // _CHUNK
     for idx in range(task0, task1):
@@ -911,6 +873,12 @@ def _drop_extend_kernel(
     # modulus first, step 3), then [v_g]_t = [sum_i d_i [W'_i]_t]_t for every
     # restored modulus t (step 4, weights Tw, centered): the reference reduces
     # after every term, but the centered residue of the same sum is unique.
+    # (All arrays borrowed: see _borrow.)
+    X, dperm, A, dpf, dip = _borrow(X), _borrow(dperm), _borrow(A), _borrow(dpf), _borrow(dip)
+    dh, rsrc, Bc, E, rpf = _borrow(dh), _borrow(rsrc), _borrow(Bc), _borrow(E), _borrow(rpf)
+    ripf, rh, mperm, C, mpf = _borrow(ripf), _borrow(rh), _borrow(mperm), _borrow(C), _borrow(mpf)
+    mip, mh, tsrc, Tw, tpf = _borrow(mip), _borrow(mh), _borrow(tsrc), _borrow(Tw), _borrow(tpf)
+    tip, th, out = _borrow(tip), _borrow(th), _borrow(out)
     L, N = X.shape
     g = dperm.size
     nr = rsrc.size
@@ -937,7 +905,8 @@ def _drop_extend_kernel(
                 _put_i8(acc, Yj, W)
         # 3. digits of v_g over the remaining moduli (only when extending)
         if m > 0:
-            _mrc_digits(Y, 0, W, mperm, C, mpf, mip, mh, Dm, acc)
+            # (Y typed read-only and a computed 0: the same specialization as step 1)
+            _mrc_digits(_readonly(Y), W - W, W, mperm, C, mpf, mip, mh, Dm, acc)
         # 4. the output planes: kept ones copied, restored ones from the digits
         for t in range(T):
             o = out[t, i0 : i0 + W]
@@ -947,7 +916,7 @@ def _drop_extend_kernel(
                 for b in range(W):
                     o[b] = Ys[b]
             else:
-                _dot_reduce(Y[0], np.float32(0.0), Dm, Tw[t], m, tpf[t], tip[t], th[t], acc, W)
+                _dot_reduce(X[0, i0 : i0 + W], np.float32(0.0), Dm, Tw[t], m, tpf[t], tip[t], th[t], acc, W)
                 _put_i8(acc, o, W)
 
 
@@ -1029,6 +998,8 @@ def _horner_fp64(D, qd, V, W):
 
 @njit(cache=True, nogil=True)
 def _decode_fp64_kernel(X, perm, C, qf, qip, qh, qd, f, ev, inner, k, p2, out, task0, task1):
+    X, perm, C, qf, qip, qh = _borrow(X), _borrow(perm), _borrow(C), _borrow(qf), _borrow(qip), _borrow(qh)
+    qd, ev, p2, out = _borrow(qd), _borrow(ev), _borrow(p2), _borrow(out)
     L, N = X.shape
     m = perm.size
     V = np.empty(_BLOCK, np.float64)
@@ -1064,7 +1035,7 @@ def _scale_pow2(V, f, e, k, S, o, W):
         ec = min(max(ee, -1022), 1023)
         nbad += 1 if ec != ee else 0
         S[b] = (ec + 1023) << 52
-    Sf = S.view(np.float64)
+    Sf = _flat_as(S, np.float64)
     for b in range(W):
         o[b] = (V[b] * f) * Sf[b]
     return nbad
@@ -1115,6 +1086,8 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
     # (its power of two joins the exponent), then rounded once to nearest-even
     # on the float64 grid of the result: 53 bits, or fewer where the result is
     # subnormal, so the final ldexp is exact or overflows
+    X, perm, C, qf, qip, qh = _borrow(X), _borrow(perm), _borrow(C), _borrow(qf), _borrow(qip), _borrow(qh)
+    qd, ev, flimbs, p2, out = _borrow(qd), _borrow(ev), _borrow(flimbs), _borrow(p2), _borrow(out)
     L, N = X.shape
     m = perm.size
     nf = flimbs.size
@@ -1171,11 +1144,13 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
             elif e > (1 << 40):
                 e = 1 << 40
             shift = max(nb - 53, -1074 - e)
+            # (computed 0, 1 and 53 below: literals would compile three more _bits)
+            one = n - n + 1
             if shift <= 0:
-                y = _ldexp(np.float64(_bits(M, n, 0, nb)), e, p2)
+                y = _ldexp(np.float64(_bits(M, n, one - 1, nb)), e, p2)
             else:
-                mant = _bits(M, n, shift, 53)
-                if _bits(M, n, shift - 1, 1) == 1 and ((mant & 1) == 1 or _any_below(M, n, shift - 1)):
+                mant = _bits(M, n, shift, one + 52)
+                if _bits(M, n, shift - 1, one) == 1 and ((mant & 1) == 1 or _any_below(M, n, shift - 1)):
                     mant += 1
                 y = _ldexp(np.float64(mant), shift + e, p2)
             out[i0 + b] = -y if sgn[b] * fsign < 0 else y
