@@ -22,6 +22,7 @@ __all__ = [
     "zgemm",
     "matmul",
     "moduli_for_bits",
+    "gemm_moduli",
     "gemm_width",
     "exact_bits_needed",
     "default_workspace_bytes",
@@ -430,6 +431,42 @@ def _resolve_moduli(moduli, opa: np.ndarray, opb: np.ndarray, k: int, cplx: bool
         return moduli_for_bits(k, need, kind=kind)
     except RNSRangeError:
         return _MAX_MODULI
+
+
+def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str = "N") -> int:
+    """The number of moduli ``s`` that :func:`dgemm` / :func:`zgemm` use for ``op(a) @ op(b)`` with this ``moduli``.
+
+    An integer is returned as is; ``None`` gives ``moduli_for_bits(k, 53)``
+    (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
+    encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly
+    (at most 49). Complex input (either operand) selects the complex rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> a = np.array([[1.0, 2.0**-60]])
+    >>> gemm_moduli(a, a.T), gemm_moduli(a, a.T, "auto"), gemm_moduli(a, a.T, 9)
+    (14, 16, 9)
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    cplx = np.iscomplexobj(a) or np.iscomplexobj(b)
+    fn = "gemm_moduli"
+    moduli = _check_moduli(moduli, fn)
+    flags = ("N", "T", "C")
+    ta, tb = _check_trans(trans_a, "trans_a", flags), _check_trans(trans_b, "trans_b", flags)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"{fn}: a and b must be 2-D; got shapes {a.shape} and {b.shape}")
+    opa = a if ta == "N" else a.T
+    opb = b if tb == "N" else b.T
+    if cplx:
+        opa, opb = opa.astype(np.complex128), opb.astype(np.complex128)
+    else:
+        opa, opb = opa.astype(np.float64), opb.astype(np.float64)
+    fa = np.isfinite(opa).all(axis=1)
+    fb = np.isfinite(opb).all(axis=0)
+    ea = np.where(fa[:, None], opa, 0)
+    eb = np.where(fb[None, :], opb, 0)
+    return _resolve_moduli(moduli, ea, eb, opa.shape[1], cplx)
 
 
 def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes):
