@@ -133,37 +133,95 @@ def _parse_depths(text: str) -> list[int]:
     return out
 
 
-def _accuracy_gemm(args) -> int:
-    import json
+_GEMM_TABLE_DATA = {"6": ["uniform", "phi2", "sincos"], "7": None, "8": ["spike", "cancel", "boundary"]}
+_GEMM_TABLE_MODULI = {"6": [12, 14, 16, 18, 20, 24], "8": ["default", "auto", 12, 16, 20, 24]}
 
-    from .gemm_accuracy import gemm_accuracy
 
-    t0 = time.perf_counter()
-    m, k, n = args.size
-    print(f"papers/000 Table 6: emulated DGEMM vs the exact product, {m} x {k} x {n}, seed {args.seed}")
-    print(f"{'data':<10} {'method':<14} {'s':>3} {'t':>4} {'max ulp':>10} {'CR %':>8} {'componentwise':>14} {'normwise':>10}")
+def _gemm_moduli_arg(v: str):
+    if v in ("auto", "default"):
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gemm-moduli takes integers, 'auto' or 'default'; got {v!r}") from None
+
+
+def _accuracy_gemm_table7(args) -> int:
+    from .gemm_accuracy import EXTENDED_WIDTH, TABLE7_DATASETS, gemm_thresholds
+
+    m, _, n = args.size
+    data = args.data or list(TABLE7_DATASETS)
+    print(f"papers/000 Table 7: smallest s per accuracy level, {m} x k x {n}, seed {args.seed}")
+    print("  (a) max componentwise error <= numpy float64 matmul's; (u) <= 2^-53; (b) >= 99.9 % CR; (c) 100 % CR")
+    print(f"  s[t]: moduli and width; noext: smallest s with t <= {EXTENDED_WIDTH} ('-': needs the extended width)")
+    print(f"  paper: papers/000 Table 7 (a, b, c); auto/def: the s of moduli='auto' / None")
+    head = f"{'data':<8} {'k':>5} {'numpy comp':>10} {'np CR%':>7}  {'(a)':>7} {'(u)':>7} {'(b)':>7} {'(c)':>7}  {'noext a/b/c':>11}  {'auto':>4} {'def':>3}  {'paper':>8}"
+    print(head)
+
+    def sv(r, c):
+        return "-" if r[c] is None else f"{r[c]}[{r[c + '_t']}]"
 
     def show(r):
-        s_, t_ = r.get("s"), r.get("t")
+        ne = "/".join("-" if r[c + "_noext"] is None else str(r[c + "_noext"]) for c in ("float64", "cr99.9", "cr100"))
+        pp = "/".join("-" if v is None else str(v) for v in r["paper"]) if r["paper"] else ""
         print(
-            f"{r['data']:<10} {r['method']:<14} {'' if s_ is None else s_:>3} {'' if t_ is None else t_:>4} "
-            f"{r['max_ulp']:>10.3g} {r['cr_percent']:>8.3f} {r['componentwise']:>14.2e} {r['normwise']:>10.2e}",
+            f"{r['data']:<8} {r['k']:>5} {r['numpy']['componentwise']:>10.2e} {r['numpy']['cr_percent']:>7.2f}  "
+            f"{sv(r, 'float64'):>7} {sv(r, 'unit'):>7} {sv(r, 'cr99.9'):>7} {sv(r, 'cr100'):>7}  {ne:>11}  "
+            f"{r['auto']:>4} {r['default']:>3}  {pp:>8}",
             flush=True,
         )
 
-    try:
-        rows = gemm_accuracy(
-            datasets=args.data, moduli=args.gemm_moduli, m=m, k=k, n=n, seed=args.seed, progress=show
-        )
-    except ValueError as exc:
-        print(f"rnstensor accuracy gemm: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"\n({time.perf_counter() - t0:.1f} s)")
+    rows = gemm_thresholds(datasets=data, ks=args.ks, m=m, n=n, seed=args.seed, progress=show)
+    return _gemm_json(args, rows)
+
+
+def _gemm_json(args, rows) -> int:
+    import json
+
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
         print(f"JSON written to {args.json}")
     return 0
+
+
+def _accuracy_gemm(args) -> int:
+    from .gemm_accuracy import gemm_accuracy
+
+    t0 = time.perf_counter()
+    table = args.table
+    try:
+        if table == "7":
+            code = _accuracy_gemm_table7(args)
+            print(f"\n({time.perf_counter() - t0:.1f} s)")
+            return code
+        m, k, n = args.size
+        data = args.data or _GEMM_TABLE_DATA[table]
+        moduli = args.gemm_moduli or _GEMM_TABLE_MODULI[table]
+        kind = "ZGEMM (3M)" if args.complex else "DGEMM"
+        print(f"papers/000 Table {table}: emulated {kind} vs the exact product, {m} x {k} x {n}, seed {args.seed}")
+        print(
+            f"{'data':<10} {'method':<7} {'moduli':>7} {'s':>3} {'t':>4} {'max ulp':>10} {'CR %':>8} "
+            f"{'componentwise':>14} {'normwise':>10}"
+        )
+
+        def show(r):
+            s_, t_ = r.get("s"), r.get("t")
+            print(
+                f"{r['data']:<10} {r['method']:<7} {r['moduli'] or '':>7} {'' if s_ is None else s_:>3} "
+                f"{'' if t_ is None else t_:>4} {r['max_ulp']:>10.3g} {r['cr_percent']:>8.3f} "
+                f"{r['componentwise']:>14.2e} {r['normwise']:>10.2e}",
+                flush=True,
+            )
+
+        rows = gemm_accuracy(
+            datasets=data, moduli=moduli, m=m, k=k, n=n, seed=args.seed, progress=show, complex=args.complex
+        )
+    except ValueError as exc:
+        print(f"rnstensor accuracy gemm: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"\n({time.perf_counter() - t0:.1f} s)")
+    return _gemm_json(args, rows)
 
 
 def _accuracy(args) -> int:
@@ -226,12 +284,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "target", nargs="?", choices=("chain", "gemm"), default="chain",
         help="chain: papers/002 Sec. 6.2 (default); gemm: papers/000 Table 6 for emulated DGEMM",
     )
-    acc.add_argument("--data", nargs="+", default=["uniform", "phi2", "sincos"], help="gemm: data sets")
     acc.add_argument(
-        "--gemm-moduli", nargs="+", default=[12, 14, 16, 18, 20, 24],
-        type=lambda v: v if v == "auto" else int(v), help="gemm: moduli counts (or 'auto')",
+        "--table", choices=("6", "7", "8"), default="6",
+        help="gemm: papers/000 Table 6 (accuracy per s, default), 7 (smallest s per accuracy level) or 8 (worst cases)",
     )
-    acc.add_argument("--size", nargs=3, type=int, default=[512, 4096, 512], metavar=("M", "K", "N"), help="gemm: shape")
+    acc.add_argument(
+        "--data", nargs="+", default=None,
+        help="gemm: data sets (default: table 6 uniform phi2 sincos; 7 uniform phi0.5 phi1 phi2 phi4 sincos; "
+        "8 spike cancel boundary)",
+    )
+    acc.add_argument(
+        "--gemm-moduli", nargs="+", default=None, type=_gemm_moduli_arg,
+        help="gemm tables 6/8: moduli counts, 'auto' or 'default' (default: 6: 12 14 16 18 20 24; 8: default auto 12 16 20 24)",
+    )
+    acc.add_argument("--complex", action="store_true", help="gemm tables 6/8: ZGEMM (3M) on complex data sets")
+    acc.add_argument(
+        "--ks", nargs="+", type=int, default=[256, 4096], help="gemm table 7: contraction lengths (default 256 4096)"
+    )
+    acc.add_argument(
+        "--size", nargs=3, type=int, default=[512, 4096, 512], metavar=("M", "K", "N"),
+        help="gemm: shape (table 7 takes M and N, k from --ks)",
+    )
     acc.add_argument("--depths", type=_parse_depths, default=[3, 4, 5, 6, 7, 8], help="chain depths (default 3-8)")
     acc.add_argument("--count", type=int, default=32, help="tensors per dataset (default 32, as in the paper)")
     acc.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
