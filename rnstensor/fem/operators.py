@@ -1,0 +1,439 @@
+"""Mass and Poisson operators applied by sum factorization entirely in the residue domain (one encode, one decode)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+
+from ..basis import Basis
+from ..chain import plan_chain
+from ..encode import check_float_array, encode
+from ..planner.bounds import decode_factor
+from ..primitives import DECODE_MODES, operator_row_sums
+from ..tensor import RNSTensor, Scale
+from .program import FloatRunner, ProgramPlan, ResidueRunner, mass_program, plan_program, poisson_program, voigt_index
+from .tensorbasis import TensorBasis
+
+__all__ = ["MassOperator", "PoissonOperator", "METHODS", "InvertedElementError"]
+
+METHODS = ("rescale_be", "composed", "float64")
+_INFLATE = 1.0 + 2.0**-45  # covers the float rounding of the error-bound arithmetic (all terms positive)
+
+
+class InvertedElementError(ValueError):
+    """Geometric data of an inverted (or degenerate) element: ``detJ <= 0`` at some quadrature point."""
+
+
+def _matrices(basis: TensorBasis) -> dict:
+    return {"B": basis.B, "D": basis.D, "Bt": np.ascontiguousarray(basis.B.T), "Dt": np.ascontiguousarray(basis.D.T)}
+
+
+@lru_cache(maxsize=None)
+def _encoded_ops(basis: TensorBasis, bits: int) -> dict:
+    """``B, D, B^T, D^T`` encoded once with one exponent each (so that summed branches share scales)."""
+    out = {}
+    for key, A in _matrices(basis).items():
+        T = encode(A, basis.moduli, bits, shared_axes=None)
+        operator_row_sums(T)  # computed once, cached on T
+        out[key] = T
+    return out
+
+
+def _growth(basis: TensorBasis, fields: tuple):
+    def at(b: int) -> dict:
+        g = {k: max(operator_row_sums(T)) for k, T in _encoded_ops(basis, b).items()}
+        for f in fields:
+            g[f] = 1 << b
+        return g
+
+    return at
+
+
+@lru_cache(maxsize=None)
+def _plan(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset) -> ProgramPlan:
+    d = basis.dim
+    if kind == "mass":
+        return plan_program(mass_program, d, basis.moduli, _growth(basis, ("W",)), bits)
+    fields = tuple(("G", c) for c in range(3 * (d - 1)) if c not in skip)
+    return plan_program(lambda run, u, dim: poisson_program(run, u, dim, skip), d, basis.moduli, _growth(basis, fields), bits)
+
+
+@lru_cache(maxsize=None)
+def _composed_plan(basis: TensorBasis, key: str, axis: int):
+    return plan_chain([_matrices(basis)[key]], [axis], moduli=basis.moduli, method="composed", ndim=basis.dim)
+
+
+def _float64_product(basis: TensorBasis, x: np.ndarray, key: str, axis: int) -> np.ndarray:
+    d = basis.dim
+    idx = "ijk"[:d]
+    out = idx[:axis] + "z" + idx[axis + 1:]
+    return np.einsum(f"z{idx[axis]},e{idx}->e{out}", _matrices(basis)[key], x, optimize=True)
+
+
+@lru_cache(maxsize=None)
+def _op_norms(basis: TensorBasis, bits: int) -> dict:
+    """Per operator: ``(||Â||, ||A||, ||Â - A||)``, exact row-sum norms rounded up to float64."""
+    out = {}
+    for key, A in _matrices(basis).items():
+        T = _encoded_ops(basis, bits)[key]
+        s = Fraction(2) ** T.scale.exp2
+        from ..primitives import to_int
+
+        v = to_int(T)
+        ex = tr = df = Fraction(0)
+        for j in range(A.shape[0]):
+            e_row = sum(abs(int(a)) for a in v[j]) * s
+            t_row = sum(abs(Fraction(float(a))) for a in A[j])
+            d_row = sum(abs(int(a) * s - Fraction(float(b))) for a, b in zip(v[j], A[j]))
+            ex, tr, df = max(ex, e_row), max(tr, t_row), max(df, d_row)
+        out[key] = tuple(float(x) * _INFLATE for x in (ex, tr, df))
+    return out
+
+
+class _ErrorRunner:
+    """Propagates per-element ``(|x|, |x̂ - x|, unit)`` bounds through a program (float64, rounded up)."""
+
+    def __init__(self, plan: ProgramPlan, norms: dict, fields: dict):
+        self.plan, self.norms, self.fields, self.k = plan, norms, fields, 0
+
+    def stage(self, inputs, outs):
+        subset = self.plan.drops[self.k]
+        self.k += 1
+        if subset:
+            new = []
+            for mag, err, unit in inputs:
+                for q in subset:
+                    err = (err + unit * (q // 2)) * _INFLATE
+                    unit = unit * q
+                new.append((mag, err, unit))
+            inputs = new
+        res = []
+        for terms in outs:
+            acc = None
+            for i, key, axis in terms:
+                mag, err, unit = inputs[i]
+                if axis is None:  # (|F|, |F̂|, |F̂ - F|, unit of F) per element
+                    fmag, fexec, fdiff, funit = self.fields[key]
+                    t = (mag * fmag, (fexec * err + fdiff * mag) * _INFLATE, unit * funit)
+                else:
+                    ex, tr, df, ounit = self.norms[key]
+                    t = (mag * tr * _INFLATE, (ex * err + df * mag) * _INFLATE, unit * ounit)
+                acc = t if acc is None else ((acc[0] + t[0]) * _INFLATE, (acc[1] + t[1]) * _INFLATE, acc[2])
+            res.append(acc)
+        return res
+
+
+def _field_error(F: np.ndarray, T: RNSTensor, axes: tuple) -> tuple:
+    """Per element: ``(max |F|, max |F̂|, max |F̂ - F|, unit)`` of a field encoded with one exponent per element."""
+    e = -np.asarray(T.scale.exponent()).reshape(-1) if T.scale.axes[0] is not None or T.scale.field is not None \
+        else np.full(F.shape[0], -T.scale.exp2)
+    e = np.broadcast_to(e, (F.shape[0],)).astype(np.int64)
+    shape = (-1,) + (1,) * (F.ndim - 1)
+    scaled = np.ldexp(F, e.reshape(shape).astype(np.int32))
+    diff = np.ldexp(np.max(np.abs(np.rint(scaled) - scaled), axis=axes), (-e).astype(np.int32))
+    fmag = np.max(np.abs(F), axis=axes)
+    return fmag, (fmag + diff) * _INFLATE, diff, np.ldexp(1.0, (-e).astype(np.int32))
+
+
+class _Operator:
+    """Shared machinery: checks, the plan, the three methods, the error bound."""
+
+    kind = ""
+
+    def _setup(self, basis, method, bits, backend):
+        if not isinstance(basis, TensorBasis):
+            raise TypeError(f"basis must be a rnstensor.fem.TensorBasis; got {type(basis).__name__}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+        self.basis, self.method, self.backend = basis, method, backend
+        self._bits_arg = bits
+
+    def _finish_setup(self, skip: frozenset):
+        self.plan = _plan(self.kind, self.basis, self._bits_arg, skip)
+        self.bits = self.plan.bits
+        self._ops = _encoded_ops(self.basis, self.bits)
+        self._skip = skip
+
+    @property
+    def nelem(self) -> int:
+        """Number of elements of the geometric data."""
+        return self._nelem
+
+    def _check_u(self, u):
+        x, single = self.basis.check_elements(u, self.basis.P)
+        if x.shape[0] != self._nelem:
+            raise ValueError(
+                f"u has {x.shape[0]} elements but the operator's geometric data has {self._nelem}; "
+                f"u must have shape ({self._nelem}, {', '.join([str(self.basis.P)] * self.basis.dim)})"
+            )
+        return x, single
+
+    def _encode_u(self, x):
+        return encode(x, self.basis.moduli, self.bits, shared_axes=tuple(range(1, x.ndim)), backend=self.backend)
+
+    def apply(self, u, decode: str = "fp64") -> np.ndarray:
+        """Apply the operator to element-local nodal values ``u`` of shape ``(nelem, P, ..., P)``.
+
+        ``method='rescale_be'``: one encode, the whole program on residues
+        (planned drops + base extension), one decode (``'fp64'`` or
+        ``'exact'``). ``'composed'``: every mode product encoded and decoded
+        on its own, the pointwise steps in float64. ``'float64'``: plain
+        numpy einsum.
+        """
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        x, single = self._check_u(u)
+        d = self.basis.dim
+        if self.method == "rescale_be":
+            T = self._encode_u(x)
+            run = ResidueRunner(self.plan, {**self._ops, **self._residue_fields()}, self.backend)
+            from ..primitives import decode as _decode
+
+            y = _decode(self._program(run, T, d), decode, backend=self.backend)
+        elif self.method == "composed":
+            run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax)(z), self._float_fields())
+            y = self._program(run, x, d)
+        else:
+            run = FloatRunner(lambda z, key, ax: _float64_product(self.basis, z, key, ax), self._float_fields())
+            y = self._program(run, x, d)
+        return y[0] if single else y
+
+    __call__ = apply
+
+    def error_bound(self, u, decode: str = "fp64") -> np.ndarray:
+        """A rigorous per-element bound on ``max |apply(u) - exact|`` for ``method='rescale_be'``.
+
+        ``exact`` is the operator applied in exact arithmetic to the given
+        float64 ``u``, 1-D matrices and geometric fields. The bound propagates
+        through the program, per element, the max-norm of the true
+        intermediate ``|x|`` and of the error ``|x̂ - x|``::
+
+            product with A:   |x'| = ||A|| |x|,       err' = ||Â|| err + ||Â - A|| |x|
+            Hadamard with F:  |x'| = max|F| |x|,      err' = max|F̂| err + max|F̂ - F| |x|
+            drop by q:        err' = err + floor(q/2) * unit,   unit' = q * unit
+            sums:             magnitudes and errors add
+
+        starting from the encoding error of ``u`` and ending with the decode
+        error (``decode_factor * bound * unit``, see
+        :func:`rnstensor.planner.bounds.decode_factor`). ``||.||`` are exact
+        row-sum norms, ``unit`` the value of one integer step; every float
+        operation is rounded up by a factor ``1 + 2**-45``.
+
+        Returns
+        -------
+        ndarray of float64, shape (nelem,)
+        """
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        x, _ = self._check_u(u)
+        T = self._encode_u(x)
+        axes = tuple(range(1, x.ndim))
+        _, _, udiff, uunit = _field_error(x, T, axes)
+        umag = np.max(np.abs(x), axis=axes)
+        norms = {
+            k: v + (2.0 ** self._ops[k].scale.exp2,) for k, v in _op_norms(self.basis, self.bits).items()
+        }
+        run = _ErrorRunner(self.plan, norms, self._field_errors())
+        mag, err, unit = self._program(run, (umag, udiff, uunit), self.basis.dim)
+        dec = float(decode_factor(decode, self.basis.moduli.moduli, self.plan.final_bound)) * _INFLATE
+        return (err + dec * float(self.plan.final_bound) * unit + 2.0**-1074) * _INFLATE
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.basis!r}, nelem={self._nelem}, method={self.method!r}, bits={self.bits})"
+
+
+class MassOperator(_Operator):
+    """The mass operator ``M_e = B^T diag(w detJ) B`` (``B`` the tensor-product interpolation) on every element.
+
+    Parameters
+    ----------
+    basis : TensorBasis
+    qdata : array_like, shape (nelem, Q, ..., Q)
+        ``w * detJ`` at every quadrature point (e.g. ``box_mesh(...).qdata``);
+        must be positive (a non-positive value means an inverted element).
+    method : {'rescale_be', 'composed', 'float64'}
+        ``'rescale_be'`` (default): the whole operator between one encode and
+        one decode, drops planned once (:attr:`plan`). ``'composed'``: encode
+        and decode around every product. ``'float64'``: numpy einsum.
+    bits : int, optional
+        Encoding width of ``u``, the 1-D matrices and ``qdata``; default the
+        widest ``<= 53`` that the basis holds with at least that many bits
+        kept at every drop.
+    backend : str, optional
+        Residue backend name (default: the current one).
+
+    Raises
+    ------
+    InvertedElementError
+        ``qdata`` has a value ``<= 0``.
+    PlanError
+        The residue basis is too small for the program.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from rnstensor.fem import TensorBasis, MassOperator, box_mesh
+    >>> b = TensorBasis(3)
+    >>> mesh = box_mesh(b, shape=(2, 1, 1), upper=(2.0, 1.0, 0.5))
+    >>> M = MassOperator(b, mesh.qdata)
+    >>> one = np.ones((mesh.nelem, 3, 3, 3))
+    >>> round(float(M.apply(one).sum()), 12)  # the volume
+    1.0
+    """
+
+    kind = "mass"
+
+    def __init__(self, basis: TensorBasis, qdata, *, method: str = "rescale_be", bits: Optional[int] = None,
+                 backend: Optional[str] = None):
+        self._setup(basis, method, bits, backend)
+        w, _ = basis.check_elements(qdata, basis.Q, "qdata")
+        if np.asarray(qdata).ndim == basis.dim:
+            raise ValueError(f"qdata must have a leading element axis: shape (nelem, {', '.join([str(basis.Q)] * basis.dim)})")
+        bad = np.argwhere(~(w > 0))
+        if bad.size:
+            first = tuple(int(i) for i in bad[0])
+            raise InvertedElementError(
+                f"qdata must be positive (w * detJ); {len(bad)} value(s) are <= 0, the first in element {first[0]} "
+                f"at quadrature point {first[1:]} ({w[first]!r}): the element is inverted or degenerate; "
+                f"check its node ordering or reduce the mesh curvature"
+            )
+        self.qdata = w
+        self._nelem = w.shape[0]
+        self._finish_setup(frozenset())
+        self._W = None
+
+    def _program(self, run, u, d):
+        return mass_program(run, u, d)
+
+    def _residue_fields(self) -> dict:
+        if self._W is None:
+            self._W = encode(self.qdata, self.basis.moduli, self.bits, shared_axes=tuple(range(1, self.qdata.ndim)),
+                             backend=self.backend)
+        return {"W": self._W}
+
+    def _float_fields(self) -> dict:
+        return {"W": self.qdata}
+
+    def _field_errors(self) -> dict:
+        T = self._residue_fields()["W"]
+        return {"W": _field_error(self.qdata, T, tuple(range(1, self.qdata.ndim)))}
+
+    def dense(self, e: int) -> np.ndarray:
+        """The dense element matrix of element ``e`` in float64 (Kronecker products; for tests and small cases)."""
+        K = _kron_all([self.basis.B] * self.basis.dim)
+        return K.T @ (self.qdata[e].reshape(-1)[:, None] * K)
+
+
+def _kron_all(mats) -> np.ndarray:
+    K = mats[0]
+    for A in mats[1:]:
+        K = np.kron(K, A)
+    return K
+
+
+class PoissonOperator(_Operator):
+    """The Poisson (stiffness) operator ``A_e = sum_ij grad_i^T diag(G_ij) grad_j`` on every element.
+
+    ``grad_i`` is ``D`` along axis ``i`` and ``B`` along the others;
+    ``G = w adj(J) adj(J)^T / detJ`` at every quadrature point.
+
+    Parameters
+    ----------
+    basis : TensorBasis
+    G : array_like
+        Packed symmetric components, shape ``(nelem, 6, Q, Q, Q)`` in 3-D
+        (order ``xx yy zz yz xz xy``) or ``(nelem, 3, Q, Q)`` in 2-D
+        (``xx yy xy``); or the full ``(nelem, dim, dim, Q, ...)`` (symmetric).
+        The diagonal must be positive (a non-positive diagonal means an
+        inverted element).
+    method, bits, backend
+        As in :class:`MassOperator`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from rnstensor.fem import TensorBasis, PoissonOperator, box_mesh
+    >>> b = TensorBasis(4, dim=2)
+    >>> mesh = box_mesh(b, shape=(2, 2), curved=0.2)
+    >>> A = PoissonOperator(b, mesh.G)
+    >>> bool(np.abs(A.apply(np.full((4, 4, 4), 3.0))).max() < 1e-13)  # constants: the kernel
+    True
+    """
+
+    kind = "poisson"
+
+    def __init__(self, basis: TensorBasis, G, *, method: str = "rescale_be", bits: Optional[int] = None,
+                 backend: Optional[str] = None):
+        self._setup(basis, method, bits, backend)
+        d, Q = basis.dim, basis.Q
+        ncomp = 3 * (d - 1)
+        g = check_float_array(G, "G")
+        qs = (Q,) * d
+        if g.ndim == d + 3 and g.shape[1:3] == (d, d) and g.shape[3:] == qs:
+            if not np.array_equal(g, np.swapaxes(g, 1, 2)):
+                raise ValueError("G given as full (nelem, dim, dim, Q...) matrices must be symmetric")
+            packed = np.empty((g.shape[0], ncomp) + qs)
+            for i in range(d):
+                for j in range(i, d):
+                    packed[:, voigt_index(i, j, d)] = g[:, i, j]
+            g = packed
+        elif g.ndim != d + 2 or g.shape[1:] != (ncomp,) + qs:
+            raise ValueError(
+                f"G must have shape (nelem, {ncomp}, {', '.join(map(str, qs))}) (packed symmetric, "
+                f"{'xx yy zz yz xz xy' if d == 3 else 'xx yy xy'}) or (nelem, {d}, {d}, {', '.join(map(str, qs))}); "
+                f"got {g.shape}"
+            )
+        diag = g[:, :d]
+        bad = np.argwhere(~(diag > 0))
+        if bad.size:
+            first = tuple(int(i) for i in bad[0])
+            raise InvertedElementError(
+                f"G must be positive definite at every quadrature point; {len(bad)} diagonal value(s) are <= 0, the "
+                f"first in element {first[0]} (component {first[1]}, point {first[2:]}): detJ <= 0 there, the "
+                f"element is inverted or degenerate; check its node ordering or reduce the mesh curvature"
+            )
+        self.G = g
+        self._nelem = g.shape[0]
+        skip = frozenset(c for c in range(d, ncomp) if not g[:, c].any())
+        self._finish_setup(skip)
+        self._Gres = None
+
+    def _program(self, run, u, d):
+        return poisson_program(run, u, d, self._skip)
+
+    def _residue_fields(self) -> dict:
+        if self._Gres is None:
+            T = encode(self.G, self.basis.moduli, self.bits, shared_axes=tuple(range(1, self.G.ndim)), backend=self.backend)
+            vec = T.scale.axes[0]
+            out = {}
+            for c in range(self.G.shape[1]):
+                if c in self._skip:
+                    continue
+                planes = np.ascontiguousarray(T.residues[:, :, c])
+                scale = Scale(T.scale.exp2, T.scale.factor, (vec,) + (None,) * self.basis.dim, None)
+                out[("G", c)] = RNSTensor(planes, T.basis, T.active, T.bound, scale)
+            self._Gres = (T, out)
+        return self._Gres[1]
+
+    def _float_fields(self) -> dict:
+        return {("G", c): self.G[:, c] for c in range(self.G.shape[1])}
+
+    def _field_errors(self) -> dict:
+        self._residue_fields()
+        T = self._Gres[0]
+        axes = tuple(range(1, self.G.ndim))
+        fm, fe, fd, fu = _field_error(self.G, T, axes)
+        return {("G", c): (fm, fe, fd, fu) for c in range(self.G.shape[1])}
+
+    def dense(self, e: int) -> np.ndarray:
+        """The dense element matrix of element ``e`` in float64 (Kronecker products; for tests and small cases)."""
+        d, b = self.basis.dim, self.basis
+        K = [_kron_all([b.D if a == i else b.B for a in range(d)]) for i in range(d)]
+        A = np.zeros((b.P**d, b.P**d))
+        for i in range(d):
+            for j in range(d):
+                A += K[i].T @ (self.G[e, voigt_index(i, j, d)].reshape(-1)[:, None] * K[j])
+        return A

@@ -1,0 +1,289 @@
+"""Operator programs written once, run on bounds (planning), residues (rescale_be) or floats (composed, float64).
+
+A program is a sequence of *stages*. A stage takes the live tensors and
+returns new ones, each a sum of *terms* ``(input, operand, axis)``: a mode
+product with a 1-D operator along a tensor axis, or (``axis is None``) a
+Hadamard product with an encoded per-element field. In the residue domain
+every input of a stage is first divided by the same moduli (RnsDrop, then
+base extension), so all tensors that meet in a sum carry the same scale.
+
+The planner runs the program on exact integer bounds, computed exactly as the
+primitives compute them (encode: ``2**b``; product: ``B * rho``; Hadamard:
+``B * F.bound``; sum: bounds add; drop: ``B // q + 1`` per modulus), and
+chooses per stage the set of moduli with the smallest product that lets every
+output of the stage fit the range. The executed run therefore never raises
+:class:`~rnstensor.RNSRangeError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional, Sequence
+
+import numpy as np
+
+from ..basis import Basis, log2_int
+from ..errors import PlanError
+from ..primitives import add, decode, drop, hadamard, mode_product
+from ..tensor import RNSTensor
+
+__all__ = ["Term", "ProgramPlan", "plan_program", "ResidueRunner", "FloatRunner", "mass_program", "poisson_program",
+           "voigt_index"]
+
+Term = tuple  # (input index, operand key, tensor axis or None)
+
+
+def voigt_index(i: int, j: int, dim: int) -> int:
+    """Position of ``G[i, j]`` in the packed symmetric storage: 3-D ``xx yy zz yz xz xy``, 2-D ``xx yy xy``."""
+    if i == j:
+        return i
+    if dim == 2:
+        return 2
+    return {frozenset((1, 2)): 3, frozenset((0, 2)): 4, frozenset((0, 1)): 5}[frozenset((i, j))]
+
+
+def mass_program(run, u, dim: int):
+    """``B^T diag(W) B`` per element: ``dim`` products, one Hadamard, ``dim`` transposed products."""
+    x = [u]
+    for a in range(dim):
+        x = run.stage(x, [[(0, "B", a)]])
+    x = run.stage(x, [[(0, "W", None)]])
+    for a in range(dim):
+        x = run.stage(x, [[(0, "Bt", a)]])
+    return x[0]
+
+
+def poisson_program(run, u, dim: int, skip: frozenset = frozenset()):
+    """``sum_ij grad_i^T G_ij grad_j`` per element, sharing the partial products between components.
+
+    Forward: axes from the last to the first, the tensors with ``B`` on every
+    axis so far and those with ``D`` on one of them; then ``f_i = sum_j G_ij
+    g_j``; backward: ``acc <- B^T acc + D^T f_a`` axis by axis. Every sum adds
+    tensors that went through the same operators (one ``D``, the rest ``B``)
+    and the same drops, hence with equal scales. ``skip``: packed components
+    of ``G`` that are zero everywhere (their terms are left out).
+    """
+    all_b, with_d = u, {}
+    order = list(range(dim - 1, -1, -1))
+    for k, a in enumerate(order):
+        last = k == dim - 1
+        keys = list(with_d)
+        inputs = [all_b] + [with_d[j] for j in keys]
+        outs = [[(0, "D", a)]] + [[(1 + n, "B", a)] for n in range(len(keys))]
+        if not last:
+            outs.append([(0, "B", a)])
+        res = run.stage(inputs, outs)
+        with_d = {a: res[0], **{j: res[1 + n] for n, j in enumerate(keys)}}
+        all_b = None if last else res[-1]
+    g = [with_d[j] for j in range(dim)]
+    outs = []
+    for i in range(dim):
+        terms = [(j, ("G", voigt_index(i, j, dim)), None) for j in range(dim) if voigt_index(i, j, dim) not in skip]
+        outs.append(terms)
+    f = run.stage(g, outs)
+    acc, fs = None, dict(enumerate(f))
+    for a in range(dim):
+        keys = [i for i in fs if i != a]
+        inputs = ([acc] if acc is not None else []) + [fs[a]] + [fs[i] for i in keys]
+        o = 1 if acc is not None else 0
+        acc_terms = ([(0, "Bt", a)] if acc is not None else []) + [(o, "Dt", a)]
+        outs = [acc_terms] + [[(o + 1 + n, "Bt", a)] for n in range(len(keys))]
+        res = run.stage(inputs, outs)
+        acc, fs = res[0], {i: res[1 + n] for n, i in enumerate(keys)}
+    return acc
+
+
+# ----- planning on bounds -------------------------------------------------------------------
+
+
+def _min_product_subset(moduli: Sequence[int], target: int) -> Optional[tuple[int, ...]]:
+    """The subset of ``moduli`` (leaving at least one) with the smallest product ``>= target``, ascending."""
+    a = sorted(moduli)
+    m = len(a)
+    suffix = [1] * (m + 1)
+    for j in range(m - 1, -1, -1):
+        suffix[j] = suffix[j + 1] * a[j]
+    best: list = [None, None]
+
+    def dfs(idx: int, prod: int, chosen: list) -> None:
+        if prod >= target:
+            if best[0] is None or prod < best[0]:
+                best[0], best[1] = prod, tuple(chosen)
+            return
+        if len(chosen) >= m - 1:
+            return
+        for j in range(idx, m):
+            if prod * suffix[j] < target:
+                return  # even every modulus from j on falls short
+            if best[0] is not None and prod * a[j] >= best[0]:
+                return  # a[j] and everything above it overshoot the best found
+            chosen.append(a[j])
+            dfs(j + 1, prod * a[j], chosen)
+            chosen.pop()
+
+    dfs(0, 1, [])
+    return best[1]
+
+
+def _after_drops(bound: int, P: int, subset: Sequence[int]) -> Optional[int]:
+    """``bound`` after RnsDrop by each of ``subset`` in order, or ``None`` if a drop's range check fails."""
+    for q in subset:
+        bound, P = bound // q + 1, P // q
+        if 2 * bound >= P:
+            return None
+    return bound
+
+
+class BoundRunner:
+    """Runs a program on exact integer bounds and chooses each stage's drops (the planner)."""
+
+    def __init__(self, basis: Basis, growth: dict, threshold: int):
+        self.basis = basis
+        self.P = basis.product
+        self.growth = growth
+        self.threshold = threshold
+        self.drops: list[tuple[int, ...]] = []
+        self.bounds: list[tuple[list[int], list[int]]] = []  # (inputs after drops, outputs) per stage
+        self.failure: Optional[str] = None
+
+    def _outputs(self, bounds: Sequence[int], outs) -> list[int]:
+        return [sum(bounds[i] * self.growth[key] for i, key, _ in terms) for terms in outs]
+
+    def stage(self, inputs: Sequence[int], outs) -> list[int]:
+        if self.failure is not None:
+            return [1] * len(outs)
+        P, k = self.P, len(self.drops)
+        res = self._outputs(inputs, outs)
+        subset: tuple[int, ...] = ()
+        if 2 * max(res) >= P:
+            target = -(-2 * max(res) // P)
+            while True:
+                subset = _min_product_subset(self.basis.moduli, target)
+                if subset is None:
+                    self.failure = f"stage {k + 1}: no drop of the basis moduli makes room for it"
+                    return [1] * len(outs)
+                after = [_after_drops(b, P, subset) for b in inputs]
+                if all(a is not None for a in after):
+                    res = self._outputs(after, outs)
+                    if 2 * max(res) < P:
+                        inputs = after
+                        break
+                target = max(target + 1, math.prod(subset) + 1)  # every drop's +1 cost a little: ask for more
+            if max(inputs) < self.threshold:
+                self.failure = (
+                    f"stage {k + 1}: keeping it in range leaves 2^{log2_int(max(inputs)):.1f} < 2^{log2_int(self.threshold):.0f}"
+                )
+        self.drops.append(subset)
+        self.bounds.append((list(inputs), res))
+        return res
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What a residue-domain operator executes: the encoding width and the moduli dropped before each stage.
+
+    ``bounds[k]`` holds, for stage ``k``, the bounds of its inputs after the
+    drops and of its outputs (exact Python ints, what the primitives compute).
+    """
+
+    basis: Basis
+    bits: int
+    drops: tuple[tuple[int, ...], ...]
+    bounds: tuple
+    final_bound: int
+
+    def describe(self) -> str:
+        """One line per stage: log2 of the largest input bound after the drops, dropped moduli, output bound."""
+        lines = [f"residue program on {self.basis!r}: b = {self.bits}, log2 range = {log2_int(self.basis.product) - 1:.2f}"]
+        for k, (d, (ins, outs)) in enumerate(zip(self.drops, self.bounds)):
+            lines.append(
+                f"  stage {k + 1:>2}: drop {len(d):>2} moduli -> log2 B in {log2_int(max(ins)):6.2f}, "
+                f"out {log2_int(max(outs)):6.2f}"
+            )
+        return "\n".join(lines)
+
+
+def plan_program(
+    program: Callable, dim: int, basis: Basis, growth_at: Callable[[int], dict], bits: Optional[int] = None
+) -> ProgramPlan:
+    """The widest ``b <= 53`` (or the given one) whose program fits with at least ``b`` bits kept after every drop.
+
+    ``growth_at(b)`` gives each operand's bound factor at width ``b`` (an
+    operator's exact largest integer row sum, ``2**b`` for a field).
+
+    Raises
+    ------
+    PlanError
+        No width passes (more moduli are needed).
+    """
+    candidates = range(53, 7, -1) if bits is None else [int(bits)]
+    failure = None
+    for b in candidates:
+        if 2 * (1 << b) >= basis.product:
+            failure = f"encoding at b = {b} does not fit"
+            continue
+        run = BoundRunner(basis, growth_at(b), 1 << b)
+        out = program(run, 1 << b, dim)
+        if run.failure is None:
+            return ProgramPlan(basis, b, tuple(run.drops), tuple(run.bounds), out)
+        failure = run.failure
+    tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to {candidates[-1]}"
+    raise PlanError(
+        f"no feasible residue-domain operator on {basis!r} (2^{basis.log2_product:.1f}): with {tried}, {failure}; "
+        f"use more moduli (e.g. moduli=20) or method='composed'"
+    )
+
+
+# ----- execution ----------------------------------------------------------------------------
+
+
+class ResidueRunner:
+    """Runs a program on RNSTensors with the planned drops (base extension after each)."""
+
+    def __init__(self, plan: ProgramPlan, operands: dict, backend: Optional[str] = None):
+        self.plan = plan
+        self.operands = operands
+        self.backend = backend
+        self.k = 0
+
+    def stage(self, inputs: Sequence[RNSTensor], outs) -> list[RNSTensor]:
+        subset = self.plan.drops[self.k]
+        self.k += 1
+        if subset:
+            inputs = [drop(T, moduli=subset, extend=True, backend=self.backend) for T in inputs]
+        res = []
+        for terms in outs:
+            acc = None
+            for i, key, axis in terms:
+                op = self.operands[key]
+                if axis is None:
+                    t = hadamard(inputs[i], op, backend=self.backend)
+                else:
+                    t = mode_product(inputs[i], op, axis + 1, backend=self.backend)
+                acc = t if acc is None else add(acc, t, backend=self.backend)
+            res.append(acc)
+        return res
+
+
+class FloatRunner:
+    """Runs a program on float64 arrays: products by ``product(x, key, axis)``, fields multiplied in float64."""
+
+    def __init__(self, product: Callable, fields: dict):
+        self.product = product
+        self.fields = fields
+
+    def stage(self, inputs: Sequence[np.ndarray], outs) -> list[np.ndarray]:
+        res = []
+        for terms in outs:
+            acc = None
+            for i, key, axis in terms:
+                t = inputs[i] * self.fields[key] if axis is None else self.product(inputs[i], key, axis)
+                acc = t if acc is None else acc + t
+            res.append(acc)
+        return res
+
+
+def residue_decode(T: RNSTensor, mode: str, backend: Optional[str] = None) -> np.ndarray:
+    """Decode the program's result (one decode per application)."""
+    return decode(T, mode, backend=backend)
