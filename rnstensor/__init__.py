@@ -5,6 +5,7 @@ from .basis import Basis, int8_pool
 from .chain import ChainPlan, mode_chain, plan_chain
 from .encode import encode
 from .errors import PlanError, RNSRangeError
+from .einsum import ContractExpression, contract_expression, einsum, tensordot, transpose
 from .gemm import dgemm, matmul, moduli_for_bits, zgemm
 from .primitives import (
     add,
@@ -44,6 +45,11 @@ __all__ = [
     "zgemm",
     "matmul",
     "moduli_for_bits",
+    "einsum",
+    "contract_expression",
+    "ContractExpression",
+    "tensordot",
+    "transpose",
     "ChainPlan",
     "RNSRangeError",
     "PlanError",

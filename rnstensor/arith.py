@@ -19,6 +19,7 @@ __all__ = [
     "float_parts",
     "encode_ref",
     "product_ref",
+    "matmul_ref",
     "hadamard_ref",
     "add_ref",
     "drop_order",
@@ -95,6 +96,13 @@ def product_ref(op_planes: np.ndarray, planes: np.ndarray, moduli: Sequence[int]
     shape = list(planes.shape[1:])
     shape[axis] = op_planes.shape[1]
     return _planes(rows).reshape((len(moduli),) + tuple(shape))
+
+
+def matmul_ref(a_planes: np.ndarray, b_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+    """Per modulus: batched matrix product ``(L, ..., M, K) @ (L, ..., K, N)``, centered reduction (batch dims broadcast)."""
+    rows = [centered_mod(np.matmul(a_planes[i].astype(np.int64), b_planes[i].astype(np.int64)), p) for i, p in enumerate(moduli)]
+    shape = np.broadcast_shapes(a_planes.shape[1:-2], b_planes.shape[1:-2]) + (a_planes.shape[-2], b_planes.shape[-1])
+    return _planes(rows).reshape((len(moduli),) + shape)
 
 
 def hadamard_ref(planes: np.ndarray, field_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:

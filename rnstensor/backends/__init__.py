@@ -10,6 +10,9 @@ aside), so all backends return identical bits. The contract:
 ``product(op_planes, planes, moduli, axis)``
     int8 operator planes ``(L, n_out, n_in)`` contracted with tensor axis
     ``axis`` of ``planes`` ``(L, *shape)``; centered residues out.
+``matmul(a_planes, b_planes, moduli)``
+    per modulus, the batched matrix product ``(L, ..., M, K) @ (L, ..., K, N)``
+    (batch dims broadcast as in ``numpy.matmul``); centered residues out.
 ``hadamard(planes, field_planes, moduli)``
     elementwise product, the field broadcast over leading axes.
 ``add(a, b, moduli, subtract=False)``
@@ -48,6 +51,9 @@ class NumpyBackend:
 
     def product(self, op_planes: np.ndarray, planes: np.ndarray, moduli: Sequence[int], axis: int) -> np.ndarray:
         return arith.product_ref(op_planes, planes, moduli, axis)
+
+    def matmul(self, a_planes: np.ndarray, b_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+        return arith.matmul_ref(a_planes, b_planes, moduli)
 
     def hadamard(self, planes: np.ndarray, field_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
         return arith.hadamard_ref(planes, field_planes, moduli)

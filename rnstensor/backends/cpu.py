@@ -1305,6 +1305,37 @@ class CpuBackend:
                 _launch(_reduce_swap, pre * n_out, Y.size, Y3, O4[l], pf[l], ipf[l], hf[l])
         return out
 
+    def matmul(self, a_planes: np.ndarray, b_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        a, b = np.asarray(a_planes), np.asarray(b_planes)
+        if a.dtype != np.int8 or b.dtype != np.int8:
+            raise TypeError(f"matmul: planes must be int8; got {a.dtype} and {b.dtype}")
+        if a.ndim < 3 or b.ndim < 3 or a.shape[0] != L or b.shape[0] != L or a.shape[-1] != b.shape[-2]:
+            raise ValueError(
+                f"matmul: need (L, ..., M, K) and (L, ..., K, N) planes with L = {L}; got {a.shape} and {b.shape}"
+            )
+        batch = np.broadcast_shapes(a.shape[1:-2], b.shape[1:-2])
+        M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+        out = np.empty((L,) + batch + (M, N), np.int8)
+        if out.size == 0:
+            return out
+        if K == 0:
+            out[...] = 0
+            return out
+        pf, ipf, hf = _mod_consts(mods)[3:]
+        rows = math.prod(batch) * M
+        for l in range(L):
+            # float32 GEMMs are exact on chunks of <= 1024 terms (|r| <= 128); chunks sum exactly in float64
+            acc = None
+            for c0 in range(0, K, _BLAS_CHUNK):
+                c1 = min(c0 + _BLAS_CHUNK, K)
+                y = np.matmul(a[l, ..., c0:c1].astype(np.float32), b[l, ..., c0:c1, :].astype(np.float32))
+                acc = y if acc is None else acc.astype(np.float64) + y
+            Y = _ro(np.ascontiguousarray(np.broadcast_to(acc, batch + (M, N))).reshape(1, rows, N))
+            _launch(_reduce_swap, rows, Y.size, Y, out[l].reshape(rows, 1, N), pf[l], ipf[l], hf[l])
+        return out
+
     # ----- elementwise --------------------------------------------------------------------
 
     def _elementwise(self, a, b, moduli, mode, what):

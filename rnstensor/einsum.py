@@ -1,0 +1,960 @@
+"""einsum and contract_expression: any einsum expression, contracted in the residue domain."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import opt_einsum
+from opt_einsum import parser as oe_parser
+
+from .backends import get_backend
+from .basis import Basis, log2_int
+from .encode import as_basis, encode, encode_integers
+from .errors import PlanError, RNSRangeError
+from .primitives import decode as decode_tensor
+from .primitives import drop
+from .tensor import RNSTensor, Scale
+
+__all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS"]
+
+#: ``'rescale_be'``: residues from one encode per operand to one decode (drops and base
+#: extensions keep every intermediate in range). ``'composed'``: every intermediate is
+#: decoded to float64 and re-encoded before its next use (the baseline of papers/002).
+EINSUM_METHODS = ("rescale_be", "composed")
+_DECODES = ("fp64", "exact", None)
+
+# the real/imaginary axis of complex nodes; opt_einsum only hands out letters, so these never clash
+_C, _C2 = "\x00", "\x01"
+
+
+def _show(labels: str) -> str:
+    return labels.replace(_C, "(re,im)").replace(_C2, "(re,im)")
+
+
+def _unique(term: str) -> str:
+    return "".join(dict.fromkeys(term))
+
+
+# ----- input checks -------------------------------------------------------------------------
+
+
+def _parse(operands: Sequence[Any], shapes: bool) -> tuple[list[str], str, list]:
+    """opt_einsum's parser: ``...`` expanded, the interleaved form converted, implicit output made explicit."""
+    if not operands:
+        raise ValueError("einsum: no subscripts given; call einsum('ij,jk->ik', a, b)")
+    inputs, output, ops = oe_parser.parse_einsum_input(tuple(operands), shapes=shapes)
+    terms = inputs.split(",")
+    for t in terms + [output]:
+        bad = [c for c in t if not c.isalpha()]
+        if bad:
+            raise ValueError(f"einsum: invalid subscript character(s) {bad!r}; use letters a-z, A-Z")
+    if len(set(output)) != len(output):
+        raise ValueError(f"einsum: output subscripts {output!r} repeat an index")
+    for c in output:
+        if c not in inputs:
+            raise ValueError(f"einsum: output index {c!r} does not appear in the inputs {inputs!r}")
+    return terms, output, list(ops)
+
+
+def _label_sizes(terms: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
+    """Each index's size under numpy's rules: equal everywhere, or 1 (broadcast)."""
+    if len(terms) != len(shapes):
+        raise ValueError(f"einsum: {len(terms)} subscript terms for {len(shapes)} operands")
+    sizes: dict[str, int] = {}
+    for i, (term, shape) in enumerate(zip(terms, shapes)):
+        if len(term) != len(shape):
+            raise ValueError(
+                f"einsum: subscripts {term!r} of operand {i} name {len(term)} indices but the operand has "
+                f"{len(shape)} dimensions (shape {tuple(shape)})"
+            )
+        seen: dict[str, int] = {}
+        for lab, n in zip(term, shape):
+            n = int(n)
+            if lab in seen and seen[lab] != n:
+                raise ValueError(f"einsum: repeated index {lab!r} of operand {i} has sizes {seen[lab]} and {n}; a diagonal needs equal sizes")
+            seen[lab] = n
+            old = sizes.get(lab)
+            if old is None or old == 1:
+                sizes[lab] = n
+            elif n not in (old, 1):
+                raise ValueError(
+                    f"einsum: index {lab!r} has size {n} in operand {i} but {old} elsewhere; sizes must agree (or be 1)"
+                )
+    return sizes
+
+
+def _operand_kind(x, i: int) -> tuple[str, bool]:
+    """``('tensor', False)`` for an RNSTensor, else ``('input', is_complex)``; other dtypes rejected."""
+    if isinstance(x, RNSTensor):
+        return "tensor", False
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        x = np.asarray(x)
+        dt = x.dtype
+    if dt == np.float64:
+        return "input", False
+    if dt == np.complex128:
+        return "input", True
+    raise TypeError(
+        f"einsum: operand {i} has dtype {dt}; rnstensor.einsum takes float64 or complex128 arrays "
+        f"(convert with .astype(np.float64) or .astype(np.complex128))"
+    )
+
+
+def _check_finite(x: np.ndarray, i: int) -> None:
+    if not np.isfinite(x).all():
+        raise ValueError(f"einsum: operand {i} holds inf or NaN; residues hold finite values only")
+
+
+# ----- the plan -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    """What the planner knows of an operand or intermediate: its indices and a rigorous bound."""
+
+    labels: str  # complex nodes carry _C first
+    bound: int
+    kind: str  # 'input' (encoded at a width we choose), 'const', 'tensor' (an RNSTensor), 'inter'
+    cplx: bool = False
+    leaf: int = -1
+    bits: int = 0
+    ints: Optional[np.ndarray] = None  # 'const': the exact integers at ``bits``
+    slot: int = -1
+    drops: tuple = ()
+    reencode: bool = False
+
+
+@dataclass(frozen=True)
+class _Instr:
+    op: str  # 'encode', 'tensor', 'drop', 'reencode', 'sum', 'pair', 'cplx'
+    slot: int
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    instrs: tuple
+    out_slot: int
+    out_labels: str
+    cplx: bool
+    lines: tuple
+    kept_bits: float  # the fewest bits any operand or intermediate keeps (log2 of its bound)
+
+
+def _abs_sum_max(ints: np.ndarray, labels: str, keep: str) -> int:
+    """``max`` over the ``keep`` indices of the ``sum`` over the others of ``|v|``, exactly."""
+    axes = tuple(i for i, lab in enumerate(labels) if lab not in keep)
+    a = np.abs(ints)
+    if a.dtype != object and a.size:
+        n = math.prod(ints.shape[i] for i in axes)
+        if int(a.max()) * max(n, 1) >= 1 << 62:
+            a = a.astype(object)
+    s = a.sum(axis=axes) if axes else a
+    return int(np.max(s)) if np.size(s) else 0
+
+
+def _alignment_shift(T: RNSTensor, shared: tuple[int, ...]) -> int:
+    """How many bits aligning an RNSTensor operand's exponents along ``shared`` axes costs."""
+    e = np.asarray(T.scale.exponent(), np.int64)
+    if not shared or e.size <= 1:
+        return 0
+    return int((e - e.min(axis=shared, keepdims=True)).max())
+
+
+class _Planner:
+    """Walks opt_einsum's contraction list with bounds only, choosing widths and drops."""
+
+    def __init__(self, terms, output, sizes, kinds, cplx, consts, tensors, basis: Basis, method: str, cap: int):
+        self.terms, self.output, self.sizes = terms, output, sizes
+        self.basis, self.method, self.P = basis, method, basis.product
+        self.consts = consts
+        self.instrs: list[_Instr] = []
+        self.lines: list[str] = []
+        self.nslots = 0
+        self.kept = math.inf
+        budget = basis.product.bit_length() - 3  # the widest encode() accepts
+        self.width = max(1, min(cap, budget))
+        self.nodes: list[_Node] = []
+        for i, term in enumerate(terms):
+            labels = (_C if cplx[i] else "") + _unique(term)
+            if kinds[i] == "tensor":
+                T = tensors[i]
+                if T.basis != basis:
+                    raise ValueError(f"einsum: RNSTensor operand {i} is on {T.basis!r}, not {basis!r}; encode all on one basis")
+                bound = T.bound << _alignment_shift(T, self.shared_axes(labels))
+                n = _Node(labels, bound, "tensor", leaf=i)
+            else:
+                n = _Node(labels, 1 << self.width, kinds[i], cplx=bool(cplx[i]), leaf=i, bits=self.width)
+                if n.kind == "const":
+                    self._const_ints(n)
+            self.nodes.append(n)
+
+    def shared_axes(self, labels: str) -> tuple[int, ...]:
+        """Exponents vary only along output indices, so nothing ever summed needs aligning."""
+        return tuple(a for a, lab in enumerate(labels) if lab not in self.output)
+
+    def _const_ints(self, n: _Node) -> None:
+        v, _ = encode_integers(self.consts[n.leaf], n.bits, self.shared_axes(n.labels))
+        n.ints = v
+        n.bound = int(np.max(np.abs(v))) if v.size else 0
+
+    def _slot(self) -> int:
+        self.nslots += 1
+        return self.nslots - 1
+
+    def _emit(self, op: str, slot: int, *args) -> None:
+        self.instrs.append(_Instr(op, slot, args))
+
+    # -- widths, drops, re-encodings --
+
+    def _shrink(self, n: _Node, short: float) -> bool:
+        """Lower ``n``'s bound by about ``short`` bits; False when it cannot go lower."""
+        if n.kind in ("input", "const") or n.reencode:
+            if n.bits <= 1:
+                return False
+            n.bits = max(1, n.bits - max(1, math.ceil(short)))
+            if n.kind == "const":
+                self._const_ints(n)
+            else:
+                n.bound = 1 << n.bits
+            return True
+        left = [p for p in sorted(self.basis.moduli) if p not in n.drops]
+        if len(left) <= 1:
+            return False
+        n.drops += (left[0],)
+        n.bound = n.bound // left[0] + 1
+        return True
+
+    def _fit(self, nodes: Sequence[_Node], bound_of, what: str) -> int:
+        """Shrink ``nodes`` (the widest first) until ``bound_of()`` fits the range; returns it."""
+        if self.method == "composed":
+            for n in nodes:
+                if n.kind == "inter" and not n.reencode:
+                    n.reencode, n.bits, n.bound = True, 53, 1 << 53
+        while True:
+            B = bound_of()
+            if 2 * B < self.P:
+                return B
+            short = log2_int(2 * B) - log2_int(self.P) + 1e-9
+            if not any(self._shrink(n, short) for n in sorted(nodes, key=lambda n: -n.bound)):
+                raise PlanError(
+                    f"einsum: {what} needs 2^{log2_int(2 * B):.1f} of range even with every operand at the smallest "
+                    f"width, but {self.basis!r} gives 2^{self.basis.log2_product:.1f}; use more moduli"
+                )
+
+    def _ready(self, n: _Node) -> None:
+        """Emit what makes ``n``'s residues exist at its final width / after its drops."""
+        if n.slot < 0:
+            n.slot = self._slot()
+            if n.kind in ("input", "const"):
+                self._emit("encode", n.slot, n.leaf, n.bits, self.shared_axes(n.labels), n.cplx, n.bound)
+                self.kept = min(self.kept, n.bits)
+            elif n.kind == "tensor":
+                self._emit("tensor", n.slot, n.leaf, self.shared_axes(n.labels), n.bound)
+                self.kept = min(self.kept, log2_int(max(n.bound, 2)))
+        if n.reencode:
+            self._emit("reencode", n.slot, n.bits, self.shared_axes(n.labels), n.labels)
+            self.lines.append(f"  decode {_show(n.labels)} to float64, re-encode at {n.bits} bits (composed)")
+            self.kept = min(self.kept, n.bits)
+            n.reencode = False
+        if n.drops:
+            self._emit("drop", n.slot, n.drops)
+            self.lines.append(
+                f"  drop {len(n.drops)} moduli {n.drops} from {_show(n.labels)} + base extension -> bound "
+                f"2^{log2_int(max(n.bound, 1)):.1f}"
+            )
+            self.kept = min(self.kept, log2_int(max(n.bound, 2)))
+            n.drops = ()
+
+    def _leaf_note(self, n: _Node) -> str:
+        if n.kind == "input":
+            return f"operand {n.leaf} encoded at {n.bits} bits"
+        if n.kind == "const":
+            return f"constant {n.leaf} encoded once at {n.bits} bits"
+        if n.kind == "tensor":
+            return f"RNSTensor operand {n.leaf}"
+        return ""
+
+    # -- steps --
+
+    def pair(self, X: _Node, Y: _Node, keep: str) -> _Node:
+        if Y.cplx:
+            Y.labels = Y.labels.replace(_C, _C2)
+        inx, iny = set(X.labels), set(Y.labels)
+        keep = set(keep) | {_C, _C2}
+        Sx = "".join(c for c in X.labels if c not in iny and c not in keep)
+        Sy = "".join(c for c in Y.labels if c not in inx and c not in keep)
+        C = "".join(c for c in X.labels if c in iny and c not in keep)
+        Bt = "".join(c for c in X.labels if c in iny and c in keep)
+        Kx = "".join(c for c in X.labels if c in keep and c not in iny)
+        Ky = "".join(c for c in Y.labels if c in keep and c not in inx)
+        size = lambda labs: math.prod(self.sizes[c] for c in labs)  # noqa: E731
+        twice = 2 if (X.cplx and Y.cplx) else 1
+
+        def bound() -> int:
+            # |sum_k x y| <= (rows of |x| summed) * max|y|: exact for constants, k * max * max otherwise
+            bx = _abs_sum_max(X.ints, X.labels, Bt + Kx + C + _C) if X.kind == "const" else X.bound * size(Sx)
+            by = _abs_sum_max(Y.ints, Y.labels, Bt + Ky + C + _C2) if Y.kind == "const" else Y.bound * size(Sy)
+            cand = [size(C) * bx * by]
+            if X.kind == "const":
+                cand.append(_abs_sum_max(X.ints, X.labels, Bt + Kx + _C) * by)
+            if Y.kind == "const":
+                cand.append(_abs_sum_max(Y.ints, Y.labels, Bt + Ky + _C2) * bx)
+            return twice * min(cand)
+
+        B = self._fit((X, Y), bound, f"the contraction {_show(X.labels)},{_show(Y.labels)}")
+        notes = [s for s in (self._leaf_note(X), self._leaf_note(Y)) if s]
+        for n in (X, Y):
+            self._ready(n)
+        kind = "matmul"
+        if not C:
+            kind = "outer"
+        elif not Bt and not Sx and not Sy and len(C) == 1:
+            if len(Y.labels) == 2 and Ky:
+                kind = "mode"
+            elif len(X.labels) == 2 and Kx:
+                kind = "mode_rev"
+        if kind == "mode":
+            labels = X.labels.replace(C, Ky)
+        elif kind == "mode_rev":
+            labels = Y.labels.replace(C, Kx)
+        else:
+            labels = Bt + Kx + Ky
+        out = _Node(labels, B, "inter", cplx=X.cplx or Y.cplx, slot=self._slot())
+        self._emit("pair", out.slot, X.slot, Y.slot, X.labels, Y.labels, Sx, Sy, C, Bt, Kx, Ky, kind, labels, B)
+        if X.cplx and Y.cplx:
+            out.labels = _C + labels.replace(_C, "").replace(_C2, "")
+            self._emit("cplx", out.slot, out.labels)
+        what = {"mode": "mode product", "mode_rev": "mode product", "matmul": "batched GEMM", "outer": "Hadamard/outer product"}
+        extra = f", summing {Sx + Sy!r} first" if Sx or Sy else ""
+        self.lines.append(
+            f"{_show(X.labels)},{_show(Y.labels)}->{_show(out.labels)}: {what[kind]} over {C!r}"
+            + (f", batch {Bt!r}" if Bt else "") + extra
+            + (f" ({'; '.join(notes)})" if notes else "")
+            + f"; bound 2^{log2_int(max(B, 1)):.1f} < 2^{log2_int(self.P) - 1:.1f}"
+        )
+        return out
+
+    def single(self, X: _Node, out: str) -> _Node:
+        """Sums of one operand over its indices not in ``out``."""
+        S = "".join(c for c in X.labels if c not in out and c not in (_C, _C2))
+        if not S:
+            return X
+        rest = "".join(c for c in X.labels if c not in S)
+        n = math.prod(self.sizes[c] for c in S)
+
+        def bound() -> int:
+            return _abs_sum_max(X.ints, X.labels, rest) if X.kind == "const" else X.bound * n
+
+        B = self._fit((X,), bound, f"the sum of {_show(X.labels)} over {S!r}")
+        note = self._leaf_note(X)
+        self._ready(X)
+        node = _Node(rest, B, "inter", cplx=X.cplx, slot=self._slot())
+        self._emit("sum", node.slot, X.slot, X.labels, S, B)
+        self.lines.append(
+            f"{_show(X.labels)}->{_show(rest)}: sum over {S!r}" + (f" ({note})" if note else "")
+            + f"; bound 2^{log2_int(max(B, 1)):.1f}"
+        )
+        return node
+
+    def run(self, contraction_list) -> _Plan:
+        nodes = list(self.nodes)
+        for inds, _, einsum_str, _, _ in contraction_list:
+            group = [nodes.pop(i) for i in inds]
+            out = einsum_str.split("->")[1]
+            while len(group) > 1:
+                keep = out + "".join(n.labels for n in group[2:])
+                group = [self.pair(group[0], group[1], keep)] + group[2:]
+            nodes.append(self.single(group[0], out))
+        (Z,) = nodes
+        if Z.kind != "inter":
+            if Z.kind == "const":
+                self._fit((Z,), lambda: Z.bound, "the constant result")
+            self.lines.append(f"{_show(Z.labels)}: {self._leaf_note(Z)}, no contraction")
+            self._ready(Z)
+        out_labels = (_C if Z.cplx else "") + self.output
+        return _Plan(tuple(self.instrs), Z.slot, out_labels, Z.cplx, tuple(self.lines), self.kept)
+
+
+# ----- execution ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Value:
+    """A node's residues at run time: planes on the full basis, exponents, the dropped-moduli factor, bound."""
+
+    planes: np.ndarray
+    exp: np.ndarray  # int64, one dim per label, size 1 where the exponent is constant
+    factor: int
+    bound: int
+    labels: str
+
+
+def _tensor_of(v: _Value, basis: Basis) -> RNSTensor:
+    return RNSTensor(v.planes, basis, basis.moduli, v.bound, Scale(0, v.factor, (None,) * len(v.labels), v.exp))
+
+
+def _permuted(v: _Value, labels: str) -> tuple[np.ndarray, np.ndarray]:
+    perm = [v.labels.index(c) for c in labels]
+    return v.planes.transpose([0] + [p + 1 for p in perm]), v.exp.transpose(perm)
+
+
+def _drop_axes(exp: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+    return exp.reshape([n for i, n in enumerate(exp.shape) if i not in axes])
+
+
+def _sum(v: _Value, S: str, bound: int, moduli, be) -> _Value:
+    """The residues of the sum over indices ``S``: a product with a row of ones (exact, any backend)."""
+    axes = [v.labels.index(c) for c in S]
+    keep = [a for a in range(len(v.labels)) if a not in axes]
+    moved = v.planes.transpose([0] + [a + 1 for a in keep] + [a + 1 for a in axes])
+    n = math.prod(v.planes.shape[a + 1] for a in axes)
+    flat = np.ascontiguousarray(moved).reshape(moved.shape[: 1 + len(keep)] + (n,))
+    out = be.product(np.ones((len(moduli), 1, n), np.int8), flat, moduli, flat.ndim - 2)
+    labels = "".join(v.labels[a] for a in keep)
+    return _Value(out.reshape(out.shape[:-1]), _drop_axes(v.exp, axes), v.factor, bound, labels)
+
+
+def _pair(X: _Value, Y: _Value, args: tuple, moduli, be) -> _Value:
+    _, _, _, _, Sx, Sy, C, Bt, Kx, Ky, kind, labels, bound = args
+    if Sx:
+        X = _sum(X, Sx, 0, moduli, be)
+    if Sy:
+        Y = _sum(Y, Sy, 0, moduli, be)
+    factor = X.factor * Y.factor
+    L = len(moduli)
+    if kind in ("mode", "mode_rev"):
+        T, op, kop = (X, Y, Ky) if kind == "mode" else (Y, X, Kx)
+        ax = T.labels.index(C)
+        op_planes, op_exp = _permuted(op, kop + C)
+        planes = be.product(np.ascontiguousarray(op_planes), np.ascontiguousarray(T.planes), moduli, ax)
+        shape = [1] * len(T.labels)
+        shape[ax] = op_exp.shape[0]
+        return _Value(planes, T.exp + op_exp.reshape(shape), factor, bound, labels)
+    xp, xe = _permuted(X, Bt + Kx + C)
+    yp, ye = _permuted(Y, Bt + C + Ky)
+    nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
+    bs, xs, ys = xp.shape[1 : 1 + nb], xp.shape[1 + nb : 1 + nb + nx], yp.shape[1 + nb + nc :]
+    if kind == "outer":
+        full = (L,) + bs + xs + ys
+        xb = np.broadcast_to(xp.reshape((L,) + bs + xs + (1,) * ny), full)
+        yb = yp.reshape((L,) + bs + (1,) * nx + ys)
+        planes = be.hadamard(np.ascontiguousarray(xb), np.ascontiguousarray(yb), moduli)
+    else:
+        k = math.prod(xp.shape[1 + nb + nx :])
+        xm = np.ascontiguousarray(xp).reshape(L, math.prod(bs), math.prod(xs), k)
+        ym = np.ascontiguousarray(yp).reshape(L, math.prod(bs), k, math.prod(ys))
+        planes = be.matmul(xm, ym, moduli).reshape((L,) + bs + xs + ys)
+    # exponents are constant along contracted indices (size-1 dims there): drop them and broadcast
+    xe2 = _drop_axes(xe, range(nb + nx, nb + nx + nc)).reshape(xe.shape[: nb + nx] + (1,) * ny)
+    ye2 = _drop_axes(ye, range(nb, nb + nc))
+    ye2 = ye2.reshape(ye2.shape[:nb] + (1,) * nx + ye2.shape[nb:])
+    return _Value(planes, xe2 + ye2, factor, bound, labels)
+
+
+def _combine(v: _Value, labels: str, moduli, be) -> _Value:
+    """(re, im) times (re, im): ``Re = P00 - P11``, ``Im = P01 + P10`` (the exact 4M form)."""
+    i, j = v.labels.index(_C) + 1, v.labels.index(_C2) + 1
+
+    def part(a: int, b: int) -> np.ndarray:
+        return np.ascontiguousarray(np.take(np.take(v.planes, a, axis=j), b, axis=i if i < j else i - 1))
+
+    # part(a, b): the real/imaginary part ``b`` of the first operand times part ``a`` of the second
+    re = be.add(part(0, 0), part(1, 1), moduli, True)
+    im = be.add(part(1, 0), part(0, 1), moduli, False)
+    exp = _drop_axes(v.exp, (i - 1, j - 1))[None]
+    return _Value(np.stack([re, im], axis=1), exp, v.factor, v.bound, labels)
+
+
+def _align(T: RNSTensor, shared: tuple[int, ...], bound: int, labels: str, be) -> _Value:
+    """An RNSTensor operand on the full basis with exponents constant along ``shared`` (exact shifts)."""
+    planes = T.residues
+    if T.active != T.basis.moduli:
+        planes, _ = be.drop_extend(planes, T.active, T.basis, 0, True)
+    e = np.asarray(T.scale.exponent(), np.int64)
+    if shared and e.size > 1:
+        lo = e.min(axis=shared, keepdims=True)
+        d = e - lo
+        if int(d.max()) > 0:
+            mods = T.basis.moduli
+            pw = np.empty((len(mods),) + d.shape, np.int8)
+            for i, p in enumerate(mods):
+                r = np.vectorize(lambda k, p=p: pow(2, int(k), p), otypes=[np.int64])(d)
+                pw[i] = r - p * (r >= (p + 1) // 2)
+            planes = be.hadamard(np.ascontiguousarray(planes), pw, mods)
+        e = lo
+    return _Value(np.asarray(planes), e, T.scale.factor, bound, labels)
+
+
+def _encode_leaf(x: np.ndarray, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTensor:
+    """One operand's encoding: module level so that tests can count how often constants are encoded."""
+    return encode(x, basis, bits=bits, shared_axes=shared)
+
+
+def _value_of(T: RNSTensor, labels: str, bound: int) -> _Value:
+    e = np.asarray(T.scale.exponent(), np.int64)
+    return _Value(T.residues, e.reshape(e.shape + (1,) * (T.ndim - e.ndim)), 1, bound, labels)
+
+
+# ----- the expression -----------------------------------------------------------------------
+
+
+class ContractExpression:
+    """An einsum expression planned once and applied to new operands in the residue domain.
+
+    Build it with :func:`contract_expression`. Call it with the non-constant
+    operands in order; ``explain()`` shows the path and every residue step.
+
+    Attributes
+    ----------
+    subscripts : str
+        The explicit form ``'ij,jk->ik'`` (``...`` expanded).
+    basis : Basis
+    method : str
+    decode : str or None
+    path : list of tuple
+        opt_einsum's contraction path.
+    """
+
+    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None):
+        self.terms, self.output = list(terms), output
+        self.subscripts = ",".join(terms) + "->" + output
+        self.shapes = [tuple(int(n) for n in s) for s in shapes]
+        self.constants = dict(constants)
+        self.basis, self.method, self.decode, self.backend = basis, method, decode, backend
+        self.bits = bits
+        self.sizes = _label_sizes(terms, self.shapes)
+        self.path, self._info = opt_einsum.contract_path(
+            self.subscripts, *self.shapes, shapes=True, optimize=optimize
+        )
+        self._plans: dict = {}
+        self._const_cache: dict = {}
+
+    @property
+    def num_args(self) -> int:
+        """How many operands a call takes (the non-constants)."""
+        return len(self.terms) - len(self.constants)
+
+    def _cap(self) -> int:
+        if self.bits is not None:
+            return self.bits
+        return self.basis.product.bit_length() if self.decode == "exact" else 53
+
+    def _plan(self, kinds: tuple, cplx: tuple, tensors: dict) -> _Plan:
+        key = (kinds, cplx)
+        if tensors or key not in self._plans:
+            consts = {i: self._const_array(i, cplx[i]) for i in self.constants}
+            planner = _Planner(
+                self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis, self.method, self._cap()
+            )
+            plan = planner.run(self._info.contraction_list)
+            if tensors:
+                return plan
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def _const_array(self, i: int, cplx: bool) -> np.ndarray:
+        key = ("array", i)
+        if key not in self._const_cache:
+            self._const_cache[key] = _leaf_array(self.terms[i], self.sizes, self.constants[i], cplx)
+        return self._const_cache[key]
+
+    def _operands(self, arrays) -> tuple[list, tuple, tuple, dict]:
+        if len(arrays) != self.num_args:
+            raise ValueError(
+                f"this expression takes {self.num_args} operand(s) (the non-constants of {self.subscripts!r}); got {len(arrays)}"
+            )
+        it = iter(arrays)
+        ops, kinds, cplx, tensors = [], [], [], {}
+        for i in range(len(self.terms)):
+            if i in self.constants:
+                x = self.constants[i]
+                k, c = _operand_kind(x, i)
+                ops.append(x)
+                kinds.append("const")
+                cplx.append(c)
+                continue
+            x = next(it)
+            k, c = _operand_kind(x, i)
+            shape = x.shape if isinstance(x, RNSTensor) else np.shape(x)
+            if tuple(shape) != self.shapes[i]:
+                raise ValueError(f"operand {i} has shape {tuple(shape)}; this expression was built for {self.shapes[i]}")
+            if k == "tensor":
+                tensors[i] = x
+            else:
+                x = np.asarray(x)
+                _check_finite(x, i)
+            ops.append(x)
+            kinds.append(k)
+            cplx.append(c)
+        return ops, tuple(kinds), tuple(cplx), tensors
+
+    def __call__(self, *arrays, backend: Optional[str] = None):
+        """Contract new operands (the non-constants, in order); returns what ``decode`` says."""
+        ops, kinds, cplx, tensors = self._operands(arrays)
+        out_cplx = any(cplx)
+        if tensors and out_cplx:
+            raise TypeError("einsum: complex operands cannot be mixed with RNSTensor operands (those are real)")
+        out_shape = tuple(self.sizes[c] for c in self.output)
+        if any(n == 0 for n in self.sizes.values()):
+            if self.decode is None:
+                raise ValueError("einsum: decode=None needs non-empty operands")
+            return np.zeros(out_shape, np.complex128 if out_cplx else np.float64)
+        be_name = backend or self.backend
+        be = get_backend(be_name)
+        plan = self._plan(kinds, cplx, tensors)
+        vals: dict[int, _Value] = {}
+        moduli = self.basis.moduli
+        for ins in plan.instrs:
+            a = ins.args
+            if ins.op == "encode":
+                i, bits, shared, c, bound = a
+                vals[ins.slot] = self._leaf_value(i, ops[i], kinds[i], bits, shared, c, bound, be_name)
+            elif ins.op == "tensor":
+                i, shared, bound = a
+                vals[ins.slot] = _align(ops[i], shared, bound, _label_of(self.terms[i]), be)
+            elif ins.op == "drop":
+                v = vals[ins.slot]
+                T = drop(_tensor_of(v, self.basis), moduli=a[0], extend=True, backend=be_name)
+                vals[ins.slot] = _Value(T.residues, v.exp, T.scale.factor, T.bound, v.labels)
+            elif ins.op == "reencode":
+                bits, shared, labels = a
+                v = vals[ins.slot]
+                x = decode_tensor(_tensor_of(v, self.basis), "fp64", backend=be_name)
+                vals[ins.slot] = _value_of(_encode_leaf(x, self.basis, bits, shared), labels, 1 << bits)
+            elif ins.op == "sum":
+                x_slot, labels, S, bound = a
+                v = vals.pop(x_slot)
+                v.labels = labels
+                vals[ins.slot] = _sum(v, S, bound, moduli, be)
+            elif ins.op == "pair":
+                X, Y = vals.pop(a[0]), vals.pop(a[1])
+                X.labels, Y.labels = a[2], a[3]
+                vals[ins.slot] = _pair(X, Y, a, moduli, be)
+            elif ins.op == "cplx":
+                vals[ins.slot] = _combine(vals[ins.slot], a[0], moduli, be)
+        Z = vals[plan.out_slot]
+        planes, exp = _permuted(Z, plan.out_labels)
+        Z = _Value(np.ascontiguousarray(planes), np.require(exp, requirements="C"), Z.factor, Z.bound, plan.out_labels)
+        T = _tensor_of(Z, self.basis)
+        if self.decode is None:
+            return T
+        y = decode_tensor(T, self.decode, backend=be_name)
+        if plan.cplx:
+            y = y[0] + 1j * y[1]
+        return y[()] if y.ndim == 0 else y
+
+    def _leaf_value(self, i, x, kind, bits, shared, cplx, bound, be_name) -> _Value:
+        labels = (_C if cplx else "") + _unique(self.terms[i])
+        if kind == "const":
+            key = ("enc", i, bits, cplx)
+            if key not in self._const_cache:
+                T = _encode_leaf(self._const_array(i, cplx), self.basis, bits, shared)
+                self._const_cache[key] = _value_of(T, labels, bound)
+            v = self._const_cache[key]
+            return _Value(v.planes, v.exp, v.factor, v.bound, labels)
+        T = _encode_leaf(_leaf_array(self.terms[i], self.sizes, x, cplx), self.basis, bits, shared)
+        return _value_of(T, labels, bound)
+
+    def explain(self) -> str:
+        """The contraction path and the residue-domain step of each contraction, with bounds and drops."""
+        kinds = tuple("const" if i in self.constants else "input" for i in range(len(self.terms)))
+        cplx = tuple(
+            bool(np.iscomplexobj(self.constants[i])) if i in self.constants else False for i in range(len(self.terms))
+        )
+        plan = self._plan(kinds, cplx, {})
+        head = [
+            f"rnstensor contract_expression {self.subscripts!r}: method {self.method!r}, {self.basis!r} "
+            f"(range 2^{self.basis.log2_product - 1:.1f}), decode {self.decode!r}",
+            f"opt_einsum path {self.path}",
+        ]
+        tail = [f"fewest bits kept by any operand or intermediate: {plan.kept_bits:.1f}"]
+        return "\n".join(head + [f"{k + 1}. {s}" if not s.startswith("  ") else s for k, s in _numbered(plan.lines)] + tail)
+
+    def __repr__(self) -> str:
+        return f"ContractExpression({self.subscripts!r}, method={self.method!r}, s={len(self.basis)})"
+
+
+def _numbered(lines):
+    k = -1
+    for s in lines:
+        if not s.startswith("  "):
+            k += 1
+        yield k, s
+
+
+def _label_of(term: str) -> str:
+    return _unique(term)
+
+
+def _leaf_array(term: str, sizes: dict, x, cplx: bool) -> np.ndarray:
+    """An operand as encoded: diagonals taken, broadcast to the full sizes, complex parts stacked first."""
+    x = np.asarray(x)
+    labels = _unique(term)
+    if labels != term:
+        x = np.einsum(f"{term}->{labels}", x)  # a diagonal is a selection: exact
+    x = np.broadcast_to(x, tuple(sizes[c] for c in labels))
+    if cplx:
+        x = np.stack([x.real, x.imag])
+    return np.require(x, dtype=np.float64, requirements="C")
+
+
+# ----- public functions ---------------------------------------------------------------------
+
+
+def _check_options(method: str, decode, moduli, bits) -> Basis:
+    if method not in EINSUM_METHODS:
+        raise ValueError(f"method must be one of {EINSUM_METHODS}; got {method!r}")
+    if decode not in _DECODES:
+        raise ValueError(f"decode must be one of {_DECODES}; got {decode!r}")
+    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1):
+        raise ValueError(f"bits must be a positive integer or None; got {bits!r}")
+    if isinstance(moduli, (int, np.integer)) and not isinstance(moduli, bool) and not 2 <= moduli <= 49:
+        raise ValueError(f"moduli must be from 2 to 49 (the INT8 pool); got {moduli}")
+    return as_basis(moduli, "moduli")
+
+
+def contract_expression(
+    subscripts: str,
+    *shapes_or_arrays,
+    constants: Sequence[int] = (),
+    moduli: Union[int, Basis, Sequence[int]] = 15,
+    method: str = "rescale_be",
+    optimize: Any = "auto",
+    decode: Optional[str] = "fp64",
+    bits: Optional[int] = None,
+    backend: Optional[str] = None,
+) -> ContractExpression:
+    """Plan an einsum expression once; apply it to many operands in the residue domain.
+
+    Shaped like :func:`opt_einsum.contract_expression`: pass a shape for each
+    operand, or the array itself at the positions listed in ``constants``.
+    Constants (e.g. the 1-D operators of sum factorization) are encoded once
+    and their residues cached; the path (opt_einsum) and the plan (widths,
+    drops, base extensions) are built once.
+
+    Parameters
+    ----------
+    subscripts : str
+        An einsum expression; ``...``, implicit output and diagonals allowed.
+    *shapes_or_arrays
+        One shape per operand; arrays at the ``constants`` positions.
+    constants : sequence of int
+        Operand positions whose arrays are fixed.
+    moduli : int, Basis or sequence of int
+        The residue basis (an int ``s``: the first ``s`` INT8 moduli).
+    method : {'rescale_be', 'composed'}
+    optimize : str, bool or path
+        Passed to :func:`opt_einsum.contract_path`.
+    decode : {'fp64', 'exact', None}
+        ``'exact'``: the result correctly rounded from its exact integer (and,
+        when ``bits`` is None, operands encoded as wide as the basis allows);
+        ``None``: return the :class:`RNSTensor`.
+    bits : int, optional
+        The widest encoding of an operand (default 53; with ``decode='exact'``
+        as wide as fits).
+    backend : str, optional
+
+    Returns
+    -------
+    ContractExpression
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> A = np.array([[1.0, 2.0], [0.5, -1.0]])
+    >>> expr = rt.contract_expression("ij,ai,bj->ab", (2, 2), A, A, constants=[1, 2])
+    >>> X = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> expr(X)
+    array([[ 5. , -1.5],
+           [-1.5,  1.25]])
+    """
+    basis = _check_options(method, decode, moduli, bits)
+    constants = tuple(sorted({int(c) for c in constants}))
+    n = len(shapes_or_arrays)
+    bad = [c for c in constants if not 0 <= c < n]
+    if bad:
+        raise ValueError(f"constants {bad} are not operand positions (0 to {n - 1})")
+    shapes, consts = [], {}
+    for i, x in enumerate(shapes_or_arrays):
+        if i in constants:
+            if isinstance(x, RNSTensor):
+                raise TypeError(f"constant {i} must be a float64 or complex128 array, not an RNSTensor")
+            x = np.asarray(x)
+            _operand_kind(x, i)
+            _check_finite(x, i)
+            consts[i] = x
+            shapes.append(x.shape)
+        else:
+            try:
+                shapes.append(tuple(int(d) for d in x))
+            except TypeError:
+                raise TypeError(
+                    f"operand {i} of contract_expression must be a shape (tuple of ints), or list {i} in constants"
+                ) from None
+    terms, output, _ = _parse((subscripts, *shapes), shapes=True)
+    return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend)
+
+
+def einsum(
+    *operands,
+    moduli: Union[None, int, Basis, Sequence[int]] = None,
+    method: str = "rescale_be",
+    optimize: Any = "auto",
+    decode: Optional[str] = "fp64",
+    bits: Optional[int] = None,
+    backend: Optional[str] = None,
+):
+    """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
+
+    Accepts what :func:`numpy.einsum` accepts — explicit or implicit output,
+    ``...`` broadcasting, repeated indices (diagonals, traces), sums over an
+    index, outer products, 0-d operands, the interleaved ``(a, [0, 1], b, [1,
+    2])`` form — on float64 and complex128 arrays, and returns what numpy
+    returns (shape, index order, dtype). The contraction order comes from
+    opt_einsum; each pairwise step runs as a residue operation (a mode
+    product, a batched GEMM, a Hadamard/outer product, or a sum), with drops
+    and base extensions wherever a bound would leave the range.
+
+    Parameters
+    ----------
+    *operands
+        ``subscripts, a, b, ...`` or the interleaved form. RNSTensor operands
+        (real, on the same basis) are contracted without re-encoding.
+    moduli : int, Basis or sequence of int, optional
+        The residue basis; an int ``s`` means the first ``s`` INT8 moduli.
+        Default: 15, or the basis of the RNSTensor operands.
+    method : {'rescale_be', 'composed'}
+    optimize : str, bool or path
+        Passed to :func:`opt_einsum.contract_path` (default ``'auto'``).
+    decode : {'fp64', 'exact', None}
+        How the result leaves the residues; ``None`` returns an
+        :class:`RNSTensor` (real operands only). If every operand is an
+        RNSTensor and ``decode`` is left at ``'fp64'``, the result stays an RNSTensor.
+    bits : int, optional
+        The widest encoding of an operand (default 53; with ``decode='exact'``
+        as wide as the basis allows).
+    backend : str, optional
+
+    Returns
+    -------
+    ndarray (or numpy scalar for a 0-d result), or RNSTensor
+
+    Notes
+    -----
+    Error: each operand is encoded with one exponent per slice along the
+    output indices (shared along every summed index), so encoding and every
+    drop perturb a value by at most ``2**-k`` of its slice's largest magnitude,
+    where ``k`` is the kept width shown by :meth:`ContractExpression.explain`
+    (53 bits in the default on 15 moduli). The result error is therefore at
+    most about ``(number of operands + drops) * 2**-k`` times the same
+    expression evaluated on those slice maxima, plus the final rounding.
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> rt.einsum("ij,kj->ik", a, a)
+    array([[ 5., 14.],
+           [14., 50.]])
+    >>> float(rt.einsum("ii", np.eye(3)))
+    3.0
+    """
+    if operands and isinstance(operands[0], str):
+        arrays = list(operands[1:])
+        shaped = [operands[0]] + [_shape_of(x) for x in arrays]
+    else:
+        # interleaved: array, sublist, array, sublist, ..., [output sublist]
+        body = operands[:-1] if len(operands) % 2 else operands
+        arrays = list(body[0::2])
+        shaped = [_shape_of(x) if k % 2 == 0 and k < len(body) else x for k, x in enumerate(operands)]
+    tensors = [x for x in arrays if isinstance(x, RNSTensor)]
+    if moduli is None:
+        moduli = tensors[0].basis if tensors else 15
+    if tensors and len(tensors) == len(arrays) and decode == "fp64":
+        decode = None
+    basis = _check_options(method, decode, moduli, bits)
+    terms, output, shapes = _parse(shaped, shapes=True)
+    if len(terms) != len(arrays):
+        raise ValueError(f"einsum: {len(terms)} subscript terms for {len(arrays)} operands")
+    key_opt = _hashable(optimize)
+    expr = _cached_expression(tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend)
+    return expr(*arrays)
+
+
+def _shape_of(x) -> tuple:
+    if isinstance(x, RNSTensor):
+        return tuple(x.shape)
+    return tuple(np.shape(x))
+
+
+def _hashable(optimize):
+    if isinstance(optimize, list):
+        return tuple(tuple(p) for p in optimize)
+    return optimize
+
+
+_EXPR_CACHE: dict = {}
+
+
+def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend) -> ContractExpression:
+    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend)
+    expr = _EXPR_CACHE.get(key)
+    if expr is None:
+        opt = [tuple(p) for p in optimize] if isinstance(optimize, tuple) else optimize
+        expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend)
+        if len(_EXPR_CACHE) > 256:
+            _EXPR_CACHE.clear()
+        _EXPR_CACHE[key] = expr
+    return expr
+
+
+# ----- opt_einsum backend ('rnstensor') -------------------------------------------------------
+
+
+def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = None):
+    """:func:`numpy.tensordot` in residues; RNSTensor operands give an RNSTensor (opt_einsum's backend hook).
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> rt.tensordot(np.eye(2), np.array([[1.0, 2.0], [3.0, 4.0]]), axes=1)
+    array([[1., 2.],
+           [3., 4.]])
+    """
+    na, nb = len(a.shape), len(b.shape)
+    if isinstance(axes, (int, np.integer)):
+        ax_a, ax_b = list(range(na - axes, na)), list(range(axes))
+    else:
+        ax_a, ax_b = axes
+        ax_a = [ax_a] if isinstance(ax_a, (int, np.integer)) else list(ax_a)
+        ax_b = [ax_b] if isinstance(ax_b, (int, np.integer)) else list(ax_b)
+    if len(ax_a) != len(ax_b):
+        raise ValueError(f"tensordot: axes lists of different lengths {ax_a} and {ax_b}")
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    la = letters[:na]
+    lb = letters[na : na + nb]
+    for i, j in zip(ax_a, ax_b):
+        lb[j % nb] = la[i % na]
+    out = [c for i, c in enumerate(la) if i not in [x % na for x in ax_a]]
+    out += [c for j, c in enumerate(lb) if j not in [x % nb for x in ax_b]]
+    return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b, moduli=moduli)
+
+
+def transpose(a, axes=None):
+    """:func:`numpy.transpose` of an array or an RNSTensor (residues and exact scale permuted)."""
+    if not isinstance(a, RNSTensor):
+        return np.transpose(a, axes)
+    nd = a.ndim
+    axes = tuple(range(nd))[::-1] if axes is None else tuple(int(x) % nd for x in axes)
+    if sorted(axes) != list(range(nd)):
+        raise ValueError(f"transpose: axes {axes} are not a permutation of {nd} axes")
+    s = a.scale
+    field = None if s.field is None else s.field.transpose(axes)
+    scale = Scale(s.exp2, s.factor, tuple(s.axes[i] for i in axes), field)
+    negz = None if a.negative_zeros is None else a.negative_zeros.transpose(axes)
+    return RNSTensor(a.residues.transpose((0,) + tuple(i + 1 for i in axes)), a.basis, a.active, a.bound, scale, negz)
