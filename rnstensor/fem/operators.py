@@ -12,7 +12,8 @@ from ..basis import Basis
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
 from ..planner.bounds import decode_factor
-from ..primitives import DECODE_MODES, operator_row_sums
+from ..primitives import DECODE_MODES, operator_row_sums, to_int
+from ..primitives import decode as _decode
 from ..tensor import RNSTensor, Scale
 from .program import FloatRunner, ProgramPlan, ResidueRunner, mass_program, plan_program, poisson_program, voigt_index
 from .tensorbasis import TensorBasis
@@ -80,8 +81,6 @@ def _op_norms(basis: TensorBasis, bits: int) -> dict:
     for key, A in _matrices(basis).items():
         T = _encoded_ops(basis, bits)[key]
         s = Fraction(2) ** T.scale.exp2
-        from ..primitives import to_int
-
         v = to_int(T)
         ex = tr = df = Fraction(0)
         for j in range(A.shape[0]):
@@ -174,6 +173,18 @@ class _Operator:
     def _encode_u(self, x):
         return encode(x, self.basis.moduli, self.bits, shared_axes=tuple(range(1, x.ndim)), backend=self.backend)
 
+    def apply_rns(self, u) -> RNSTensor:
+        """The ``'rescale_be'`` result before its decode: an :class:`~rnstensor.RNSTensor` of shape ``(nelem, P, ..., P)``.
+
+        Its bound is exactly the plan's ``final_bound``; decode it with
+        :func:`rnstensor.decode`.
+        """
+        if self.method != "rescale_be":
+            raise ValueError(f"apply_rns needs method='rescale_be' (this operator uses {self.method!r})")
+        x, _ = self._check_u(u)
+        run = ResidueRunner(self.plan, {**self._ops, **self._residue_fields()}, self.backend)
+        return self._program(run, self._encode_u(x), self.basis.dim)
+
     def apply(self, u, decode: str = "fp64") -> np.ndarray:
         """Apply the operator to element-local nodal values ``u`` of shape ``(nelem, P, ..., P)``.
 
@@ -188,11 +199,7 @@ class _Operator:
         x, single = self._check_u(u)
         d = self.basis.dim
         if self.method == "rescale_be":
-            T = self._encode_u(x)
-            run = ResidueRunner(self.plan, {**self._ops, **self._residue_fields()}, self.backend)
-            from ..primitives import decode as _decode
-
-            y = _decode(self._program(run, T, d), decode, backend=self.backend)
+            y = _decode(self.apply_rns(x), decode, backend=self.backend)
         elif self.method == "composed":
             run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax)(z), self._float_fields())
             y = self._program(run, x, d)
