@@ -88,6 +88,11 @@ def element_geometry(basis: TensorBasis, x) -> Geometry:
     if x.ndim != d + 2 or x.shape[1:] != want:
         raise ValueError(f"x must have shape (nelem, {', '.join(map(str, want))}); got {x.shape}")
     xq, J = _interp_grad(basis, x)
+    return _geometry(basis, xq, J)
+
+
+def _geometry(basis: TensorBasis, xq: np.ndarray, J: np.ndarray) -> Geometry:
+    d = basis.dim
     detJ = np.linalg.det(J)
     bad = np.argwhere(~(detJ > 0))
     if bad.size:
@@ -102,7 +107,7 @@ def element_geometry(basis: TensorBasis, x) -> Geometry:
     # adj(J) = detJ * J^{-1}; G = w adj adj^T / detJ = w detJ J^{-1} J^{-T}
     Jinv = np.linalg.inv(J)
     full = np.einsum("...ik,...jk->...ij", Jinv, Jinv) * qdata[..., None, None]
-    G = np.empty((x.shape[0], 3 * (d - 1)) + (basis.Q,) * d)
+    G = np.empty((J.shape[0], 3 * (d - 1)) + (basis.Q,) * d)
     for i in range(d):
         for j in range(i, d):
             G[:, voigt_index(i, j, d)] = full[..., i, j]
@@ -175,7 +180,14 @@ class BoxMesh:
             dofs[e] = idx[tuple(slice(k * p, k * p + p + 1) for k in pos)]
         self.dofs = dofs
         self.x = self.coords[dofs]
-        self.geometry = element_geometry(basis, self.x)
+        if curved:
+            self.geometry = element_geometry(basis, self.x)
+        else:  # affine: the exact diagonal Jacobian (no rounding noise in the off-diagonal metric terms)
+            xq, _ = _interp_grad(basis, self.x)
+            J = np.zeros(xq.shape + (d,))
+            for c in range(d):
+                J[..., c, c] = L[c] / (2 * shape[c])
+            self.geometry = _geometry(basis, xq, J)
         self.volume = float(np.prod(L))
 
     @property
