@@ -334,3 +334,25 @@ def test_curved_mesh_keeps_the_box_and_inverts_clearly():
 def test_box_mesh_bad_input(kw, match):
     with pytest.raises(ValueError, match=match):
         box_mesh(TensorBasis(2), **kw)
+
+
+@pytest.mark.parametrize("dim,P", [(2, 2), (2, 3), (2, 5), (3, 2), (3, 3)])
+def test_linear_patch_test_on_curved_meshes(dim, P):
+    """x_c is in the isoparametric space and a(x_c, v) = int dv/dx_c = 0 for every interior v (exact quadrature)."""
+    b = TensorBasis(P, dim=dim, Q=max(P + 1, -(-(dim * (P - 1) + 1) // 2)))
+    mesh = box_mesh(b, shape=3, curved=0.2)
+    A = PoissonOperator(b, mesh.G)
+    interior = ~mesh.boundary
+    for c in range(dim):
+        r = mesh.scatter(A.apply(mesh.gather(mesh.coords[:, c])))
+        assert np.max(np.abs(r[interior])) <= 1e-13, c
+        assert np.max(np.abs(r[mesh.boundary])) > 1e-3  # the boundary rows carry the flux: not vacuous
+    # a wrong metric (the transposed Jacobian) fails it
+    g = mesh.geometry
+    Jt = np.swapaxes(g.J, -1, -2)
+    Jinv = np.linalg.inv(Jt)
+    full = np.einsum("...ik,...jk->...ij", Jinv, Jinv) * g.qdata[..., None, None]
+    G = np.stack([full[..., i, j] for i, j in ([(0, 0), (1, 1), (0, 1)] if dim == 2 else
+                                              [(0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)])], axis=1)
+    r = mesh.scatter(PoissonOperator(b, G).apply(mesh.gather(mesh.coords[:, 0])))
+    assert np.max(np.abs(r[interior])) > 1e-6
