@@ -1,0 +1,378 @@
+"""NVRTC build of the CUDA kernel modules to cubins, with an on-disk cache, and SASS/resource inspection.
+
+Compiling needs no GPU and no driver: NVRTC comes from the ``nvidia-cuda-nvrtc``
+wheel through ``cuda-python`` (``cuda.bindings.nvrtc``). A cubin is cached under
+``$RNSTENSOR_KERNEL_CACHE`` (default ``~/.cache/rnstensor/kernels``), keyed by
+the hash of the module source and every header it includes, the arch, the
+options and the NVRTC version; it is written to a temporary file in the same
+directory and moved into place with :func:`os.replace`, so concurrent processes
+and interrupted writes never leave a partial cubin under the final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+__all__ = [
+    "ARCHS",
+    "MODULES",
+    "HOT_KERNELS",
+    "KernelBuildError",
+    "source_dir",
+    "module_source",
+    "cache_dir",
+    "compile_module",
+    "build_all",
+    "nvrtc_version",
+    "find_tool",
+    "sass",
+    "resource_usage",
+    "ResourceUsage",
+    "arch_for_capability",
+    "host_library",
+]
+
+#: the archs every module is built and checked for (Ampere, Ada, Hopper with wgmma)
+ARCHS: tuple[str, ...] = ("sm_80", "sm_89", "sm_90a")
+
+#: kernel modules: name -> source file in this package
+MODULES: dict[str, str] = {
+    "product": "product.cu",
+    "entry": "entry.cu",
+}
+
+#: kernels whose ptxas report must show no local memory (spills or stack)
+HOT_KERNELS: tuple[str, ...] = (
+    "rns_product_n8",
+    "rns_product_n16",
+    "rns_product_n32",
+    "rns_product_n64",
+    "rns_reduce_i32",
+    "rns_elementwise",
+    "rns_encode",
+    "rns_drop_extend",
+    "rns_decode_fp64",
+)
+
+_OPTIONS: tuple[str, ...] = ("-std=c++17", "-lineinfo")
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+class KernelBuildError(RuntimeError):
+    """NVRTC or a CUDA binary tool is missing, or a module failed to compile (the log is in the message)."""
+
+
+def source_dir() -> Path:
+    """The directory holding the ``.cu`` / ``.cuh`` sources."""
+    return Path(__file__).resolve().parent
+
+
+def _read_with_headers(path: Path, seen: set | None = None) -> list[tuple[str, str]]:
+    """``(name, text)`` of ``path`` and every local header it includes (recursively, once each)."""
+    seen = set() if seen is None else seen
+    text = path.read_text()
+    out = [(path.name, text)]
+    seen.add(path.name)
+    for inc in _INCLUDE.findall(text):
+        if inc not in seen:
+            out += _read_with_headers(path.parent / inc, seen)
+    return out
+
+
+def module_source(name: str) -> str:
+    """The source text of kernel module ``name`` (one of :data:`MODULES`)."""
+    if name not in MODULES:
+        raise ValueError(f"module must be one of {sorted(MODULES)}; got {name!r}")
+    return (source_dir() / MODULES[name]).read_text()
+
+
+def cache_dir() -> Path:
+    """Where compiled cubins are cached: ``$RNSTENSOR_KERNEL_CACHE`` or ``~/.cache/rnstensor/kernels``."""
+    env = os.environ.get("RNSTENSOR_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "rnstensor" / "kernels"
+
+
+def _check_arch(arch: str) -> str:
+    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+        raise ValueError(f"arch must look like 'sm_80', 'sm_89' or 'sm_90a'; got {arch!r}")
+    return arch
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    """The arch to build for a device of compute capability ``major.minor`` (``sm_90a`` on Hopper)."""
+    arch = f"sm_{major}{minor}"
+    return arch + "a" if (major, minor) == (9, 0) else arch
+
+
+@lru_cache(maxsize=1)
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import nvrtc  # older cuda-python
+        except ImportError as exc:
+            raise KernelBuildError(
+                "NVRTC is not available: install the 'test' or 'gpu' extras "
+                "(pip install 'rnstensor[test]': cuda-python and nvidia-cuda-nvrtc)"
+            ) from exc
+    return nvrtc
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """``(major, minor)`` of the NVRTC library that compiles the kernels."""
+    nv = _nvrtc()
+    res = nv.nvrtcVersion()
+    _check(nv, res[0], "nvrtcVersion")
+    return int(res[1]), int(res[2])
+
+
+def _check(nv, err, what: str, prog=None) -> None:
+    if err != nv.nvrtcResult.NVRTC_SUCCESS:
+        log = _log(nv, prog) if prog is not None else ""
+        raise KernelBuildError(f"{what} failed ({err}){': ' + log if log else ''}")
+
+
+def _log(nv, prog) -> str:
+    err, n = nv.nvrtcGetProgramLogSize(prog)
+    if err != nv.nvrtcResult.NVRTC_SUCCESS or n <= 1:
+        return ""
+    buf = b" " * n
+    nv.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\x00 ").decode(errors="replace")
+
+
+def _nvrtc_compile(name: str, arch: str, options: Sequence[str]) -> tuple[bytes, str]:
+    nv = _nvrtc()
+    files = _read_with_headers(source_dir() / MODULES[name])
+    main_name, main_src = files[0]
+    headers = [t.encode() for _, t in files[1:]]
+    includes = [n.encode() for n, _ in files[1:]]
+    err, prog = nv.nvrtcCreateProgram(main_src.encode(), main_name.encode(), len(headers), headers, includes)
+    _check(nv, err, "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={arch}", *_OPTIONS, "--ptxas-options=-v", *options]
+        (err,) = nv.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        log = _log(nv, prog)
+        if err != nv.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelBuildError(f"NVRTC could not compile {main_name} for {arch}:\n{log}")
+        err, n = nv.nvrtcGetCUBINSize(prog)
+        _check(nv, err, "nvrtcGetCUBINSize", prog)
+        cubin = b" " * n
+        (err,) = nv.nvrtcGetCUBIN(prog, cubin)
+        _check(nv, err, "nvrtcGetCUBIN", prog)
+        return bytes(cubin), log
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+
+
+def _key(name: str, arch: str, options: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for fname, text in _read_with_headers(source_dir() / MODULES[name]):
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    h.update(arch.encode() + b"\0" + "\0".join((*_OPTIONS, *options)).encode())
+    h.update(repr(nvrtc_version()).encode())
+    return h.hexdigest()[:24]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@dataclass(frozen=True)
+class Built:
+    """A compiled module: the cubin's path, its bytes and the NVRTC/ptxas log (empty when read from the cache)."""
+
+    name: str
+    arch: str
+    path: Path
+    log: str
+
+    @property
+    def cubin(self) -> bytes:
+        return self.path.read_bytes()
+
+
+def compile_module(name: str, arch: str, options: Sequence[str] = (), cache: Path | str | None = None) -> Built:
+    """Compile kernel module ``name`` for ``arch`` to a cubin (cached on disk; see the module docstring).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`MODULES`.
+    arch : str
+        ``'sm_80'``, ``'sm_89'``, ``'sm_90a'``, ... (the ``a`` suffix enables arch-specific instructions).
+    options : sequence of str
+        Extra NVRTC options (part of the cache key).
+    cache : path, optional
+        Cache directory (default :func:`cache_dir`).
+
+    Returns
+    -------
+    Built
+        ``path`` to the cached cubin and the compile ``log`` (ptxas ``-v`` resource lines).
+    """
+    if name not in MODULES:
+        raise ValueError(f"module must be one of {sorted(MODULES)}; got {name!r}")
+    _check_arch(arch)
+    options = tuple(options)
+    root = Path(cache) if cache is not None else cache_dir()
+    key = _key(name, arch, options)
+    path = root / f"{name}.{arch}.{key}.cubin"
+    logpath = root / f"{name}.{arch}.{key}.log"
+    if path.exists():
+        return Built(name, arch, path, logpath.read_text() if logpath.exists() else "")
+    cubin, log = _nvrtc_compile(name, arch, options)
+    _atomic_write(logpath, log.encode())
+    _atomic_write(path, cubin)
+    return Built(name, arch, path, log)
+
+
+def build_all(arch: str, out: Path | str | None = None, options: Sequence[str] = ()) -> list[Built]:
+    """Compile every module for ``arch``; with ``out``, also copy each cubin there as ``<name>.<arch>.cubin``."""
+    built = [compile_module(n, arch, options) for n in MODULES]
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for b in built:
+            _atomic_write(out / f"{b.name}.{arch}.cubin", b.cubin)
+    return built
+
+
+def host_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
+    """Build ``host_check.cpp`` (the kernels' per-entry arithmetic, host side) as a shared library; cached.
+
+    Uses ``cxx``, ``$CXX`` or ``g++`` with ``-O2 -ffp-contract=off`` (no FMA
+    contraction: the fp64 Horner must round every step, as on the device).
+    """
+    compiler = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise KernelBuildError("no C++ compiler found for the host build of the kernel arithmetic (set CXX)")
+    flags = ["-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
+    files = _read_with_headers(source_dir() / "host_check.cpp")
+    h = hashlib.sha256()
+    for fname, text in files:
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    h.update(" ".join([compiler, *flags]).encode())
+    root = Path(cache) if cache is not None else cache_dir()
+    path = root / f"host_check.{h.hexdigest()[:24]}.so"
+    if path.exists():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="host_check.", suffix=".so", dir=root)
+    os.close(fd)
+    try:
+        res = subprocess.run(
+            [compiler, *flags, "-I", str(source_dir()), "-o", tmp, str(source_dir() / "host_check.cpp")],
+            capture_output=True, text=True,
+        )
+        if res.returncode != 0:
+            raise KernelBuildError(f"host build of host_check.cpp failed:\n{res.stderr}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+# ----- inspection ---------------------------------------------------------------------------
+
+
+def find_tool(name: str) -> str:
+    """Path of a CUDA binary tool (``cuobjdump``, ``nvdisasm``): the ``nvidia-*`` wheels first, then ``PATH``."""
+    try:
+        import nvidia  # namespace package of the nvidia-* wheels
+
+        for root in list(getattr(nvidia, "__path__", [])):
+            for cand in sorted(Path(root).glob(f"*/bin/{name}")):
+                if os.access(cand, os.X_OK):
+                    return str(cand)
+    except ImportError:
+        pass
+    found = shutil.which(name)
+    if found:
+        return found
+    for cuda in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if cuda and os.access(os.path.join(cuda, "bin", name), os.X_OK):
+            return os.path.join(cuda, "bin", name)
+    raise KernelBuildError(
+        f"{name} not found: install the 'test' extras (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm) or put it on PATH"
+    )
+
+
+def _cuobjdump(args: Sequence[str], cubin: Path | str) -> str:
+    exe = find_tool("cuobjdump")
+    env = dict(os.environ)
+    try:
+        env["PATH"] = os.path.dirname(find_tool("nvdisasm")) + os.pathsep + env.get("PATH", "")
+    except KernelBuildError:
+        pass  # --dump-sass will say so itself
+    res = subprocess.run([exe, *args, str(cubin)], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise KernelBuildError(f"cuobjdump {' '.join(args)} failed: {res.stderr.strip()}")
+    return res.stdout
+
+
+def sass(cubin: Path | str) -> dict[str, str]:
+    """The SASS of every function in a cubin: ``{function name: disassembly}``."""
+    text = _cuobjdump(["--dump-sass"], cubin)
+    out: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function\s*:\s*(\S+)", line)
+        if m:
+            name = m.group(1)
+            out[name] = ""
+        elif name is not None:
+            out[name] += line + "\n"
+    return out
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """Per-function resources from ``cuobjdump --dump-resource-usage`` (bytes, except ``registers``)."""
+
+    registers: int
+    stack: int
+    shared: int
+    local: int
+
+
+def resource_usage(cubin: Path | str) -> dict[str, ResourceUsage]:
+    """``{function name: ResourceUsage}`` of every function in a cubin."""
+    text = _cuobjdump(["--dump-resource-usage"], cubin)
+    out: dict[str, ResourceUsage] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function\s+(\S+?):?\s*$", line)
+        if m:
+            name = m.group(1)
+            continue
+        if name is not None and "REG:" in line:
+            f = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line))
+            out[name] = ResourceUsage(int(f["REG"]), int(f.get("STACK", 0)), int(f.get("SHARED", 0)), int(f.get("LOCAL", 0)))
+            name = None
+    return out

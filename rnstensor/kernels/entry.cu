@@ -1,0 +1,72 @@
+// Per-entry kernels: encode, elementwise product/sum, drop x g + base extension, fp64 decode.
+//
+// One thread per tensor entry (grid-stride loops), every plane of the entry
+// handled by that thread: the layout is plane-major (L, N), so for a fixed plane
+// consecutive threads touch consecutive bytes (coalesced). The arithmetic is the
+// __host__ __device__ code of rns_arith.cuh, checked on the CPU against
+// rnstensor.arith. Scratch digits live in shared memory, one column per thread
+// (stride blockDim.x: conflict-free), so no local memory is used.
+#include "rns_arith.cuh"
+
+// x (N) float64 as bits, exponents ev (runs of `inner`), L moduli -> out (L, N).
+// pw: (L, ldpw) table of [2^i]_p; pa, per: its 2-adic offset and period.
+extern "C" __global__ void __launch_bounds__(256) rns_encode(
+    const rns_u64* __restrict__ xbits, rns_i64 N, const rns_i64* __restrict__ ev, rns_i64 inner, int L,
+    const float* __restrict__ P, const float* __restrict__ IP, const float* __restrict__ H,
+    const float* __restrict__ C18, const float* __restrict__ C36, const float* __restrict__ pw, int ldpw,
+    const rns_i32* __restrict__ pa, const rns_i32* __restrict__ per, rns_i8* __restrict__ out) {
+    for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
+        rns_encode_entry(xbits[i], rns_entry_exponent(ev, inner, i), L, P, IP, H, C18, C36, pw, ldpw, pa, per,
+                         out + i, N);
+    }
+}
+
+// a, b, out (L, n): mode 0 product, 1 sum, 2 difference; |t| <= 2^14.
+extern "C" __global__ void __launch_bounds__(256) rns_elementwise(
+    const rns_i8* __restrict__ a, const rns_i8* __restrict__ b, rns_i8* __restrict__ out, rns_i64 n, int L,
+    int mode, const float* __restrict__ P, const float* __restrict__ IP, const float* __restrict__ H) {
+    const rns_i64 total = n * L;
+    for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (rns_i64)gridDim.x * blockDim.x) {
+        const int l = (int)(i / n);
+        const float x = (float)a[i], y = (float)b[i];
+        const float t = mode == 0 ? x * y : (mode == 1 ? x + y : x - y);
+        out[i] = (rns_i8)(int)rns_reduce_f32(t, P[l], IP[l], H[l]);
+    }
+}
+
+// The drop/extension tables of the current call (rnstensor.kernels.tables.drop_tables),
+// copied in before each launch: every thread reads the same entry at the same
+// time, which the constant cache broadcasts, and no table pointer takes a register.
+#define RNS_DROP_IB 1024
+#define RNS_DROP_FB 14336
+__constant__ rns_i32 rns_drop_ib[RNS_DROP_IB];
+__constant__ float rns_drop_fb[RNS_DROP_FB];
+
+// X (L_in, N) -> out (T, N) through Alg. 1 for each dropped modulus, then Alg. 4.
+// Dynamic shared memory: (max(g, m, 1) + max(nr, 1)) * blockDim.x floats.
+extern "C" __global__ void __launch_bounds__(128) rns_drop_extend(const rns_i8* __restrict__ X, rns_i64 N,
+                                                                 rns_i8* __restrict__ out) {
+    extern __shared__ float rns_scratch[];
+    const RnsDropTables tb = rns_drop_tables(rns_drop_ib, rns_drop_fb);
+    const int nd = max(max(tb.g, tb.m), 1);
+    float* D = rns_scratch + threadIdx.x;
+    float* Y = rns_scratch + nd * blockDim.x + threadIdx.x;
+    for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x)
+        rns_drop_extend_entry(X + i, N, tb, D, Y, blockDim.x, out + i, N);
+}
+
+// X (m, N) -> out (N) float64: MRC digits, Horner, times f 2^(ev[i / inner] + k).
+// Dynamic shared memory: m * blockDim.x floats.
+extern "C" __global__ void __launch_bounds__(128) rns_decode_fp64(
+    const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
+    const double* __restrict__ qd, double f, const rns_i64* __restrict__ ev, rns_i64 inner, rns_i64 k,
+    double* __restrict__ out) {
+    extern __shared__ float rns_scratch[];
+    const RnsDecodeTables tb = rns_decode_tables(ib, fb);
+    float* d = rns_scratch + threadIdx.x;
+    for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
+        const rns_i64 e = rns_clip_exponent(rns_entry_exponent(ev, inner, i) + k);
+        out[i] = rns_decode_fp64_entry(X + i, N, tb.perm, tb.m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, qd, d, blockDim.x,
+                                       f, e);
+    }
+}

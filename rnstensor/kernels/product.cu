@@ -1,0 +1,207 @@
+// Residue mode product on INT8 tensor cores with the centered modular reduction fused in the epilogue.
+//
+// out[l, a, j, t] = [ sum_k A[l, j, k] X[l, a, k, t] ]_{p_l}
+//
+// for planes l (grid z; plane strides xplane, oplane), X (L, pre, n_in, post) and the operator A (L, n_out, n_in):
+// the contraction of any tensor axis (pre/post are the axes before/after it),
+// with no transposing copy in global memory. The GEMM is D (M x n_out) =
+// X^T (M x n_in) A^T with M = pre * post tensor columns in the MMA's M
+// dimension (so a small operator, n_out = 8, wastes no tensor-core rows) and
+// the operator in N. Both operands go to shared memory K-contiguous (the only
+// layout of 8-bit mma.sync, "row.col"): rows of 32 bytes, padded to 48 so the
+// fragment loads of a warp hit 32 different banks.
+//
+// Exactness: residues are <= 128 in magnitude, products <= 2^14, and int32
+// accumulation is exact for 131071 terms; past 4095 k-steps (131040 terms) the
+// accumulators are folded to their centered residues (<= 128) and go on. The
+// epilogue reduces each accumulator once (one float reduction when n_in <= 255,
+// so |acc| <= 255 * 2^14 < 2^22 - 256; else the full int32 path) and writes int8:
+// no int32 round trip through memory.
+//
+// Block: 128 threads (4 warps), a tile of 128 columns x BN operator rows; warp w
+// owns columns 32w .. 32w + 31 as two m16 tiles and all BN/8 n8 tiles.
+#include "rns_arith.cuh"
+
+#define RNS_BM 128
+#define RNS_BK 32
+#define RNS_LDS 48
+#define RNS_FOLD_STEPS 4095
+
+struct __align__(8) rns_w2 { rns_u32 x, y; };
+struct __align__(16) rns_w4 { rns_u32 x, y, z, w; };
+
+__device__ __forceinline__ void rns_mma_s8(int (&d)[4], rns_u32 a0, rns_u32 a1, rns_u32 a2, rns_u32 a3, rns_u32 b0,
+                                           rns_u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int BN>
+__device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, const rns_i8* __restrict__ A,
+                                                 rns_i8* __restrict__ out, int pre, int n_in, int post,
+                                                 int n_out, rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P,
+                                                 const float* __restrict__ IP, const float* __restrict__ H,
+                                                 const float* __restrict__ C16) {
+    constexpr int NT = BN / 8;
+    __shared__ __align__(16) rns_u8 As[RNS_BM * RNS_LDS];
+    __shared__ __align__(16) rns_u8 Bs[BN * RNS_LDS];
+
+    const int l = blockIdx.z;
+    const int M = pre * post;  // < 2^31: the host splits larger launches along pre
+    const int m0 = blockIdx.x * RNS_BM;
+    const int j0 = blockIdx.y * BN;
+    const rns_i8* Xl = X + (rns_i64)l * xplane;
+    const rns_i8* Al = A + (rns_i64)l * n_out * n_in;
+    rns_i8* Ol = out + (rns_i64)l * oplane;
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+
+    int acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0;
+
+    const float p = P[l], ip = IP[l], h = H[l], c16 = C16[l];
+    const bool contiguous = post == 1;
+    const bool vec8 = contiguous && (n_in % 8) == 0 && (((unsigned long long)Xl) & 7) == 0;
+    // strided loader (post > 1): this thread's column and its offset in the plane
+    const int mrow = m0 + tid;
+    rns_i64 rowoff = 0;
+    if (!contiguous && mrow < M) {
+        const int a = mrow / post;
+        rowoff = (rns_i64)a * n_in * post + (mrow - a * post);
+    }
+
+    int steps = 0;
+    for (int k0 = 0; k0 < n_in; k0 += RNS_BK) {
+        // ---- X tile -> As[r][kk], K-contiguous
+        if (contiguous) {
+            const int kk = 8 * (tid & 3);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = (tid >> 2) + 32 * i;
+                const int m = m0 + r;
+                rns_w2 w = {0u, 0u};
+                const int kr = n_in - (k0 + kk);
+                if (m < M && kr > 0) {
+                    const rns_i8* src = Xl + (rns_i64)m * n_in + k0 + kk;
+                    if (vec8) {
+                        w = *reinterpret_cast<const rns_w2*>(src);
+                    } else {
+#pragma unroll
+                        for (int b = 0; b < 8; ++b) {
+                            rns_u32 byte = b < kr ? (rns_u32)(rns_u8)src[b] : 0u;
+                            if (b < 4) w.x |= byte << (8 * b);
+                            else w.y |= byte << (8 * (b - 4));
+                        }
+                    }
+                }
+                *reinterpret_cast<rns_w2*>(As + r * RNS_LDS + kk) = w;
+            }
+        } else {
+            rns_u32 w[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) w[i] = 0u;
+            if (mrow < M) {
+                const rns_i8* src = Xl + rowoff + (rns_i64)k0 * post;
+                const int kr = n_in - k0;
+#pragma unroll
+                for (int kk = 0; kk < RNS_BK; ++kk)
+                    if (kk < kr) w[kk >> 2] |= (rns_u32)(rns_u8)src[(rns_i64)kk * post] << (8 * (kk & 3));
+            }
+            rns_w4* dst = reinterpret_cast<rns_w4*>(As + tid * RNS_LDS);
+            dst[0] = rns_w4{w[0], w[1], w[2], w[3]};
+            dst[1] = rns_w4{w[4], w[5], w[6], w[7]};
+        }
+        // ---- operator tile -> Bs[j][kk], K-contiguous (small: byte loads, cached)
+        for (int e = tid; e < BN * RNS_BK; e += RNS_BM) {
+            const int j = e >> 5, kk = e & 31;
+            const int jj = j0 + j, k = k0 + kk;
+            Bs[j * RNS_LDS + kk] = (jj < n_out && k < n_in) ? (rns_u8)Al[(rns_i64)jj * n_in + k] : (rns_u8)0;
+        }
+        __syncthreads();
+        // ---- tensor-core MMAs
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const rns_u8* a = As + (warp * 32 + mt * 16 + g) * RNS_LDS + 4 * tq;
+            const rns_u32 a0 = *reinterpret_cast<const rns_u32*>(a);
+            const rns_u32 a1 = *reinterpret_cast<const rns_u32*>(a + 8 * RNS_LDS);
+            const rns_u32 a2 = *reinterpret_cast<const rns_u32*>(a + 16);
+            const rns_u32 a3 = *reinterpret_cast<const rns_u32*>(a + 8 * RNS_LDS + 16);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const rns_u8* b = Bs + (nt * 8 + g) * RNS_LDS + 4 * tq;
+                rns_mma_s8(acc[mt][nt], a0, a1, a2, a3, *reinterpret_cast<const rns_u32*>(b),
+                           *reinterpret_cast<const rns_u32*>(b + 16));
+            }
+        }
+        __syncthreads();
+        if (++steps == RNS_FOLD_STEPS) {
+            // keep int32 exact for any n_in: fold to centered residues (<= 128)
+            steps = 0;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) acc[mt][nt][c] = (int)rns_reduce_i32(acc[mt][nt][c], p, ip, h, c16);
+        }
+    }
+
+    // ---- epilogue: centered reduction in registers, int8 out in tensor order
+    const bool small = n_in <= 255;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int m = m0 + warp * 32 + mt * 16 + g + 8 * half;
+            if (m >= M) continue;
+            const int a = m / post;
+            rns_i8* dst = Ol + (rns_i64)a * n_out * post + (m - a * post);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int j = j0 + nt * 8 + 2 * tq + c;
+                    if (j < n_out) {
+                        float r = rns_reduce_acc(acc[mt][nt][2 * half + c], small, p, ip, h, c16);
+                        dst[(rns_i64)j * post] = (rns_i8)(int)r;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define RNS_PRODUCT_KERNEL(BN)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(RNS_BM) rns_product_n##BN(                                     \
+        const rns_i8* __restrict__ X, const rns_i8* __restrict__ A, rns_i8* __restrict__ out, int pre,          \
+        int n_in, int post, int n_out, rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P, const float* __restrict__ IP,          \
+        const float* __restrict__ H, const float* __restrict__ C16) {                                          \
+        rns_product_body<BN>(X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16);                                 \
+    }
+
+RNS_PRODUCT_KERNEL(8)
+RNS_PRODUCT_KERNEL(16)
+RNS_PRODUCT_KERNEL(32)
+RNS_PRODUCT_KERNEL(64)
+
+// The reduction after a cuBLAS INT8 GEMM (the baseline path): int32 accumulators
+// (L, n) -> centered int8 residues, plane l reduced modulo p_l.
+extern "C" __global__ void __launch_bounds__(256) rns_reduce_i32(const rns_i32* __restrict__ acc,
+                                                                rns_i8* __restrict__ out, rns_i64 n, int L,
+                                                                const float* __restrict__ P,
+                                                                const float* __restrict__ IP,
+                                                                const float* __restrict__ H,
+                                                                const float* __restrict__ C16) {
+    const rns_i64 total = n * L;
+    for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (rns_i64)gridDim.x * blockDim.x) {
+        const int l = (int)(i / n);
+        out[i] = (rns_i8)(int)rns_reduce_i32(acc[i], P[l], IP[l], H[l], C16[l]);
+    }
+}

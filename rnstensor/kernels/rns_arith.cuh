@@ -1,0 +1,324 @@
+// Per-entry exact residue arithmetic, shared by the CUDA kernels and the host test harness.
+//
+// Every function here is __host__ __device__ under a CUDA compiler (NVRTC, nvcc)
+// and plain inline C++ otherwise, so the CPU tests compile this very file with
+// g++ and check it exhaustively against rnstensor.arith (the numpy reference).
+// NVRTC has no system headers: only the builtin math functions are used, and
+// the integer types are defined here.
+//
+// Exactness (moduli 2 <= p <= 256, centered residues in [h - p, h - 1] with
+// h = ceil(p/2)):
+//
+// rns_reduce_f32(t) for an integer-valued float t with |t| + p < 2^22 returns
+// [t]_p as  c = t - q p,  q = floor((t + k) ip),  k = p - h + 1/2,  ip = fl(1/p)
+// (float32, computed on the host). u = t + k is a half-integer below 2^22, so
+// exact; x = u/p is at least 1/(2p) away from every integer and fl(u ip) is
+// within |x| 2^-23 (1 + 2^-25) < 1/(2p) of it, so floor() gives floor(u/p);
+// then q p and t - q p are exact integers (with or without FMA) and
+// t - q p = (m mod p) - (p - h) with m = t + p - h: the centered residue. This
+// is the CPU backend's _cr32, so both backends compute the same digits.
+// The add and the multiply of u ip are kept separate (no contraction: it would
+// change nothing here, but is written out with round-to-nearest intrinsics on
+// the device so no compiler may fuse or reorder them).
+//
+// rns_reduce_i32(a) covers every int32: a = hi 2^16 + lo with hi = a >> 16
+// (|hi| <= 2^15) and 0 <= lo < 2^16, then [a]_p = [[hi]_p c16 + lo]_p with
+// c16 = [2^16]_p centered: |[hi]_p c16| <= 2^14, so the sum is below 2^17.
+#pragma once
+
+#if defined(__CUDACC__)
+#define RNS_HD __host__ __device__ __forceinline__
+#else
+#include <math.h>
+#include <string.h>
+#define RNS_HD static inline
+#endif
+
+typedef signed char rns_i8;
+typedef unsigned char rns_u8;
+typedef int rns_i32;
+typedef unsigned int rns_u32;
+typedef long long rns_i64;
+typedef unsigned long long rns_u64;
+
+// ----- float rounding steps that must not be fused --------------------------------------------
+
+RNS_HD float rns_fadd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+RNS_HD float rns_fmul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+RNS_HD double rns_dadd(double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __dadd_rn(a, b);
+#else
+    return a + b;  // the host harness is built with -ffp-contract=off
+#endif
+}
+
+RNS_HD double rns_dmul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __dmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+RNS_HD double rns_bits_to_double(rns_u64 b) {
+#if defined(__CUDA_ARCH__)
+    return __longlong_as_double((long long)b);
+#else
+    double d;
+    memcpy(&d, &b, sizeof d);
+    return d;
+#endif
+}
+
+RNS_HD rns_u64 rns_double_to_bits(double d) {
+#if defined(__CUDA_ARCH__)
+    return (rns_u64)__double_as_longlong(d);
+#else
+    rns_u64 b;
+    memcpy(&b, &d, sizeof b);
+    return b;
+#endif
+}
+
+// ----- centered modular reduction -------------------------------------------------------------
+
+// [t]_p for an integer-valued float32 with |t| + p < 2^22 (see the header).
+RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) {
+    float u = rns_fadd(t, (p - h) + 0.5f);
+    float q = floorf(rns_fmul(u, ip));
+    return t - q * p;
+}
+
+// [a]_p for every int32 a; c16 = [2^16]_p centered (0 for p = 256).
+RNS_HD float rns_reduce_i32(rns_i32 a, float p, float ip, float h, float c16) {
+    rns_i32 hi = a >> 16;  // arithmetic shift: floor(a / 2^16)
+    rns_i32 lo = a & 0xffff;
+    float rh = rns_reduce_f32((float)hi, p, ip, h);
+    return rns_reduce_f32(rh * c16 + (float)lo, p, ip, h);
+}
+
+// [a]_p for an int32 accumulator; `small` promises |a| < 2^22 - 256 (one reduction).
+RNS_HD float rns_reduce_acc(rns_i32 a, bool small, float p, float ip, float h, float c16) {
+    return small ? rns_reduce_f32((float)a, p, ip, h) : rns_reduce_i32(a, p, ip, h, c16);
+}
+
+// ----- mixed-radix digits with one reduction per digit ----------------------------------------
+//
+// For a conversion order q_0, q_1, ... (W_i = q_0 ... q_{i-1}) the centered
+// digits of v satisfy d_i = [ C[i][i] x_i + sum_{k<i} C[i][k] d_k ]_{q_i} with
+// C[i][i] = [W_i^{-1}]_{q_i} and C[i][k] = [-W_k W_i^{-1}]_{q_i} (host tables,
+// centered, |C| <= 128). At most 49 terms of magnitude <= 2^14: every partial
+// sum is an exact float32 integer below 2^20, in any order. The "+ 0.0f" turns
+// a -0.0 from x * cx into +0.0 so no digit is ever -0.0 (as on the CPU).
+//
+// x[perm[i] * xs] is the residue of the entry on q_i; d[i * ds] receives digit i.
+template <typename T>
+RNS_HD void rns_mrc_digits(const T* x, rns_i64 xs, const rns_i32* perm, int m, const float* C, int ldc,
+                           const float* P, const float* IP, const float* H, float* d, int ds) {
+    for (int i = 0; i < m; ++i) {
+        const float* Ci = C + (rns_i64)i * ldc;
+        float cx = Ci[i];
+        float acc = (cx == 0.0f) ? 0.0f : (float)x[(rns_i64)perm[i] * xs] * cx + 0.0f;
+        for (int k = 0; k < i; ++k) acc += Ci[k] * d[k * ds];
+        d[i * ds] = rns_reduce_f32(acc, P[i], IP[i], H[i]);
+    }
+}
+
+// ----- drop x g and base extension, one entry --------------------------------------------------
+//
+// The tables are those of the CPU backend's _drop_plan (rnstensor/backends/cpu.py):
+//  1. digits r_i of v over the dropped moduli in drop order (dperm, A, dP/dIP/dH);
+//  2. the remaining planes [v_g]_p = [Bc[j] x_p + sum_i E[j][i] r_i]_p (rsrc, Bc, E, r*);
+//  3. if m > 0, digits of v_g over the remaining moduli, even one first (mperm, Cm, m*);
+//  4. every output plane: a kept plane (tsrc[t] >= 0) or [sum_i Tw[t][i] d_i]_t.
+// Scratch: D (max(g, m) floats, stride ds) and Y (nr floats, stride ds).
+struct RnsDropTables {
+    int g, nr, m, T;
+    const rns_i32* dperm; const float* A; int ldA; const float* dP; const float* dIP; const float* dH;
+    const rns_i32* rsrc; const float* Bc; const float* E; int ldE; const float* rP; const float* rIP; const float* rH;
+    const rns_i32* mperm; const float* Cm; int ldC; const float* mP; const float* mIP; const float* mH;
+    const rns_i32* tsrc; const float* Tw; int ldT; const float* tP; const float* tIP; const float* tH;
+};
+
+RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTables& tb, float* D, float* Y, int ds,
+                                  rns_i8* out, rns_i64 os) {
+    rns_mrc_digits(x, xs, tb.dperm, tb.g, tb.A, tb.ldA, tb.dP, tb.dIP, tb.dH, D, ds);
+    for (int j = 0; j < tb.nr; ++j) {
+        float xv = (float)x[(rns_i64)tb.rsrc[j] * xs];
+        if (tb.g == 0) {
+            Y[j * ds] = xv;
+            continue;
+        }
+        float c = tb.Bc[j];
+        const float* Ej = tb.E + (rns_i64)j * tb.ldE;
+        float acc = (c == 0.0f) ? 0.0f : xv * c + 0.0f;
+        for (int i = 0; i < tb.g; ++i) acc += Ej[i] * D[i * ds];
+        Y[j * ds] = rns_reduce_f32(acc, tb.rP[j], tb.rIP[j], tb.rH[j]);
+    }
+    if (tb.m > 0) rns_mrc_digits(Y, (rns_i64)ds, tb.mperm, tb.m, tb.Cm, tb.ldC, tb.mP, tb.mIP, tb.mH, D, ds);
+    for (int t = 0; t < tb.T; ++t) {
+        int s = tb.tsrc[t];
+        float r;
+        if (s >= 0) {
+            r = Y[s * ds];
+        } else {
+            const float* Wt = tb.Tw + (rns_i64)t * tb.ldT;
+            float acc = 0.0f;
+            for (int i = 0; i < tb.m; ++i) acc += Wt[i] * D[i * ds];
+            r = rns_reduce_f32(acc, tb.tP[t], tb.tIP[t], tb.tH[t]);
+        }
+        out[(rns_i64)t * os] = (rns_i8)(int)r;
+    }
+}
+
+// ----- encode from the IEEE bits ---------------------------------------------------------------
+//
+// x 2^e = m 2^k with the 53-bit significand m. k <= 0: v = round_half_even(m / 2^-k)
+// by integer shifts (|v| <= 2^53); k > 0: v = m 2^k is an integer already and
+// [v]_p = [[m]_p [2^k]_p]_p. The signed v (|v| <= 2^53) splits into 18-bit
+// pieces v = a2 2^36 + a1 2^18 + a0 (a2 signed, |a2| <= 2^17; 0 <= a1, a0 < 2^18):
+// [v]_p = [[a2]_p c36 + [a1]_p c18 + a0]_p with |.| < 2^18 + 2^15, exact.
+struct RnsSplit {
+    rns_i32 a2, a1, a0;
+    rns_i64 kbig;  // k > 0: the power of two still to apply; else 0
+};
+
+RNS_HD RnsSplit rns_encode_split(rns_u64 bits, rns_i64 e) {
+    rns_i64 ef = (rns_i64)((bits >> 52) & 2047);
+    rns_i64 m = (rns_i64)(bits & ((1ULL << 52) - 1)) | (ef != 0 ? (1LL << 52) : 0);
+    rns_i64 k = (ef > 1 ? ef : 1) - 1075 + e;
+    rns_i64 sh = -k;
+    sh = sh < 0 ? 0 : (sh > 62 ? 62 : sh);
+    rns_i64 v = m >> sh;
+    rns_i64 rem = m - (v << sh);
+    rns_i64 half = (1LL << sh) >> 1;
+    if (sh > 0 && (rem > half || (rem == half && (v & 1) == 1))) v += 1;
+    if (bits >> 63) v = -v;
+    RnsSplit s;
+    s.a0 = (rns_i32)(v & 0x3ffff);
+    s.a1 = (rns_i32)((v >> 18) & 0x3ffff);
+    s.a2 = (rns_i32)(v >> 36);
+    s.kbig = k > 0 ? k : 0;
+    return s;
+}
+
+// [2^k]_p from a host table pw (length >= pa + per) of [2^i]_p, i < pa + per:
+// 2^k mod p is periodic with period per once k >= pa (the 2-adic part of p).
+RNS_HD float rns_pow2_mod(rns_i64 k, const float* pw, rns_i32 pa, rns_i32 per) {
+    rns_i64 idx = k < (rns_i64)(pa + per) ? k : pa + (k - pa) % per;
+    return pw[idx];
+}
+
+// c18 = [2^18]_p, c36 = [2^36]_p (centered); pw/pa/per as rns_pow2_mod.
+RNS_HD float rns_encode_residue(const RnsSplit& s, float p, float ip, float h, float c18, float c36, const float* pw,
+                                rns_i32 pa, rns_i32 per) {
+    float r2 = rns_reduce_f32((float)s.a2, p, ip, h);
+    float r1 = rns_reduce_f32((float)s.a1, p, ip, h);
+    float r = rns_reduce_f32(r2 * c36 + r1 * c18 + (float)s.a0, p, ip, h);
+    if (s.kbig > 0) r = rns_reduce_f32(r * rns_pow2_mod(s.kbig, pw, pa, per), p, ip, h);
+    return r + 0.0f;
+}
+
+// ----- decode (fp64) ---------------------------------------------------------------------------
+
+// 2^e for a normal exponent -1022 <= e <= 1023, from its bits.
+RNS_HD double rns_pow2(int e) { return rns_bits_to_double((rns_u64)(e + 1023) << 52); }
+
+// y 2^e rounded once to nearest-even (as C's ldexp): scaling up is exact until
+// it overflows; scaling down rounds only in the last step.
+RNS_HD double rns_ldexp(double y, rns_i64 e) {
+    if (y == 0.0 || !(y - y == 0.0)) return y;  // zeros, inf, nan unchanged
+    if (e >= -1022 && e <= 1023) return rns_dmul(y, rns_pow2((int)e));
+    if (e > 1023) {
+        if (e > 3000) e = 3000;
+        while (e > 1023) {
+            y = rns_dmul(y, rns_pow2(1023));
+            e -= 1023;
+        }
+        return rns_dmul(y, rns_pow2((int)e));
+    }
+    int ey;
+    double mant = frexp(y, &ey);  // y = mant 2^ey, 0.5 <= |mant| < 1, exact
+    rns_i64 t = (rns_i64)ey + e;
+    if (t < -1100) return rns_dmul(mant, 0.0);  // below half the least subnormal: a signed zero
+    if (t >= -1021) return rns_dmul(mant, rns_pow2((int)t));  // normal: exact
+    return rns_dmul(rns_dmul(mant, rns_pow2((int)t + 100)), rns_pow2(-100));  // exact, then one rounding
+}
+
+// Alg. 5 ReconstructFP64 for one entry: MRC digits (conversion order, into d),
+// Horner in float64 with every product and sum rounded separately, times the
+// float factor f, times 2^e.
+RNS_HD double rns_decode_fp64_entry(const rns_i8* x, rns_i64 xs, const rns_i32* perm, int m, const float* C, int ldc,
+                                    const float* P, const float* IP, const float* H, const double* qd, float* d,
+                                    int ds, double f, rns_i64 e) {
+    rns_mrc_digits(x, xs, perm, m, C, ldc, P, IP, H, d, ds);
+    double v = (double)d[(m - 1) * ds];
+    for (int j = m - 2; j >= 0; --j) v = rns_dadd(rns_dmul(qd[j], v), (double)d[j * ds]);
+    return rns_ldexp(rns_dmul(v, f), e);
+}
+
+// ----- packed host tables (built by rnstensor.kernels.tables) ------------------------------------
+//
+// One int32 buffer and one float32 buffer per call; the int buffer starts with a
+// header of sizes, leading dimensions and offsets (into ib for int tables, into
+// fb for float tables), so a kernel takes two pointers whatever the basis.
+RNS_HD RnsDropTables rns_drop_tables(const rns_i32* ib, const float* fb) {
+    RnsDropTables t;
+    t.g = ib[0]; t.nr = ib[1]; t.m = ib[2]; t.T = ib[3];
+    t.ldA = ib[4]; t.ldE = ib[5]; t.ldC = ib[6]; t.ldT = ib[7];
+    t.dperm = ib + ib[8]; t.rsrc = ib + ib[9]; t.mperm = ib + ib[10]; t.tsrc = ib + ib[11];
+    t.A = fb + ib[12]; t.dP = fb + ib[13]; t.dIP = fb + ib[14]; t.dH = fb + ib[15];
+    t.Bc = fb + ib[16]; t.E = fb + ib[17]; t.rP = fb + ib[18]; t.rIP = fb + ib[19]; t.rH = fb + ib[20];
+    t.Cm = fb + ib[21]; t.mP = fb + ib[22]; t.mIP = fb + ib[23]; t.mH = fb + ib[24];
+    t.Tw = fb + ib[25]; t.tP = fb + ib[26]; t.tIP = fb + ib[27]; t.tH = fb + ib[28];
+    return t;
+}
+
+struct RnsDecodeTables {
+    int m, ldc;
+    const rns_i32* perm; const float* C; const float* P; const float* IP; const float* H;
+};
+
+RNS_HD RnsDecodeTables rns_decode_tables(const rns_i32* ib, const float* fb) {
+    RnsDecodeTables t;
+    t.m = ib[0]; t.ldc = ib[1];
+    t.perm = ib + ib[2];
+    t.C = fb + ib[3]; t.P = fb + ib[4]; t.IP = fb + ib[5]; t.H = fb + ib[6];
+    return t;
+}
+
+// The exponent of flattened entry i: ev[i / inner] (trailing axes it broadcasts over not materialized).
+RNS_HD rns_i64 rns_entry_exponent(const rns_i64* ev, rns_i64 inner, rns_i64 i) {
+    return inner == 1 ? ev[i] : ev[i / inner];
+}
+
+// Every residue of one encoded entry: out[l * os] for l < L.
+RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, const float* IP, const float* H,
+                             const float* C18, const float* C36, const float* pw, int ldpw, const rns_i32* pa,
+                             const rns_i32* per, rns_i8* out, rns_i64 os) {
+    const RnsSplit s = rns_encode_split(bits, e);
+    for (int l = 0; l < L; ++l) {
+        float r = rns_encode_residue(s, P[l], IP[l], H[l], C18[l], C36[l], pw + (rns_i64)l * ldpw, pa[l], per[l]);
+        out[(rns_i64)l * os] = (rns_i8)(int)r;
+    }
+}
+
+// The decode exponent e + k, clipped to +-2^20 (far outside float range either way).
+RNS_HD rns_i64 rns_clip_exponent(rns_i64 e) {
+    return e < -(1LL << 20) ? -(1LL << 20) : (e > (1LL << 20) ? (1LL << 20) : e);
+}

@@ -1,0 +1,220 @@
+"""Exact host tables for the CUDA kernels: modulus constants, MRC coefficients, packed drop/extension and decode tables.
+
+Plain numpy, no GPU: the same tables feed the device kernels and the host
+build of their arithmetic (``host_check.cpp``) that the CPU tests run. Every
+integer constant is centered (``|c| <= 128``) and exact in float32; ``ip`` is
+``fl(1/p)`` in float32 (see ``rns_arith.cuh`` for why that suffices).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from ..arith import drop_order
+from ..basis import mrc_order
+
+__all__ = [
+    "centered",
+    "mod_consts",
+    "reduce_consts",
+    "encode_tables",
+    "mrc_coeffs",
+    "drop_tables",
+    "decode_tables",
+    "DROP_HEADER",
+    "DROP_IB_MAX",
+    "DROP_FB_MAX",
+]
+
+#: int32 entries in the header of a packed drop table (see rns_drop_tables in rns_arith.cuh)
+DROP_HEADER = 29
+#: capacity of the kernel's __constant__ tables (RNS_DROP_IB, RNS_DROP_FB in entry.cu)
+DROP_IB_MAX = 1024
+DROP_FB_MAX = 14336
+
+
+def centered(r: int, p: int) -> int:
+    """The centered residue of the integer ``r`` modulo ``p``, in ``[-(p // 2), (p + 1) // 2 - 1]``."""
+    r %= p
+    return r - p if r >= (p + 1) // 2 else r
+
+
+def _ro(*arrays):
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
+@lru_cache(maxsize=256)
+def mod_consts(moduli: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 ``p``, ``fl(1/p)`` and ``h = ceil(p/2)`` of every modulus."""
+    p = np.array(moduli, np.float32)
+    ip = (np.float32(1.0) / p).astype(np.float32)
+    h = np.array([(q + 1) // 2 for q in moduli], np.float32)
+    return _ro(p, ip, h)
+
+
+@lru_cache(maxsize=256)
+def reduce_consts(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """``(p, ip, h, c16)`` for the int32 reduction, ``c16 = [2^16]_p`` centered (float32)."""
+    c16 = np.array([centered(1 << 16, q) for q in moduli], np.float32)
+    return (*mod_consts(moduli), *_ro(c16))
+
+
+@lru_cache(maxsize=256)
+def encode_tables(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """``(p, ip, h, c18, c36, pw, pa, per)`` for the encode kernel.
+
+    ``pw[l, i] = [2^i]_p`` (centered float32) for ``i < pa + per``, where ``pa``
+    is the 2-adic valuation of ``p`` and ``per`` the period of 2 modulo its odd
+    part: ``[2^k]_p = pw[pa + (k - pa) % per]`` beyond the table.
+    """
+    L = len(moduli)
+    pa = np.zeros(L, np.int32)
+    per = np.ones(L, np.int32)
+    for i, p in enumerate(moduli):
+        a = (p & -p).bit_length() - 1
+        o = p >> a
+        t = 1
+        if o > 1:
+            x = 2 % o
+            while x != 1:
+                x = (x * 2) % o
+                t += 1
+        pa[i], per[i] = a, t
+    width = int((pa + per).max()) if L else 1
+    pw = np.zeros((L, width), np.float32)
+    for i, p in enumerate(moduli):
+        for k in range(width):
+            pw[i, k] = centered(pow(2, k, p), p)
+    c18 = np.array([centered(1 << 18, q) for q in moduli], np.float32)
+    c36 = np.array([centered(1 << 36, q) for q in moduli], np.float32)
+    return (*mod_consts(moduli), *_ro(c18, c36, pw, pa, per))
+
+
+def mrc_coeffs(order: Sequence[int]) -> np.ndarray:
+    """``C`` of the one-reduction mixed-radix digits (float32, ``(m, max(m, 1))``).
+
+    ``d_i = [C[i, i] x_i + sum_{k<i} C[i, k] d_k]_{q_i}`` with ``W_i = q_0 ... q_{i-1}``,
+    ``C[i, i] = [W_i^{-1}]_{q_i}`` and ``C[i, k] = [-W_k W_i^{-1}]_{q_i}``.
+    """
+    m = len(order)
+    C = np.zeros((m, max(m, 1)), np.float32)
+    W = 1
+    for i, q in enumerate(order):
+        wi = pow(W % q, -1, q)
+        C[i, i] = centered(wi, q)
+        w = 1
+        for k in range(i):
+            C[i, k] = centered(-w * wi, q)
+            w *= order[k]
+        W *= q
+    return C
+
+
+class _Packer:
+    def __init__(self, header: int):
+        self.ib: list[int] = [0] * header
+        self.fb: list[np.ndarray] = []
+        self.nf = 0
+
+    def ints(self, slot: int, values) -> None:
+        self.ib[slot] = len(self.ib)
+        self.ib.extend(int(v) for v in values)
+
+    def floats(self, slot: int, values) -> None:
+        a = np.asarray(values, np.float32).reshape(-1)
+        self.ib[slot] = self.nf
+        self.fb.append(a)
+        self.nf += a.size
+
+    def done(self) -> tuple[np.ndarray, np.ndarray]:
+        ib = np.array(self.ib, np.int32)
+        fb = np.concatenate(self.fb) if self.fb else np.zeros(1, np.float32)
+        if fb.size == 0:
+            fb = np.zeros(1, np.float32)
+        return _ro(ib, fb)
+
+
+@lru_cache(maxsize=512)
+def _drop_tables(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int, ...], extend: bool):
+    alive = list(range(len(active)))
+    dperm = []
+    for q in order:
+        vals = [active[i] for i in alive]
+        if q not in vals:
+            raise ValueError(f"drops: cannot drop modulus {q}: it is not among the active moduli {tuple(vals)}")
+        iq = alive[vals.index(q)]
+        dperm.append(iq)
+        alive.remove(iq)
+    g = len(order)
+    rem = tuple(active[i] for i in alive)
+    Q = math.prod(order)
+    Wd = [math.prod(order[:i]) for i in range(g)]
+    Bc = [centered(pow(Q % p, -1, p), p) for p in rem]
+    E = np.zeros((len(rem), max(g, 1)), np.float32)
+    for j, p in enumerate(rem):
+        qinv = pow(Q % p, -1, p)
+        for i in range(g):
+            E[j, i] = centered(-Wd[i] * qinv, p)
+    if extend:
+        targets = tuple(basis)
+        tsrc = [rem.index(p) if p in rem else -1 for p in targets]
+        morder = mrc_order(rem) if tsrc and min(tsrc) < 0 else ()
+        out_active = tuple(basis)
+    else:
+        targets = rem
+        tsrc = list(range(len(rem)))
+        morder = ()
+        out_active = rem
+    mperm = [rem.index(q) for q in morder]
+    Tw = np.zeros((len(targets), max(len(morder), 1)), np.float32)
+    for t, p in enumerate(targets):
+        if tsrc[t] < 0:
+            for i in range(len(morder)):
+                Tw[t, i] = centered(math.prod(morder[:i]), p)
+    A = mrc_coeffs(order)
+    Cm = mrc_coeffs(morder)
+    pk = _Packer(DROP_HEADER)
+    pk.ib[0:8] = [g, len(rem), len(morder), len(targets), A.shape[1], E.shape[1], Cm.shape[1], Tw.shape[1]]
+    pk.ints(8, dperm)
+    pk.ints(9, alive)
+    pk.ints(10, mperm)
+    pk.ints(11, tsrc)
+    for slot, arr in zip(range(12, 29), (A, *mod_consts(order), Bc, E, *mod_consts(rem), Cm, *mod_consts(morder),
+                                         Tw, *mod_consts(targets))):
+        pk.floats(slot, arr)
+    ib, fb = pk.done()
+    return ib, fb, out_active, max(g, len(morder), 1), max(len(rem), 1)
+
+
+def drop_tables(active: Sequence[int], basis: Sequence[int], drops, extend: bool):
+    """Packed tables for one ``drop_extend`` call (see ``rns_drop_extend_entry``).
+
+    Returns ``(ib, fb, out_active, nd, nr)``: the int32 and float32 buffers, the
+    moduli of the output planes, and the scratch sizes per entry (digits ``nd``,
+    remaining planes ``nr``).
+    """
+    active = tuple(int(p) for p in active)
+    order = drop_order(active, drops)
+    return _drop_tables(active, tuple(int(p) for p in basis), tuple(order), bool(extend))
+
+
+@lru_cache(maxsize=256)
+def decode_tables(active: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ib, fb, qd)`` for the fp64 decode: conversion order (even modulus first), MRC coefficients, moduli as float64."""
+    active = tuple(int(p) for p in active)
+    order = mrc_order(active)
+    C = mrc_coeffs(order)
+    pk = _Packer(7)
+    pk.ib[0:2] = [len(order), C.shape[1]]
+    pk.ints(2, [active.index(q) for q in order])
+    for slot, arr in zip(range(3, 7), (C, *mod_consts(order))):
+        pk.floats(slot, arr)
+    ib, fb = pk.done()
+    qd = np.array(order, np.float64)
+    return ib, fb, *_ro(qd)

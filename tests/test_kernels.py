@@ -1,0 +1,131 @@
+"""The CUDA kernel modules compile with NVRTC for every target arch (no GPU needed); SASS and resources as intended."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rnstensor.kernels import build
+
+try:
+    build.nvrtc_version()
+    HAVE_NVRTC = True
+except build.KernelBuildError:  # pragma: no cover - the test extras install it
+    HAVE_NVRTC = False
+
+needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="NVRTC (cuda-python + nvidia-cuda-nvrtc, the 'test' extras) is not installed")
+
+
+def _have_cuobjdump() -> bool:
+    try:
+        build.find_tool("cuobjdump")
+        build.find_tool("nvdisasm")
+        return True
+    except build.KernelBuildError:
+        return False
+
+
+needs_cuobjdump = pytest.mark.skipif(
+    not _have_cuobjdump(), reason="cuobjdump/nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm: the 'test' extras) not found"
+)
+
+PRODUCT_KERNELS = ("rns_product_n8", "rns_product_n16", "rns_product_n32", "rns_product_n64")
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+@pytest.fixture(scope="session")
+def cubins(kernel_cache):
+    """Every module for every arch, compiled once per test session."""
+    return {(m, a): build.compile_module(m, a, cache=kernel_cache) for m in build.MODULES for a in build.ARCHS}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", build.ARCHS)
+@pytest.mark.parametrize("module", sorted(build.MODULES))
+def test_module_compiles(cubins, module, arch):
+    built = cubins[(module, arch)]
+    data = built.cubin
+    assert data[:4] == b"\x7fELF", "NVRTC must produce a cubin (ELF)"
+    # the ptxas -v report names every kernel of the module
+    assert "Compiling entry function" in built.log
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", build.ARCHS)
+def test_ptxas_reports_no_spills(cubins, arch):
+    for module in build.MODULES:
+        log = cubins[(module, arch)].log
+        lines = [ln for ln in log.splitlines() if "spill" in ln]
+        assert lines, f"no ptxas resource report for {module} on {arch}"
+        for ln in lines:
+            assert "0 bytes spill stores, 0 bytes spill loads" in ln, f"{module} on {arch}: {ln.strip()}"
+
+
+@needs_nvrtc
+@needs_cuobjdump
+@pytest.mark.parametrize("arch", build.ARCHS)
+def test_product_sass_uses_int8_tensor_cores(cubins, arch):
+    code = build.sass(cubins[("product", arch)].path)
+    for k in PRODUCT_KERNELS:
+        assert k in code, f"{k} missing from the product cubin for {arch}"
+        imma = [ln for ln in code[k].splitlines() if "IMMA" in ln]
+        assert imma, f"{k} on {arch} has no IMMA instruction"
+        assert all("IMMA.16832.S8.S8" in ln for ln in imma), imma[:2]
+        # n8 tiles per k-step: 2 m16 tiles x BN/8
+        assert len(imma) >= 2 * int(k.rsplit("n", 1)[1]) // 8
+
+
+@needs_nvrtc
+@needs_cuobjdump
+@pytest.mark.parametrize("arch", build.ARCHS)
+def test_hot_kernels_use_no_local_memory(cubins, arch):
+    found = {}
+    for module in build.MODULES:
+        found.update(build.resource_usage(cubins[(module, arch)].path))
+    for k in build.HOT_KERNELS:
+        assert k in found, f"{k} not in any module for {arch}"
+        r = found[k]
+        assert r.local == 0 and r.stack == 0, f"{k} on {arch}: {r}"
+        assert r.registers <= 255
+
+
+@needs_nvrtc
+def test_cache_hit_and_key(kernel_cache):
+    a = build.compile_module("entry", "sm_80", cache=kernel_cache)
+    b = build.compile_module("entry", "sm_80", cache=kernel_cache)
+    assert a.path == b.path and a.path.exists()
+    c = build.compile_module("entry", "sm_80", options=("-DRNS_TEST_KEY=1",), cache=kernel_cache)
+    assert c.path != a.path  # options are part of the key
+    # no temporary files are left behind
+    assert not [p for p in kernel_cache.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="module must be one of"):
+        build.compile_module("nope", "sm_80")
+    with pytest.raises(ValueError, match="arch must look like"):
+        build.compile_module("entry", "ampere")
+    assert build.arch_for_capability(9, 0) == "sm_90a"
+    assert build.arch_for_capability(8, 9) == "sm_89"
+
+
+@needs_nvrtc
+def test_cli_build_writes_cubins(tmp_path, kernel_cache):
+    env = dict(os.environ, RNSTENSOR_KERNEL_CACHE=str(kernel_cache))
+    out = tmp_path / "cubins"
+    res = subprocess.run(
+        [sys.executable, "-m", "rnstensor.kernels", "build", "--arch", "sm_89", "--out", str(out)],
+        capture_output=True, text=True, env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    for m in build.MODULES:
+        assert (out / f"{m}.sm_89.cubin").read_bytes()[:4] == b"\x7fELF"
+    if _have_cuobjdump():
+        assert "rns_product_n8" in res.stdout and "IMMA" in res.stdout
