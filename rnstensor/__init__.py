@@ -5,7 +5,7 @@ from .basis import Basis, int8_pool
 from .chain import ChainPlan, mode_chain, plan_chain
 from .encode import encode
 from .errors import PlanError, RNSRangeError
-from .einsum import ContractExpression, contract_expression, einsum, tensordot, transpose
+from .contract import ContractExpression, contract_expression, einsum, tensordot, transpose
 from .gemm import dgemm, matmul, moduli_for_bits, zgemm
 from .primitives import (
     add,

@@ -12,6 +12,7 @@ MODULES = [
     "rnstensor.reference",
     "rnstensor.backends",
     "rnstensor.chain",
+    "rnstensor.contract",
     "rnstensor.planner.drops",
 ]
 

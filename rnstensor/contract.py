@@ -14,6 +14,7 @@ from .backends import get_backend
 from .basis import Basis, log2_int
 from .encode import as_basis, encode, encode_integers
 from .errors import PlanError, RNSRangeError
+from .planner.bounds import decode_factor, fraction_up
 from .primitives import decode as decode_tensor
 from .primitives import drop
 from .tensor import RNSTensor, Scale
@@ -240,7 +241,12 @@ class _Planner:
             if 2 * B < self.P:
                 return B
             short = log2_int(2 * B) - log2_int(self.P) + 1e-9
-            if not any(self._shrink(n, short) for n in sorted(nodes, key=lambda n: -n.bound)):
+            # the widest operand gives up bits first, down to the next one; then they share the rest
+            order = sorted(nodes, key=lambda n: -n.bound)
+            if len(order) > 1 and order[1].bound > 0:
+                gap = log2_int(max(order[0].bound, 1)) - log2_int(order[1].bound)
+                short = min(short, gap) if gap >= 1 else short / len(order)
+            if not any(self._shrink(n, short) for n in order):
                 raise PlanError(
                     f"einsum: {what} needs 2^{log2_int(2 * B):.1f} of range even with every operand at the smallest "
                     f"width, but {self.basis!r} gives 2^{self.basis.log2_product:.1f}; use more moduli"
@@ -255,7 +261,6 @@ class _Planner:
                 self.kept = min(self.kept, n.bits)
             elif n.kind == "tensor":
                 self._emit("tensor", n.slot, n.leaf, self.shared_axes(n.labels), n.bound)
-                self.kept = min(self.kept, log2_int(max(n.bound, 2)))
         if n.reencode:
             self._emit("reencode", n.slot, n.bits, self.shared_axes(n.labels), n.labels)
             self.lines.append(f"  decode {_show(n.labels)} to float64, re-encode at {n.bits} bits (composed)")
@@ -490,6 +495,33 @@ def _align(T: RNSTensor, shared: tuple[int, ...], bound: int, labels: str, be) -
     return _Value(np.asarray(planes), e, T.scale.factor, bound, labels)
 
 
+def _unit(v: _Value) -> np.ndarray:
+    """The value of one integer unit of every entry: ``factor * 2**exponent`` (float64, saturating)."""
+    with np.errstate(over="ignore"):
+        return np.ldexp(float(v.factor), np.clip(v.exp, -1100, 1100).astype(np.int32))
+
+
+def _up(x: np.ndarray, n: int) -> np.ndarray:
+    """Inflate a float64 sum of ``n`` nonnegative terms so it stays an upper bound of the exact sum."""
+    return np.asarray(x) * (1.0 + (n + 2) * 2.0**-52)
+
+
+def _letters(xl: str, yl: str, zl: str) -> str:
+    """An einsum string over ASCII letters for node labels (which may hold the complex-axis markers)."""
+    chars = list(dict.fromkeys(xl + yl + zl))
+    free = iter(c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in chars)
+    m = {c: (c if c.isalpha() else next(free)) for c in chars}
+    tr = lambda s: "".join(m[c] for c in s)  # noqa: E731
+    return f"{tr(xl)},{tr(yl)}->{tr(zl)}"
+
+
+def _combine_bound(z: np.ndarray, labels: str) -> np.ndarray:
+    """Magnitude/error bounds through the 4M combination: both parts add two products' bounds."""
+    i, j = labels.index(_C), labels.index(_C2)
+    part = lambda a, b: np.take(np.take(z, a, axis=j), b, axis=i if i < j else i - 1)  # noqa: E731
+    return np.stack([_up(part(0, 0) + part(1, 1), 2), _up(part(1, 0) + part(0, 1), 2)])
+
+
 def _encode_leaf(x: np.ndarray, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTensor:
     """One operand's encoding: module level so that tests can count how often constants are encoded."""
     return encode(x, basis, bits=bits, shared_axes=shared)
@@ -520,13 +552,13 @@ class ContractExpression:
         opt_einsum's contraction path.
     """
 
-    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None):
+    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=32):
         self.terms, self.output = list(terms), output
         self.subscripts = ",".join(terms) + "->" + output
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
         self.constants = dict(constants)
         self.basis, self.method, self.decode, self.backend = basis, method, decode, backend
-        self.bits = bits
+        self.bits, self.min_bits = bits, min_bits
         self.sizes = _label_sizes(terms, self.shapes)
         self.path, self._info = opt_einsum.contract_path(
             self.subscripts, *self.shapes, shapes=True, optimize=optimize
@@ -552,6 +584,12 @@ class ContractExpression:
                 self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis, self.method, self._cap()
             )
             plan = planner.run(self._info.contraction_list)
+            if plan.kept_bits < self.min_bits:
+                raise PlanError(
+                    f"einsum: on {self.basis!r} the plan for {self.subscripts!r} keeps only {plan.kept_bits:.1f} bits "
+                    f"of some operand or intermediate (min_bits={self.min_bits}); use more moduli, or lower min_bits "
+                    f"to accept the larger error"
+                )
             if tensors:
                 return plan
             self._plans[key] = plan
@@ -595,6 +633,58 @@ class ContractExpression:
 
     def __call__(self, *arrays, backend: Optional[str] = None):
         """Contract new operands (the non-constants, in order); returns what ``decode`` says."""
+        out = self._run(arrays, backend, track=False)
+        if not isinstance(out, tuple):
+            return out
+        T, plan, _ = out
+        if self.decode is None:
+            return T
+        y = decode_tensor(T, self.decode, backend=backend or self.backend)
+        if plan.cplx:
+            y = y[0] + 1j * y[1]
+        return y[()] if y.ndim == 0 else y
+
+    def error_bound(self, *arrays, backend: Optional[str] = None) -> np.ndarray:
+        """A rigorous bound on the absolute error of every entry of ``self(*arrays)``.
+
+        The plan is replayed with a running error analysis: each operand's
+        encoding error (half a unit of its slice), each drop (under one unit
+        of the quotient), every product and sum of those (``|x̂ŷ - xy| <=
+        D_x M_y + M_x D_y`` with magnitude bounds ``M``), and the final decode
+        (``'fp64'``: the Horner bound; ``'exact'``: half an ulp). For complex
+        results it bounds ``|Re err| + |Im err|``. Operands given as
+        RNSTensors count as exact. The bound's own float64 arithmetic is
+        inflated to stay an upper bound.
+
+        Examples
+        --------
+        >>> import numpy as np, rnstensor as rt
+        >>> a = np.random.default_rng(0).uniform(-1, 1, (4, 8))
+        >>> expr = rt.contract_expression("ij,kj->ik", a.shape, a.shape)
+        >>> err = np.abs(expr(a, a) - a @ a.T)
+        >>> bool((expr.error_bound(a, a) >= 0).all())
+        True
+        """
+        if self.decode is None:
+            raise ValueError("error_bound: this expression returns RNSTensors (decode=None); nothing is rounded")
+        out = self._run(arrays, backend, track=True)
+        if not isinstance(out, tuple):
+            return np.zeros(np.shape(out))
+        T, plan, (M, D) = out
+        e = np.asarray(T.scale.exponent(), np.int64)
+        with np.errstate(over="ignore"):
+            unit = np.ldexp(float(T.scale.factor), np.clip(e, -1100, 1100).astype(np.int32))
+            if self.decode == "fp64":
+                f = fraction_up(decode_factor("fp64", self.basis.moduli, T.bound))
+                D = D + f * float(T.bound) * unit * (1 + 2.0**-40)
+            else:
+                D = D + 2.0**-53 * (M + D)
+        D = _up(np.broadcast_to(D, T.shape) + 2.0**-1074, 4)
+        if plan.cplx:
+            D = D[0] + D[1]
+        return D
+
+    def _run(self, arrays, backend, track: bool):
         ops, kinds, cplx, tensors = self._operands(arrays)
         out_cplx = any(cplx)
         if tensors and out_cplx:
@@ -608,45 +698,77 @@ class ContractExpression:
         be = get_backend(be_name)
         plan = self._plan(kinds, cplx, tensors)
         vals: dict[int, _Value] = {}
+        err: dict[int, tuple] = {}
         moduli = self.basis.moduli
         for ins in plan.instrs:
             a = ins.args
             if ins.op == "encode":
                 i, bits, shared, c, bound = a
-                vals[ins.slot] = self._leaf_value(i, ops[i], kinds[i], bits, shared, c, bound, be_name)
+                v = vals[ins.slot] = self._leaf_value(i, ops[i], kinds[i], bits, shared, c, bound, be_name)
+                if track:
+                    x = self._const_array(i, c) if kinds[i] == "const" else _leaf_array(self.terms[i], self.sizes, ops[i], c)
+                    half = 0.5 * _unit(v)
+                    err[ins.slot] = (np.abs(x) + half, np.broadcast_to(half, x.shape))
             elif ins.op == "tensor":
                 i, shared, bound = a
-                vals[ins.slot] = _align(ops[i], shared, bound, _label_of(self.terms[i]), be)
+                v = vals[ins.slot] = _align(ops[i], shared, bound, _label_of(self.terms[i]), be)
+                if track:
+                    err[ins.slot] = (np.broadcast_to(float(v.bound) * _unit(v), v.planes.shape[1:]), 0.0)
             elif ins.op == "drop":
                 v = vals[ins.slot]
                 T = drop(_tensor_of(v, self.basis), moduli=a[0], extend=True, backend=be_name)
-                vals[ins.slot] = _Value(T.residues, v.exp, T.scale.factor, T.bound, v.labels)
+                w = vals[ins.slot] = _Value(T.residues, v.exp, T.scale.factor, T.bound, v.labels)
+                if track:
+                    M, D = err[ins.slot]
+                    u = _unit(w)
+                    err[ins.slot] = (M + u, D + u)
             elif ins.op == "reencode":
                 bits, shared, labels = a
                 v = vals[ins.slot]
                 x = decode_tensor(_tensor_of(v, self.basis), "fp64", backend=be_name)
-                vals[ins.slot] = _value_of(_encode_leaf(x, self.basis, bits, shared), labels, 1 << bits)
+                w = vals[ins.slot] = _value_of(_encode_leaf(x, self.basis, bits, shared), labels, 1 << bits)
+                if track:
+                    M, D = err[ins.slot]
+                    f = fraction_up(decode_factor("fp64", moduli, v.bound)) * float(v.bound) * _unit(v) * (1 + 2.0**-40)
+                    half = 0.5 * _unit(w)
+                    err[ins.slot] = (M + f + half, D + f + half)
             elif ins.op == "sum":
                 x_slot, labels, S, bound = a
                 v = vals.pop(x_slot)
                 v.labels = labels
                 vals[ins.slot] = _sum(v, S, bound, moduli, be)
+                if track:
+                    M, D = err.pop(x_slot)
+                    axes = tuple(labels.index(c) for c in S)
+                    n = math.prod(v.planes.shape[ax + 1] for ax in axes)
+                    err[ins.slot] = tuple(_up(np.sum(np.broadcast_to(z, v.planes.shape[1:]), axis=axes), n) for z in (M, D))
             elif ins.op == "pair":
                 X, Y = vals.pop(a[0]), vals.pop(a[1])
                 X.labels, Y.labels = a[2], a[3]
-                vals[ins.slot] = _pair(X, Y, a, moduli, be)
+                Z = vals[ins.slot] = _pair(X, Y, a, moduli, be)
+                if track:
+                    (Mx, Dx), (My, Dy) = err.pop(a[0]), err.pop(a[1])
+                    Mx, Dx = (np.broadcast_to(z, X.planes.shape[1:]) for z in (Mx, Dx))
+                    My, Dy = (np.broadcast_to(z, Y.planes.shape[1:]) for z in (My, Dy))
+                    eq = _letters(a[2], a[3], Z.labels)
+                    k = math.prod(X.planes.shape[1 + a[2].index(c)] for c in a[4] + a[6]) * max(
+                        1, math.prod(Y.planes.shape[1 + a[3].index(c)] for c in a[5])
+                    )
+                    ein = lambda p, q: _up(np.einsum(eq, p, q), k)  # noqa: E731
+                    err[ins.slot] = (ein(Mx, My), ein(Dx, My) + ein(Mx, Dy))
             elif ins.op == "cplx":
-                vals[ins.slot] = _combine(vals[ins.slot], a[0], moduli, be)
+                v = vals[ins.slot]
+                vals[ins.slot] = _combine(v, a[0], moduli, be)
+                if track:
+                    err[ins.slot] = tuple(_combine_bound(np.broadcast_to(z, v.planes.shape[1:]), v.labels) for z in err[ins.slot])
         Z = vals[plan.out_slot]
         planes, exp = _permuted(Z, plan.out_labels)
-        Z = _Value(np.ascontiguousarray(planes), np.require(exp, requirements="C"), Z.factor, Z.bound, plan.out_labels)
-        T = _tensor_of(Z, self.basis)
-        if self.decode is None:
-            return T
-        y = decode_tensor(T, self.decode, backend=be_name)
-        if plan.cplx:
-            y = y[0] + 1j * y[1]
-        return y[()] if y.ndim == 0 else y
+        W = _Value(np.ascontiguousarray(planes), np.require(exp, requirements="C"), Z.factor, Z.bound, plan.out_labels)
+        MD = None
+        if track:
+            perm = [Z.labels.index(c) for c in plan.out_labels]
+            MD = tuple(np.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in err[plan.out_slot])
+        return _tensor_of(W, self.basis), plan, MD
 
     def _leaf_value(self, i, x, kind, bits, shared, cplx, bound, be_name) -> _Value:
         labels = (_C if cplx else "") + _unique(self.terms[i])
@@ -728,6 +850,7 @@ def contract_expression(
     decode: Optional[str] = "fp64",
     bits: Optional[int] = None,
     backend: Optional[str] = None,
+    min_bits: int = 32,
 ) -> ContractExpression:
     """Plan an einsum expression once; apply it to many operands in the residue domain.
 
@@ -758,6 +881,10 @@ def contract_expression(
         The widest encoding of an operand (default 53; with ``decode='exact'``
         as wide as fits).
     backend : str, optional
+    min_bits : int
+        The fewest bits an operand or intermediate may keep after the
+        planner's narrowing and drops; a plan below it raises
+        :class:`PlanError` instead of returning a poor result.
 
     Returns
     -------
@@ -770,8 +897,8 @@ def contract_expression(
     >>> expr = rt.contract_expression("ij,ai,bj->ab", (2, 2), A, A, constants=[1, 2])
     >>> X = np.array([[1.0, 0.0], [0.0, 1.0]])
     >>> expr(X)
-    array([[ 5. , -1.5],
-           [-1.5,  1.25]])
+    array([[ 5.  , -1.5 ],
+           [-1.5 ,  1.25]])
     """
     basis = _check_options(method, decode, moduli, bits)
     constants = tuple(sorted({int(c) for c in constants}))
@@ -797,7 +924,7 @@ def contract_expression(
                     f"operand {i} of contract_expression must be a shape (tuple of ints), or list {i} in constants"
                 ) from None
     terms, output, _ = _parse((subscripts, *shapes), shapes=True)
-    return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend)
+    return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend, min_bits)
 
 
 def einsum(
@@ -805,9 +932,10 @@ def einsum(
     moduli: Union[None, int, Basis, Sequence[int]] = None,
     method: str = "rescale_be",
     optimize: Any = "auto",
-    decode: Optional[str] = "fp64",
+    decode: Optional[str] = "auto",
     bits: Optional[int] = None,
     backend: Optional[str] = None,
+    min_bits: int = 32,
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -831,14 +959,17 @@ def einsum(
     method : {'rescale_be', 'composed'}
     optimize : str, bool or path
         Passed to :func:`opt_einsum.contract_path` (default ``'auto'``).
-    decode : {'fp64', 'exact', None}
+    decode : {'auto', 'fp64', 'exact', None}
         How the result leaves the residues; ``None`` returns an
-        :class:`RNSTensor` (real operands only). If every operand is an
-        RNSTensor and ``decode`` is left at ``'fp64'``, the result stays an RNSTensor.
+        :class:`RNSTensor` (real operands only). ``'auto'`` (default) is
+        ``'fp64'``, or ``None`` when every operand is an RNSTensor (so
+        opt_einsum's ``backend='rnstensor'`` keeps intermediates in residues).
     bits : int, optional
         The widest encoding of an operand (default 53; with ``decode='exact'``
         as wide as the basis allows).
     backend : str, optional
+    min_bits : int
+        See :func:`contract_expression`.
 
     Returns
     -------
@@ -875,14 +1006,16 @@ def einsum(
     tensors = [x for x in arrays if isinstance(x, RNSTensor)]
     if moduli is None:
         moduli = tensors[0].basis if tensors else 15
-    if tensors and len(tensors) == len(arrays) and decode == "fp64":
-        decode = None
+    if decode == "auto":
+        decode = None if tensors and len(tensors) == len(arrays) else "fp64"
     basis = _check_options(method, decode, moduli, bits)
     terms, output, shapes = _parse(shaped, shapes=True)
     if len(terms) != len(arrays):
         raise ValueError(f"einsum: {len(terms)} subscript terms for {len(arrays)} operands")
     key_opt = _hashable(optimize)
-    expr = _cached_expression(tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend)
+    expr = _cached_expression(
+        tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits
+    )
     return expr(*arrays)
 
 
@@ -901,12 +1034,12 @@ def _hashable(optimize):
 _EXPR_CACHE: dict = {}
 
 
-def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend) -> ContractExpression:
-    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend)
+def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits) -> ContractExpression:
+    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits)
     expr = _EXPR_CACHE.get(key)
     if expr is None:
         opt = [tuple(p) for p in optimize] if isinstance(optimize, tuple) else optimize
-        expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend)
+        expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend, min_bits)
         if len(_EXPR_CACHE) > 256:
             _EXPR_CACHE.clear()
         _EXPR_CACHE[key] = expr

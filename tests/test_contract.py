@@ -1,0 +1,295 @@
+"""einsum / contract_expression: numpy semantics, exact values within the stated bound, plans and errors."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from fractions import Fraction
+
+import numpy as np
+import opt_einsum
+import pytest
+
+import rnstensor as rt
+from rnstensor.arith import float_parts, round_scaled_int
+
+contract_mod = importlib.import_module("rnstensor.contract")
+
+# (expression, shapes): explicit and implicit outputs, ellipses, diagonals, traces, sums,
+# outer products, 0-d operands, broadcasting of size-1 dimensions, 2..6 operands
+CORPUS = [
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("ij,jk", [(3, 4), (4, 2)]),
+    ("ij,kj", [(3, 4), (2, 4)]),
+    ("ii", [(4, 4)]),
+    ("ii->i", [(3, 3)]),
+    ("iij->j", [(3, 3, 2)]),
+    ("ij->", [(3, 4)]),
+    ("ij->j", [(3, 4)]),
+    ("ij->ji", [(3, 4)]),
+    ("ijk->kji", [(2, 3, 4)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("i,i->", [(7,), (7,)]),
+    ("i,i->i", [(5,), (5,)]),
+    ("ij,ij->i", [(3, 4), (3, 4)]),
+    ("ij,ij->ij", [(3, 4), (3, 4)]),
+    (",ij->ij", [(), (2, 3)]),
+    (",", [(), ()]),
+    ("i,", [(3,), ()]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bij,bjk->bki", [(3, 2, 2), (3, 2, 4)]),
+    ("ijk,jil->kl", [(2, 3, 4), (3, 2, 5)]),
+    ("iij,jk->ik", [(3, 3, 4), (4, 2)]),
+    ("...j,jk", [(2, 3, 4), (4, 5)]),
+    ("...j,j...", [(2, 4), (4, 2)]),
+    ("i...,i...->...", [(3, 1, 2), (3, 4, 2)]),
+    ("ij,jk->ik", [(3, 1), (4, 5)]),
+    ("eijk,ai,bj,ck->eabc", [(5, 3, 3, 3), (4, 3), (4, 3), (4, 3)]),
+    ("eijk,ia,jb,kc->eabc", [(2, 4, 4, 4), (4, 2), (4, 2), (4, 2)]),
+    ("ab,bc,cd,de->ae", [(2, 3), (3, 4), (4, 5), (5, 2)]),
+    ("ab,bc,cd,de,ef,fa->", [(2, 3), (3, 2), (2, 3), (3, 2), (2, 2), (2, 2)]),
+    ("ij,jk,kl->li", [(2, 6), (6, 3), (3, 4)]),
+    ("abc,cd,db->a", [(3, 2, 4), (4, 5), (5, 2)]),
+    ("ab,cd->abcd", [(2, 2), (3, 2)]),
+    ("ijk,ijk,ijk->", [(2, 3, 2), (2, 3, 2), (2, 3, 2)]),
+    ("ij,i,j->", [(4, 5), (4,), (5,)]),
+    ("ji,kj,lk,ml->im", [(3, 2), (4, 3), (2, 4), (3, 2)]),
+]
+
+
+def _operands(shapes, cplx: bool, seed: int):
+    r = np.random.default_rng(seed)
+    ops = [r.uniform(-1, 1, s) for s in shapes]
+    if cplx:
+        ops = [o + 1j * r.uniform(-1, 1, o.shape) for o in ops]
+    return ops
+
+
+def _exact(eq: str, ops) -> tuple[np.ndarray, np.ndarray, int]:
+    """The exact einsum: (real ints, imag ints, e) with value ``(re + i im) * 2**e``, via Python-int einsum."""
+    parts_re, parts_im, e = [], [], 0
+    for x in ops:
+        x = np.asarray(x, dtype=np.complex128)
+        both = np.stack([x.real, x.imag])
+        m, q = float_parts(both)
+        lo = int(q[m != 0].min()) if (m != 0).any() else 0
+        ints = np.vectorize(lambda mm, qq: (int(mm) << (int(qq) - lo)) if mm else 0, otypes=[object])(m, q)
+        parts_re.append(np.asarray(ints[0], dtype=object))  # 0-d: a bare int would become int64
+        parts_im.append(np.asarray(ints[1], dtype=object))
+        e += lo
+    # (a + ib)(c + id)... by expanding over the real/imaginary choice of every operand
+    n = len(ops)
+    re = im = None
+    for mask in range(1 << n):
+        args = [parts_im[k] if mask >> k & 1 else parts_re[k] for k in range(n)]
+        term = np.asarray(np.einsum(eq, *args) if n else 0, dtype=object)
+        k = bin(mask).count("1")
+        sign = -1 if k % 4 in (2, 3) else 1
+        if k % 2 == 0:
+            re = term * sign if re is None else re + term * sign
+        else:
+            im = term * sign if im is None else im + term * sign
+    return np.asarray(re, dtype=object), np.asarray(im if im is not None else re * 0, dtype=object), e
+
+
+def _round(ints: np.ndarray, e: int) -> np.ndarray:
+    out = np.empty(ints.shape)
+    for idx in np.ndindex(ints.shape):
+        out[idx] = round_scaled_int(int(ints[idx]), e)
+    return out
+
+
+def _abs_err(got: np.ndarray, ints: np.ndarray, e: int) -> np.ndarray:
+    """|got - ints 2**e| exactly, then rounded up to float64."""
+    out = np.empty(ints.shape)
+    for idx in np.ndindex(ints.shape):
+        d = Fraction(float(got[idx])) - Fraction(int(ints[idx])) * Fraction(2) ** e
+        f = float(abs(d))
+        out[idx] = f if Fraction(f) >= abs(d) else math.nextafter(f, math.inf)
+    return out
+
+
+@pytest.mark.parametrize("cplx", [False, True], ids=["real", "complex"])
+@pytest.mark.parametrize("eq,shapes", CORPUS, ids=[c[0] or "scalar" for c in CORPUS])
+def test_corpus_matches_numpy_and_the_exact_value_within_the_bound(eq, shapes, cplx):
+    ops = _operands(shapes, cplx, seed=len(eq) + 7 * cplx)
+    ref = np.einsum(eq, *ops)
+    got = rt.einsum(eq, *ops)
+    assert np.shape(got) == np.shape(ref)
+    assert np.asarray(got).dtype == np.asarray(ref).dtype
+    assert type(got) is type(ref) or np.ndim(ref) > 0
+    re, im, e = _exact(eq, ops)
+    got = np.asarray(got)
+    bound = rt.contract_expression(eq, *shapes).error_bound(*ops)
+    err = _abs_err(got.real, re, e) + (_abs_err(got.imag, im, e) if cplx else 0)
+    assert (err <= bound).all()
+    # the bound is float64-level: within a modest multiple of u times the expression on |x|
+    absx = [np.abs(o.real) + np.abs(o.imag) for o in ops]
+    scale = np.einsum(eq, *absx) if absx else 1.0
+    assert (bound <= 2.0**-53 * 4096 * scale + 2.0**-1000).all()
+
+
+@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [(4, 6), (6, 3)]), ("i,i->", [(9,), (9,)]), ("bij,bj->bi", [(3, 2, 5), (3, 5)])])
+def test_exact_decode_is_correctly_rounded_for_one_sum_of_products(eq, shapes):
+    r = np.random.default_rng(3)
+    # wide exponent range inside every operand: exact only with wide encodings
+    ops = [r.uniform(-1, 1, s) * 2.0 ** r.integers(-40, 40, s) for s in shapes]
+    got = rt.einsum(eq, *ops, moduli=30, decode="exact")
+    re, _, e = _exact(eq, ops)
+    assert np.array_equal(np.asarray(got), _round(re, e))
+    # complex: both parts correctly rounded
+    opsc = [o + 1j * r.uniform(-1, 1, o.shape) * 2.0 ** r.integers(-30, 30, o.shape) for o in ops]
+    gotc = np.asarray(rt.einsum(eq, *opsc, moduli=30, decode="exact"))
+    re, im, e = _exact(eq, opsc)
+    assert np.array_equal(gotc.real, _round(re, e)) and np.array_equal(gotc.imag, _round(im, e))
+
+
+def test_interleaved_form_and_implicit_output():
+    r = np.random.default_rng(0)
+    a, b = r.uniform(-1, 1, (3, 4)), r.uniform(-1, 1, (4, 2))
+    ref = np.einsum(a, [0, 1], b, [1, 2], [0, 2])
+    got = rt.einsum(a, [0, 1], b, [1, 2], [0, 2])
+    assert got.shape == ref.shape and np.allclose(got, ref, rtol=1e-15, atol=1e-15)
+    got2 = rt.einsum(a, [0, 1], b, [1, 2])
+    assert got2.shape == np.einsum(a, [0, 1], b, [1, 2]).shape
+
+
+def test_scalar_result_is_a_numpy_scalar_like_numpy():
+    x = np.arange(1.0, 4.0)
+    got = rt.einsum("i,i", x, x)
+    assert np.ndim(got) == 0 and got == 14.0
+
+
+def test_empty_operands_give_zeros():
+    a, b = np.ones((3, 0)), np.ones((0, 2))
+    got = rt.einsum("ij,jk->ik", a, b)
+    assert got.shape == (3, 2) and not got.any()
+    assert rt.einsum("ij,jk->ik", np.ones((0, 4)), np.ones((4, 2))).shape == (0, 2)
+
+
+def test_constants_are_encoded_once(monkeypatch):
+    calls = []
+    real = contract_mod._encode_leaf
+
+    def counting(x, basis, bits, shared):
+        calls.append(x.shape)
+        return real(x, basis, bits, shared)
+
+    monkeypatch.setattr(contract_mod, "_encode_leaf", counting)
+    r = np.random.default_rng(1)
+    A = r.uniform(-1, 1, (4, 3))
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3])
+    X1, X2 = r.uniform(-1, 1, (6, 3, 3, 3)), r.uniform(-1, 1, (6, 3, 3, 3))
+    y1 = expr(X1)
+    assert len(calls) == 4  # three constants, one input
+    y2 = expr(X2)
+    assert len(calls) == 5  # only the new input
+    ref = np.einsum("eijk,ai,bj,ck->eabc", X2, A, A, A)
+    assert np.abs(y2 - ref).max() < 1e-14
+    assert np.abs(y1 - np.einsum("eijk,ai,bj,ck->eabc", X1, A, A, A)).max() < 1e-14
+
+
+def test_contract_expression_matches_mode_chain_and_is_reusable():
+    r = np.random.default_rng(2)
+    ops = [r.uniform(-1, 1, (8, 8)) for _ in range(3)]
+    X = r.uniform(-1, 1, (16, 8, 8, 8))
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3])
+    ref = np.einsum("eijk,ai,bj,ck->eabc", X, *ops)
+    got = expr(X)
+    assert np.abs(got - ref).max() <= np.abs(rt.mode_chain(X, ops, [1, 2, 3]) - ref).max() * 8 + 1e-15
+    text = expr.explain()
+    assert "mode product" in text and "opt_einsum path" in text and "constant 1 encoded once" in text
+
+
+def test_composed_method_and_backends_agree_bitwise():
+    r = np.random.default_rng(4)
+    a, b, c = r.uniform(-1, 1, (3, 5)), r.uniform(-1, 1, (5, 4)), r.uniform(-1, 1, (4, 2))
+    x = rt.einsum("ij,jk,kl->il", a, b, c, decode="exact")
+    y = rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", backend="numpy")
+    assert np.array_equal(x, y)
+    z = rt.einsum("ij,jk,kl->il", a, b, c, method="composed")
+    bound = rt.contract_expression("ij,jk,kl->il", a.shape, b.shape, c.shape, method="composed").error_bound(a, b, c)
+    re, _, e = _exact("ij,jk,kl->il", [a, b, c])
+    assert (_abs_err(z, re, e) <= bound).all()
+
+
+def test_small_basis_forces_drops_and_stays_within_the_bound():
+    r = np.random.default_rng(5)
+    ops = [r.uniform(-1, 1, (4, 4)) for _ in range(4)]
+    expr = rt.contract_expression("ab,bc,cd,de->ae", *[o.shape for o in ops], moduli=10, min_bits=20)
+    assert "drop" in expr.explain() or "at 3" in expr.explain()
+    got = expr(*ops)
+    re, _, e = _exact("ab,bc,cd,de->ae", ops)
+    assert (_abs_err(got, re, e) <= expr.error_bound(*ops)).all()
+
+
+def test_rnstensor_operands_stay_in_residues_through_opt_einsum():
+    r = np.random.default_rng(6)
+    X, A = r.uniform(-1, 1, (5, 3, 3, 3)), r.uniform(-1, 1, (4, 3))
+    B = rt.Basis.int8(15)
+    Xt, At = rt.encode(X, B), rt.encode(A, B, shared_axes=(1,))
+    Z = opt_einsum.contract("eijk,ai,bj,ck->eabc", Xt, At, At, At, backend="rnstensor")
+    assert isinstance(Z, rt.RNSTensor)
+    ref = np.einsum("eijk,ai,bj,ck->eabc", X, A, A, A)
+    assert np.abs(rt.decode(Z) - ref).max() < 1e-14
+    W = rt.einsum("eijk,ai->eajk", Xt, At)
+    assert isinstance(W, rt.RNSTensor) and W.shape == (5, 4, 3, 3)
+
+
+def test_rnstensor_operand_with_varying_exponents_along_a_summed_axis_is_aligned():
+    r = np.random.default_rng(7)
+    A = r.uniform(-1, 1, (3, 4)) * np.array([1.0, 4.0, 0.25, 2.0])
+    At = rt.encode(A, 15, bits=30, shared_axes=(0,))  # one exponent per column: varies along j
+    v = r.uniform(-1, 1, 4)
+    got = rt.einsum("ij,j->i", At, rt.encode(v, 15, bits=30), decode="fp64")
+    ref = rt.decode(At, "exact") @ rt.decode(rt.encode(v, 15, bits=30), "exact")
+    assert np.abs(got - ref).max() < 1e-15
+
+
+def test_tensordot_and_transpose():
+    r = np.random.default_rng(8)
+    a, b = r.uniform(-1, 1, (3, 4, 5)), r.uniform(-1, 1, (5, 4, 2))
+    got = rt.tensordot(a, b, axes=([1, 2], [1, 0]))
+    assert np.abs(got - np.tensordot(a, b, axes=([1, 2], [1, 0]))).max() < 1e-14
+    T = rt.encode(a, 15, shared_axes=(1, 2))
+    U = rt.transpose(T, (2, 0, 1))
+    assert np.array_equal(rt.decode(U, "exact"), np.transpose(rt.decode(T, "exact"), (2, 0, 1)))
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,exc,match",
+    [
+        (("ij,jk->ik", np.ones((2, 3))), {}, ValueError, "Number of einsum subscripts"),
+        (("ij,jk->ik", np.ones((2, 3)), np.ones((4, 2))), {}, ValueError, "index 'j' has size"),
+        (("ij,jk->ik", np.ones((2, 3, 1)), np.ones((3, 2))), {}, ValueError, "dimensions"),
+        (("i1,jk->ik", np.ones((2, 3)), np.ones((3, 2))), {}, ValueError, "invalid subscript"),
+        (("ij,jk->ix", np.ones((2, 3)), np.ones((3, 2))), {}, ValueError, "'x'"),
+        (("ij,jk->ik", np.ones((2, 3), np.float32), np.ones((3, 2))), {}, TypeError, "float64 or complex128"),
+        (("ij->ij", np.array([[1.0, np.nan]])), {}, ValueError, "inf or NaN"),
+        (("ij->ij", np.ones((2, 2))), {"method": "rescale"}, ValueError, "method must be one of"),
+        (("ij->ij", np.ones((2, 2))), {"decode": "fast"}, ValueError, "decode must be one of"),
+        (("ij->ij", np.ones((2, 2))), {"moduli": 60}, ValueError, "moduli must be from 2 to 49"),
+        (("ij->ij", np.ones((2, 2))), {"bits": 0}, ValueError, "bits must be"),
+        (("ii->i", np.ones((2, 3))), {}, ValueError, "repeated index"),
+    ],
+)
+def test_bad_input_is_rejected_with_a_clear_message(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        rt.einsum(*args, **kwargs)
+
+
+def test_contract_expression_bad_calls():
+    expr = rt.contract_expression("ij,jk->ik", (2, 3), (3, 4))
+    with pytest.raises(ValueError, match="takes 2 operand"):
+        expr(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="was built for"):
+        expr(np.ones((2, 3)), np.ones((3, 5)))
+    with pytest.raises(ValueError, match="constants"):
+        rt.contract_expression("ij,jk->ik", (2, 3), (3, 4), constants=[5])
+    with pytest.raises(TypeError, match="must be a shape"):
+        rt.contract_expression("ij,jk->ik", (2, 3), 7)
+
+
+def test_too_small_basis_is_a_plan_error_not_a_wrong_answer():
+    with pytest.raises(rt.PlanError, match="more moduli"):
+        rt.einsum("ij,jk->ik", np.ones((2, 4096)), np.ones((4096, 2)), moduli=2)
