@@ -293,3 +293,40 @@ def test_contract_expression_bad_calls():
 def test_too_small_basis_is_a_plan_error_not_a_wrong_answer():
     with pytest.raises(rt.PlanError, match="more moduli"):
         rt.einsum("ij,jk->ik", np.ones((2, 4096)), np.ones((4096, 2)), moduli=2)
+
+
+def _random_expression(r: np.random.Generator):
+    """2-6 operands over up to 6 indices of size 1..12, with repeats inside operands and broadcasting 1s."""
+    while True:
+        nlab = int(r.integers(1, 7))
+        labels = "abcdefghij"[:nlab]
+        sizes = {c: int(r.integers(1, 13)) for c in labels}
+        if math.prod(sizes.values()) > 3000:
+            continue
+        nops = int(r.integers(2, 7))
+        terms = []
+        for _ in range(nops):
+            k = int(r.integers(0, min(nlab, 4) + 1))
+            term = "".join(r.choice(list(labels), size=k, replace=True)) if k else ""
+            terms.append(term)
+        used = sorted(set("".join(terms)))
+        out = "".join(c for c in used if r.random() < 0.5)
+        shapes = []
+        for t in terms:
+            shapes.append(tuple(1 if (sizes[c] > 1 and r.random() < 0.1 and t.count(c) == 1) else sizes[c] for c in t))
+        return ",".join(terms) + "->" + out, shapes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_expressions_within_the_error_bound(seed):
+    r = np.random.default_rng(1000 + seed)
+    eq, shapes = _random_expression(r)
+    cplx = seed % 3 == 0
+    ops = _operands(shapes, cplx, seed)
+    ref = np.einsum(eq, *ops)
+    got = np.asarray(rt.einsum(eq, *ops))
+    assert got.shape == np.shape(ref) and got.dtype == np.asarray(ref).dtype
+    re, im, e = _exact(eq, ops)
+    bound = rt.contract_expression(eq, *shapes).error_bound(*ops)
+    err = _abs_err(got.real, re, e) + (_abs_err(got.imag, im, e) if cplx else 0)
+    assert (err <= bound).all(), (eq, shapes)
