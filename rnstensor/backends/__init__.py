@@ -82,12 +82,18 @@ def _make(name: str):
         from .cpu import CpuBackend
 
         return CpuBackend()
+    if name == "cuda":
+        from .cuda import CudaBackend  # imports CuPy; raises RuntimeError without it or without a device
+
+        return CudaBackend()
     raise ValueError(f"backend must be one of {available_backends()}; got {name!r}")
 
 
 def available_backends() -> tuple[str, ...]:
-    """Names accepted by :func:`set_backend` and :func:`get_backend`."""
-    return ("cpu", "numpy")
+    """Names accepted by :func:`set_backend` and :func:`get_backend` (``'cuda'`` where CuPy sees a GPU)."""
+    from .cuda import cuda_available
+
+    return ("cpu", "numpy", "cuda") if cuda_available() else ("cpu", "numpy")
 
 
 def get_backend(name: str | None = None):

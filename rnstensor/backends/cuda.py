@@ -1,0 +1,372 @@
+"""The CUDA backend: CuPy arrays and the NVRTC-built kernels of ``rnstensor.kernels``, bit-identical to the CPU backend.
+
+CuPy is imported when the backend is created, never at import time, so this
+module imports on any machine. Arrays: CuPy in, CuPy out, nothing copied to the
+host; NumPy in (the layers above still hand NumPy arrays to every backend),
+the data is moved to the device for the call and the result comes back as
+NumPy. Kernels are compiled for the device's arch (``sm_90a`` on Hopper) by
+:func:`rnstensor.kernels.compile_module` (cached on disk) and loaded with
+``cupy.RawModule``. The exact tables are built on the host once per basis
+(``rnstensor.kernels.tables``) and kept on the device.
+
+Status: written without a GPU; its kernels' arithmetic is tested on the host
+(tests/test_kernels_host.py) and the backend itself by tests/gpu/ where a GPU
+exists. ``decode(mode='exact')`` runs on the host (CPU backend) for now.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from .. import arith
+from ..basis import Basis
+from ..kernels import build, tables
+
+__all__ = ["CudaBackend", "cuda_available", "device_info"]
+
+_BNS = (8, 16, 32, 64)
+# int32 MMA accumulation is exact for 131071 terms; cuBLAS calls stay below it
+_CUBLAS_MAX_K = 131071
+_INT31 = (1 << 31) - 1
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:
+        raise RuntimeError(
+            "the 'cuda' backend needs CuPy: pip install 'rnstensor[gpu]' (cupy-cuda13x, cuda-python, nvidia-cuda-nvrtc)"
+        ) from exc
+    return cupy
+
+
+def cuda_available() -> bool:
+    """Whether CuPy imports and sees at least one CUDA device."""
+    try:
+        cp = _cupy()
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def device_info() -> dict:
+    """The current device's name, compute capability and the arch the kernels are built for (``{}`` without one)."""
+    if not cuda_available():
+        return {}
+    cp = _cupy()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    major, minor = int(props["major"]), int(props["minor"])
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return {"name": name, "capability": f"{major}.{minor}", "arch": build.arch_for_capability(major, minor)}
+
+
+def _exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
+    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]`` (as the CPU backend)."""
+    e = np.asarray(exponent.get() if hasattr(exponent, "get") else exponent, dtype=np.int64)
+    shape = tuple(shape)
+    if np.broadcast_shapes(e.shape, shape) != shape:
+        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {shape}")
+    nd = len(shape)
+    ep = e.reshape((1,) * (nd - e.ndim) + e.shape)
+    k = nd
+    while k > 0 and ep.shape[k - 1] == 1:
+        k -= 1
+    lead = ep[(Ellipsis,) + (0,) * (nd - k)] if k < nd else ep
+    ev = np.ascontiguousarray(np.broadcast_to(lead, shape[:k])).reshape(-1)
+    return ev, math.prod(shape[k:])
+
+
+class CudaBackend:
+    """INT8 tensor-core residue products and fused per-entry kernels on CuPy arrays; bit-identical to :class:`CpuBackend`.
+
+    Parameters
+    ----------
+    product_engine : {'mma', 'cublas'}
+        ``'mma'`` (default): the fused ``mma.sync`` kernel for every product.
+        ``'cublas'``: ``cublasGemmStridedBatchedEx`` (INT8 in, INT32 out) plus
+        a separate reduction kernel where the layout allows it (contracting
+        the last axis with ``n_in % 4 == 0``, or the first axis of a 2-D
+        tensor), the fused kernel elsewhere; the baseline for large shapes.
+    """
+
+    name = "cuda"
+
+    def __init__(self, product_engine: str = "mma"):
+        if product_engine not in ("mma", "cublas"):
+            raise ValueError(f"product_engine must be 'mma' or 'cublas'; got {product_engine!r}")
+        cp = _cupy()
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("the 'cuda' backend found no CUDA device; use backend 'cpu'")
+        self._cp = cp
+        self.product_engine = product_engine
+        info = device_info()
+        self.device_name = info["name"]
+        self.arch = info["arch"]
+        self._modules: dict = {}
+        self._dev_tables: dict = {}
+
+    # ----- plumbing ---------------------------------------------------------------------------
+
+    def _module(self, name: str):
+        mod = self._modules.get(name)
+        if mod is None:
+            built = build.compile_module(name, self.arch)
+            mod = self._cp.RawModule(path=str(built.path))
+            self._modules[name] = mod
+        return mod
+
+    def _fn(self, module: str, name: str):
+        return self._module(module).get_function(name)
+
+    def built_kernels(self) -> dict[str, str]:
+        """``{module: cubin path}`` of the modules built for this device (compiling them if needed)."""
+        return {m: str(build.compile_module(m, self.arch).path) for m in build.MODULES}
+
+    def _dev(self, key, make):
+        """A device copy of host tables ``make()`` (a tuple of arrays), cached under ``key``."""
+        hit = self._dev_tables.get(key)
+        if hit is None:
+            hit = tuple(self._cp.asarray(np.ascontiguousarray(a)) for a in make())
+            if len(self._dev_tables) > 512:
+                self._dev_tables.clear()
+            self._dev_tables[key] = hit
+        return hit
+
+    def _in(self, *arrays):
+        """Device arrays for the inputs, and whether the results go back to the host (no input was on the device)."""
+        cp = self._cp
+        host = not any(isinstance(a, cp.ndarray) for a in arrays)
+        return [a if isinstance(a, cp.ndarray) else cp.asarray(a) for a in arrays], host
+
+    def _contig(self, a, dtype=None):
+        """``a`` C-contiguous (and of ``dtype``), copying only if needed; 0-d arrays stay 0-d."""
+        if dtype is not None and a.dtype != dtype:
+            a = a.astype(dtype)
+        return a if a.flags.c_contiguous else a.copy(order="C")
+
+    def _out(self, arr, host: bool):
+        return self._cp.asnumpy(arr) if host else arr
+
+    @staticmethod
+    def _grid(n: int, block: int, cap: int = 1 << 20) -> int:
+        return max(1, min(-(-n // block), cap))
+
+    # ----- encode -------------------------------------------------------------------------
+
+    def encode(self, x, exponent, moduli: Sequence[int], bits: int):
+        cp = self._cp
+        (xd,), host = self._in(x)
+        xd = self._contig(xd, cp.float64)
+        mods = tuple(int(p) for p in moduli)
+        out = cp.empty((len(mods),) + xd.shape, cp.int8)
+        ev, inner = _exponent_runs(exponent, xd.shape)
+        if not mods or xd.size == 0:
+            return self._out(out, host)
+        P, IP, H, C18, C36, pw, pa, per = self._dev(("enc", mods), lambda: tables.encode_tables(mods))
+        evd = cp.asarray(ev)
+        n = xd.size
+        self._fn("entry", "rns_encode")(
+            (self._grid(n, 256),), (256,),
+            (xd.reshape(-1).view(cp.uint64), np.int64(n), evd, np.int64(inner), np.int32(len(mods)),
+             P, IP, H, C18, C36, pw, np.int32(pw.shape[1]), pa, per, out),
+        )
+        return self._out(out, host)
+
+    # ----- products -----------------------------------------------------------------------
+
+    def product(self, op_planes, planes, moduli: Sequence[int], axis: int):
+        cp = self._cp
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        (op, X), host = self._in(op_planes, planes)
+        op = self._contig(op)
+        X = self._contig(X)
+        if op.dtype != cp.int8 or X.dtype != cp.int8:
+            raise TypeError(f"product: op_planes and planes must be int8; got {op.dtype} and {X.dtype}")
+        shape = X.shape[1:]
+        nd = len(shape)
+        if not -nd <= axis < nd:
+            raise ValueError(f"product: axis {axis} is out of range for a tensor of {nd} dims")
+        axis %= nd
+        if op.ndim != 3 or op.shape[0] != L or X.shape[0] != L or op.shape[2] != shape[axis]:
+            raise ValueError(
+                f"product: need op_planes (L, n_out, n_in) and planes (L, ...) with L = {L} and "
+                f"n_in = planes axis {axis}; got {op.shape} and {X.shape}"
+            )
+        n_out, n_in = int(op.shape[1]), int(op.shape[2])
+        pre = math.prod(shape[:axis])
+        post = math.prod(shape[axis + 1 :])
+        oshape = shape[:axis] + (n_out,) + shape[axis + 1 :]
+        out = cp.empty((L,) + oshape, cp.int8)
+        if out.size == 0:
+            return self._out(out, host)
+        if n_in == 0:
+            out[...] = 0
+            return self._out(out, host)
+        consts = self._dev(("red", mods), lambda: tables.reduce_consts(mods))
+        if self.product_engine == "cublas" and self._product_cublas(op, X, out, pre, n_in, post, n_out, L, consts):
+            return self._out(out, host)
+        self._product_mma(op, X, out, pre, n_in, post, n_out, L, consts)
+        return self._out(out, host)
+
+    def _product_mma(self, op, X, out, pre, n_in, post, n_out, L, consts):
+        if post > _INT31 or n_in > _INT31 or n_out > _INT31:
+            raise ValueError(f"product: dimensions beyond 2**31 - 1 are not supported on the GPU (post {post}, n {n_in})")
+        bn = next((b for b in _BNS if b >= n_out), 64)
+        fn = self._fn("product", f"rns_product_n{bn}")
+        xplane, oplane = pre * n_in * post, pre * n_out * post
+        Xf, Of = X.reshape(-1), out.reshape(-1)
+        # the kernel indexes columns pre * post in int32: split pre where needed
+        rows = max(1, _INT31 // post)
+        for a0 in range(0, pre, rows):
+            pc = min(rows, pre - a0)
+            M = pc * post
+            grid = (-(-M // 128), -(-n_out // bn), L)
+            fn(grid, (128,),
+               (Xf[a0 * n_in * post:], op, Of[a0 * n_out * post:], np.int32(pc), np.int32(n_in), np.int32(post),
+                np.int32(n_out), np.int64(xplane), np.int64(oplane), *consts))
+
+    def _product_cublas(self, op, X, out, pre, n_in, post, n_out, L, consts) -> bool:
+        """cuBLAS INT8 GEMM (int32 out) + the reduction kernel; False where the layout does not allow it."""
+        cp = self._cp
+        from cupy_backends.cuda.libs import cublas
+
+        if n_in > _CUBLAS_MAX_K or n_in % 4:
+            return False
+        OP_N, OP_T = 0, 1
+        R8I = getattr(cp.cuda.runtime, "CUDA_R_8I", 3)
+        R32I = getattr(cp.cuda.runtime, "CUDA_R_32I", 10)
+        COMPUTE_32I = getattr(cublas, "CUBLAS_COMPUTE_32I", 72)
+        if post == 1:
+            # out (pre, n_out) row-major = column-major (n_out x pre): op^T (TN) times X
+            if pre > _INT31 or n_out > _INT31:
+                return False
+            m, n, ta, tb = n_out, pre, OP_T, OP_N
+            A, lda, sa, B, ldb, sb, ldc = op, n_in, n_out * n_in, X, n_in, pre * n_in, n_out
+        elif pre == 1 and post % 4 == 0:
+            # out (n_out, post) row-major = column-major (post x n_out): X (NN) times op
+            m, n, ta, tb = post, n_out, OP_N, OP_N
+            A, lda, sa, B, ldb, sb, ldc = X, post, n_in * post, op, n_in, n_out * n_in, post
+        else:
+            return False
+        acc = cp.empty((L, out[0].size), cp.int32)
+        one = np.array(1, np.int32)
+        zero = np.array(0, np.int32)
+        handle = cp.cuda.device.get_cublas_handle()
+        try:
+            cublas.gemmStridedBatchedEx(
+                handle, ta, tb, m, n, n_in, one.ctypes.data, A.data.ptr, R8I, lda, sa, B.data.ptr, R8I, ldb, sb,
+                zero.ctypes.data, acc.data.ptr, R32I, ldc, m * n, L, COMPUTE_32I, -1,
+            )
+        except Exception:
+            return False
+        total = acc.size
+        self._fn("product", "rns_reduce_i32")(
+            (self._grid(total, 256),), (256,), (acc, out, np.int64(acc.shape[1]), np.int32(L), *consts)
+        )
+        return True
+
+    # ----- elementwise --------------------------------------------------------------------
+
+    def _elementwise(self, a, b, moduli, mode, what):
+        cp = self._cp
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        (a, b), host = self._in(a, b)
+        if a.dtype != cp.int8 or b.dtype != cp.int8:
+            raise TypeError(f"{what}: residue planes must be int8; got {a.dtype} and {b.dtype}")
+        if a.ndim < 1 or b.ndim < 1 or a.shape[0] != L or b.shape[0] != L:
+            raise ValueError(f"{what}: planes must have L = {L} leading planes; got {a.shape} and {b.shape}")
+        sa, sb = a.shape[1:], b.shape[1:]
+        shape = np.broadcast_shapes(sa, sb)
+        if mode != 0 and shape != sa:
+            raise ValueError(f"{what}: b of shape {b.shape} does not broadcast to a's shape {a.shape}")
+        out = cp.empty((L,) + shape, cp.int8)
+        if out.size == 0:
+            return self._out(out, host)
+        nd = len(shape)
+        A = self._contig(cp.broadcast_to(a.reshape((L,) + (1,) * (nd - len(sa)) + sa), out.shape))
+        B = self._contig(cp.broadcast_to(b.reshape((L,) + (1,) * (nd - len(sb)) + sb), out.shape))
+        P, IP, H = self._dev(("mod", mods), lambda: tables.mod_consts(mods))
+        n = out[0].size
+        self._fn("entry", "rns_elementwise")(
+            (self._grid(out.size, 256),), (256,), (A, B, out, np.int64(n), np.int32(L), np.int32(mode), P, IP, H)
+        )
+        return self._out(out, host)
+
+    def hadamard(self, planes, field_planes, moduli: Sequence[int]):
+        return self._elementwise(planes, field_planes, moduli, 0, "hadamard")
+
+    def add(self, a, b, moduli: Sequence[int], subtract: bool = False):
+        return self._elementwise(a, b, moduli, 2 if subtract else 1, "add")
+
+    # ----- drop and base extension --------------------------------------------------------
+
+    def drop_extend(self, planes, active: Sequence[int], basis: Basis, drops, extend: bool):
+        cp = self._cp
+        active = tuple(int(p) for p in active)
+        if isinstance(drops, (int, np.integer)) and drops < 0:
+            raise ValueError(f"drop_extend: drops must be a non-negative count or a tuple of moduli; got {drops}")
+        (X,), host = self._in(planes)
+        if X.dtype != cp.int8:
+            raise TypeError(f"planes must be int8; got {X.dtype}")
+        if X.ndim < 1 or X.shape[0] != len(active):
+            raise ValueError(f"planes must have shape (L, ...) with L = {len(active)}; got {X.shape}")
+        order = arith.drop_order(active, drops)
+        shape = X.shape[1:]
+        if not order and not extend:
+            return self._out(X.copy(), host), active
+        N = math.prod(shape)
+        if len(order) >= len(active) or N == 0:
+            out, act = arith.drop_extend_ref(cp.asnumpy(X), active, basis, drops, extend)
+            return self._out(cp.asarray(out), host), act
+        ib, fb, out_active, ndig, nrem = tables.drop_tables(active, basis.moduli, drops, extend)
+        if ib.size > tables.DROP_IB_MAX or fb.size > tables.DROP_FB_MAX:
+            raise ValueError(f"drop_extend: tables for {len(active)} moduli exceed the kernel's constant bank")
+        mod = self._module("entry")
+        cib = cp.ndarray((tables.DROP_IB_MAX,), cp.int32, mod.get_global("rns_drop_ib"))
+        cfb = cp.ndarray((tables.DROP_FB_MAX,), cp.float32, mod.get_global("rns_drop_fb"))
+        # stream-ordered copies: the previous launch on this stream has read its tables
+        cib[: ib.size].set(ib)
+        cfb[: fb.size].set(fb)
+        Xc = self._contig(X).reshape(len(active), N)
+        out = cp.empty((len(out_active), N), cp.int8)
+        block = 128 if (ndig + nrem) * 128 * 4 <= 48 * 1024 else 64
+        mod.get_function("rns_drop_extend")(
+            (self._grid(N, block),), (block,), (Xc, np.int64(N), out), shared_mem=(ndig + nrem) * block * 4
+        )
+        return self._out(out.reshape((len(out_active),) + shape), host), tuple(out_active)
+
+    # ----- decode -------------------------------------------------------------------------
+
+    def decode(self, planes, active: Sequence[int], exponent, factor: int, mode: str):
+        cp = self._cp
+        active = tuple(int(p) for p in active)
+        (X,), host = self._in(planes)
+        shape = X.shape[1:]
+        N = math.prod(shape)
+        if mode != "fp64" or not active or N == 0:
+            # exact decode (multi-limb rounding) runs on the host for now
+            from .cpu import CpuBackend
+
+            e = cp.asnumpy(exponent) if isinstance(exponent, cp.ndarray) else exponent
+            res = CpuBackend().decode(cp.asnumpy(X), active, e, factor, mode)
+            return self._out(cp.asarray(res), host)
+        ev, inner = _exponent_runs(exponent, shape)
+        ib, fb, qd = self._dev(("dec", active), lambda: tables.decode_tables(active))
+        f, k = arith.float_factor(factor)
+        out = cp.empty(N, cp.float64)
+        m = len(active)
+        block = 128 if m * 128 * 4 <= 48 * 1024 else 64
+        self._fn("entry", "rns_decode_fp64")(
+            (self._grid(N, block),), (block,),
+            (self._contig(X).reshape(m, N), np.int64(N), ib, fb, qd, np.float64(f), cp.asarray(ev),
+             np.int64(inner), np.int64(k), out),
+            shared_mem=m * block * 4,
+        )
+        return self._out(out.reshape(shape), host)
