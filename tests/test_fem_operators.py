@@ -171,6 +171,7 @@ def test_operators_against_exact_and_dense(dim, P, quad, shape, curved):
             err = max_err(y, ref)
             bound = A.error_bound(u, decode=decode)
             assert all(Fraction(bd) >= er for bd, er in zip(bound.tolist(), err)), (kind, decode)
+            assert np.all(bound <= 1e-11 * scale)  # and the bound says something
             # float64 accuracy, element by element (relative to that element's result)
             assert all(float(er) <= 4 * EPS * s for er, s in zip(err, scale)), (kind, decode, err, scale)
         # float64 dense Kronecker element matrices agree to float64 rounding of the dense products

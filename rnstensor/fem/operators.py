@@ -1,4 +1,20 @@
-"""Mass and Poisson operators applied by sum factorization entirely in the residue domain (one encode, one decode)."""
+"""Mass and Poisson operators applied by sum factorization entirely in the residue domain (one encode, one decode).
+
+Error bound. ``u`` (one exponent per element), the 1-D matrices (one exponent
+each, so that summed branches share their scales) and the quadrature fields
+(one exponent per element) are encoded with ``b`` bits (53 on 15 moduli);
+everything after is exact integer arithmetic except the drops, each of which
+rounds by at most ``floor(q/2)`` units of the tensor it divides, and the final
+decode. :meth:`MassOperator.error_bound` (likewise for Poisson) evaluates the
+resulting rigorous bound per element: with ``||.||`` the row-sum norm,
+``Â`` the executed and ``A`` the given matrix, every product maps
+``(|x|, err)`` to ``(||A|| |x|, ||Â|| err + ||Â - A|| |x|)``, every Hadamard
+product with a field ``F`` to ``(max|F| |x|, max|F̂| err + max|F̂ - F| |x|)``,
+drops add ``floor(q/2) * unit``, sums add; the decode adds
+``decode_factor * final_bound * unit``. On the test meshes this bound is
+``1e-14 .. 1e-11`` relative to the element's result, and the observed error
+against the exact (Fraction) result stays within 4 units of float64 rounding.
+"""
 
 from __future__ import annotations
 
@@ -271,6 +287,13 @@ class MassOperator(_Operator):
         kept at every drop.
     backend : str, optional
         Residue backend name (default: the current one).
+
+    Attributes
+    ----------
+    plan : ProgramPlan
+        The drops before every stage and the exact bounds (``plan.describe()``).
+    bits : int
+        The encoding width used.
 
     Raises
     ------

@@ -35,7 +35,14 @@ Term = tuple  # (input index, operand key, tensor axis or None)
 
 
 def voigt_index(i: int, j: int, dim: int) -> int:
-    """Position of ``G[i, j]`` in the packed symmetric storage: 3-D ``xx yy zz yz xz xy``, 2-D ``xx yy xy``."""
+    """Position of ``G[i, j]`` in the packed symmetric storage: 3-D ``xx yy zz yz xz xy``, 2-D ``xx yy xy``.
+
+    Examples
+    --------
+    >>> from rnstensor.fem.program import voigt_index
+    >>> [voigt_index(i, j, 3) for i, j in [(0, 0), (2, 2), (2, 1), (0, 2), (1, 0)]], voigt_index(1, 0, 2)
+    ([0, 2, 3, 4, 5], 2)
+    """
     if i == j:
         return i
     if dim == 2:

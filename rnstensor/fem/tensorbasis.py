@@ -108,7 +108,7 @@ class TensorBasis:
         self.moduli = as_basis(moduli, "moduli")
         self.nodes, self.points, self.weights, self.B, self.D = _matrices(self.P, self.Q, quadrature)
         w = self.weights
-        self.qweights = w if self.dim == 1 else np.multiply.outer(w, w)
+        self.qweights = np.multiply.outer(w, w)
         if self.dim == 3:
             self.qweights = np.multiply.outer(self.qweights, w)
 
