@@ -329,6 +329,8 @@ class _Planner:
             labels = Y.labels.replace(C, Kx)
         else:
             labels = Bt + Kx + Ky
+        if Y.cplx and not X.cplx:
+            labels = labels.replace(_C2, _C)  # one complex operand: its (re, im) axis passes through
         out = _Node(labels, B, "inter", cplx=X.cplx or Y.cplx, slot=self._slot())
         self._emit("pair", out.slot, X.slot, Y.slot, X.labels, Y.labels, Sx, Sy, C, Bt, Kx, Ky, kind, labels, B)
         if X.cplx and Y.cplx:
@@ -750,7 +752,8 @@ class ContractExpression:
                     (Mx, Dx), (My, Dy) = err.pop(a[0]), err.pop(a[1])
                     Mx, Dx = (np.broadcast_to(z, X.planes.shape[1:]) for z in (Mx, Dx))
                     My, Dy = (np.broadcast_to(z, Y.planes.shape[1:]) for z in (My, Dy))
-                    eq = _letters(a[2], a[3], Z.labels)
+                    zl = Z.labels if _C in a[2] else Z.labels.replace(_C, _C2)  # undo the pass-through rename
+                    eq = _letters(a[2], a[3], zl)
                     k = math.prod(X.planes.shape[1 + a[2].index(c)] for c in a[4] + a[6]) * max(
                         1, math.prod(Y.planes.shape[1 + a[3].index(c)] for c in a[5])
                     )
