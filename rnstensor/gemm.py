@@ -260,9 +260,31 @@ def _tiles(m: int, n: int, k: int, s: int, cplx: bool, workspace: int) -> tuple[
     return mb, nb
 
 
+def _plan_tiles(m: int, n: int, k: int, s: int, cplx: bool, workspace: int) -> tuple[int, int, bool]:
+    """``(mb, nb, cache_a)``: tile sizes, and whether ``op(a)`` is encoded once for all tiles.
+
+    Untiled: one tile. Tiled: every column block of ``op(b)`` is encoded once
+    (the outer loop) and reused by all its row tiles; ``op(a)`` is encoded
+    once as a whole when its encoding peak (``(s + 16) m k`` bytes real,
+    ``(3 s + 40) m k`` complex) fits half the workspace, its residue planes
+    (``s m k``, complex ``3 s m k``) are then held and the tiles are sized in
+    the rest of the workspace; otherwise each row block is encoded per tile.
+    Results are bitwise the same in every case (exponents per row / column).
+    """
+    mb, nb = _tiles(m, n, k, s, cplx, workspace)
+    if (mb, nb) == (max(m, 1), max(n, 1)):
+        return mb, nb, False
+    peak = (3 * s + 40 if cplx else s + 16) * m * k
+    held = (3 * s if cplx else s) * m * k
+    if peak > workspace // 2:
+        return mb, nb, False
+    mb, nb = _tiles(m, n, k, s, cplx, workspace - held)
+    return mb, nb, True
+
+
 # ----- timing hook (benchmarks) ---------------------------------------------------------------
 
-#: When a dict, phase times (seconds) accumulate into it: 'encode', 'products', 'decode', 'other'.
+#: When a dict, phase times (seconds) accumulate into it: 'encode', 'products', '3m' (ZGEMM sums and differences), 'decode', 'other'.
 PHASES: Optional[dict] = None
 
 
@@ -329,14 +351,6 @@ def _attach_row_sums(op: RNSTensor, limbs: Optional[tuple[np.ndarray, np.ndarray
     return op
 
 
-def _encode_real(opa: np.ndarray, opb: np.ndarray, basis: Basis, t: int, backend) -> tuple[RNSTensor, RNSTensor]:
-    """``op(a)`` as an operator (one exponent per row), ``op(b)`` as the tensor (one exponent per column)."""
-    A = encode(opa, basis, t, shared_axes=(1,), backend=backend)
-    _attach_row_sums(A, _limbs(opa, t, (1,), opa.size))
-    B = encode(opb, basis, t, shared_axes=(0,), backend=backend)
-    return A, B
-
-
 def _unstack(T: RNSTensor, part: int, axis: int) -> RNSTensor:
     """Part ``part`` of a stacked ``(2, r, c)`` encoding whose exponents vary along ``axis`` (1 or 2) only."""
     vec = T.scale.axes[axis]
@@ -345,33 +359,93 @@ def _unstack(T: RNSTensor, part: int, axis: int) -> RNSTensor:
     return RNSTensor(T.residues[:, part], T.basis, T.active, T.bound, scale)
 
 
-def _encode_complex(opa: np.ndarray, opb: np.ndarray, basis: Basis, t: int, backend):
-    """``Ar, Ai`` sharing one exponent per row and ``Br, Bi`` one per column (stacked encodings)."""
+def _encode_complex_a(opa: np.ndarray, basis: Basis, t: int, backend):
+    """``(Ar, Ai, vs)``: ``op(a)``'s parts sharing one exponent per row, and the limbs of ``Ar + Ai`` (or None)."""
     sa = np.stack([opa.real, opa.imag])
-    sb = np.stack([opb.real, opb.imag])
     SA = encode(sa, basis, t, shared_axes=(0, 2), backend=backend)
-    SB = encode(sb, basis, t, shared_axes=(0, 1), backend=backend)
     Ar, Ai = _unstack(SA, 0, 1), _unstack(SA, 1, 1)
-    Br, Bi = _unstack(SB, 0, 2), _unstack(SB, 1, 2)
     v = _limbs(sa, t, (0, 2), opa.size)
     if v is None:
-        return Ar, Ai, Br, Bi, None
+        return Ar, Ai, None
     (H, L) = v
     _attach_row_sums(Ar, (H[0], L[0]))
     _attach_row_sums(Ai, (H[1], L[1]))
-    return Ar, Ai, Br, Bi, (H[0] + H[1], L[0] + L[1])
+    return Ar, Ai, (H[0] + H[1], L[0] + L[1])
+
+
+def _encode_complex_b(opb: np.ndarray, basis: Basis, t: int, backend):
+    """``(Br, Bi)``: ``op(b)``'s parts sharing one exponent per column."""
+    SB = encode(np.stack([opb.real, opb.imag]), basis, t, shared_axes=(0, 1), backend=backend)
+    return _unstack(SB, 0, 2), _unstack(SB, 1, 2)
+
+
+def _encode_complex(opa: np.ndarray, opb: np.ndarray, basis: Basis, t: int, backend):
+    """``Ar, Ai`` sharing one exponent per row and ``Br, Bi`` one per column (stacked encodings)."""
+    Ar, Ai, vs = _encode_complex_a(opa, basis, t, backend)
+    Br, Bi = _encode_complex_b(opb, basis, t, backend)
+    return Ar, Ai, Br, Bi, vs
+
+
+def _prepare_a(opa: np.ndarray, basis: Basis, t: int, cplx: bool, backend) -> tuple[RNSTensor, ...]:
+    """The operator side of a tile: ``(A,)`` real, ``(Ar, Ai, Ar + Ai)`` complex."""
+    with _phase("encode"):
+        if not cplx:
+            A = encode(opa, basis, t, shared_axes=(1,), backend=backend)
+            return (_attach_row_sums(A, _limbs(opa, t, (1,), opa.size)),)
+        Ar, Ai, vs = _encode_complex_a(opa, basis, t, backend)
+    with _phase("3m"):
+        return Ar, Ai, _attach_row_sums(add(Ar, Ai, backend=backend), vs)
+
+
+def _prepare_b(opb: np.ndarray, basis: Basis, t: int, cplx: bool, backend) -> tuple[RNSTensor, ...]:
+    """The tensor side of a tile: ``(B,)`` real, ``(Br, Bi, Br + Bi)`` complex."""
+    with _phase("encode"):
+        if not cplx:
+            return (encode(opb, basis, t, shared_axes=(0,), backend=backend),)
+        Br, Bi = _encode_complex_b(opb, basis, t, backend)
+    with _phase("3m"):
+        return Br, Bi, add(Br, Bi, backend=backend)
+
+
+def _slice(T: RNSTensor, axis: int, lo: int, hi: int) -> RNSTensor:
+    """Entries ``lo:hi`` along ``axis`` of a 2-D encoding (contiguous planes; scale, negative zeros, row sums follow)."""
+    if lo == 0 and hi == T.shape[axis]:
+        return T
+    idx = (slice(None),) * axis + (slice(lo, hi),)
+    axes = list(T.scale.axes)
+    if axes[axis] is not None:
+        axes[axis] = axes[axis][lo:hi]
+    field = T.scale.field
+    if field is not None and field.shape[axis] > 1:
+        field = field[idx]
+    negz = None if T.negative_zeros is None else T.negative_zeros[idx]
+    out = RNSTensor(
+        np.ascontiguousarray(T.residues[(slice(None),) + idx]), T.basis, T.active, T.bound,
+        Scale(T.scale.exp2, T.scale.factor, axes, field), negz,
+    )
+    if axis == 0 and T._row_sums is not None:
+        out._row_sums = T._row_sums[lo:hi]
+    return out
 
 
 def _products_3m(Ar, Ai, Br, Bi, vs, backend) -> tuple[RNSTensor, RNSTensor]:
     """Exact ``(Re, Im)`` of ``(Ar + i Ai)(Br + i Bi)`` by the 3M form in residues: 3 products, 1 add each side, 3 subs."""
-    As = _attach_row_sums(add(Ar, Ai, backend=backend), vs)
-    Bs = add(Br, Bi, backend=backend)
+    with _phase("3m"):
+        As = _attach_row_sums(add(Ar, Ai, backend=backend), vs)
+        Bs = add(Br, Bi, backend=backend)
+    return _products_3m_prepared((Ar, Ai, As), (Br, Bi, Bs), backend)
+
+
+def _products_3m_prepared(pa, pb, backend) -> tuple[RNSTensor, RNSTensor]:
+    """The 3M products and differences from prepared ``(Ar, Ai, Ar + Ai)`` and ``(Br, Bi, Br + Bi)``."""
+    (Ar, Ai, As), (Br, Bi, Bs) = pa, pb
     with _phase("products"):
         P0 = mode_product(Br, Ar, 0, backend=backend)
         P1 = mode_product(Bi, Ai, 0, backend=backend)
         P2 = mode_product(Bs, As, 0, backend=backend)
-    re = sub(P0, P1, backend=backend)
-    im = sub(sub(P2, P0, backend=backend), P1, backend=backend)
+    with _phase("3m"):
+        re = sub(P0, P1, backend=backend)
+        im = sub(sub(P2, P0, backend=backend), P1, backend=backend)
     return re, im
 
 
@@ -523,12 +597,18 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
                     f"{_RANGE_FACTOR[kind]}*k*4 < P); use moduli >= {need}"
                 )
             basis = Basis.int8(s)
-            mb, nb = _tiles(m, n, k, s, cplx, workspace)
+            mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
+        whole_a = _prepare_a(ea, basis, t, cplx, backend) if cache_a else None
         for j0 in range(0, n, nb):
             j1 = min(j0 + nb, n)
+            pb = _prepare_b(eb[:, j0:j1], basis, t, cplx, backend)
             for i0 in range(0, m, mb):
                 i1 = min(i0 + mb, m)
-                _tile(term, ea[i0:i1], eb[:, j0:j1], i0, j0, basis, t, alpha, cplx, backend)
+                if whole_a is not None:
+                    pa = tuple(_slice(T, 0, i0, i1) for T in whole_a)
+                else:
+                    pa = _prepare_a(ea[i0:i1], basis, t, cplx, backend)
+                _tile(term, pa, pb, i0, j0, alpha, cplx, backend)
         # rows / columns holding inf or NaN: float64 BLAS with IEEE propagation
         with np.errstate(invalid="ignore", over="ignore"):
             if not fa.all():
@@ -544,27 +624,21 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     return term
 
 
-def _tile(term, opa, opb, i0, j0, basis, t, alpha, cplx, backend) -> None:
-    """One output tile: encode, exact residue products, exact decode (with alpha) into ``term``."""
-    i1, j1 = i0 + opa.shape[0], j0 + opb.shape[1]
+def _tile(term, pa, pb, i0, j0, alpha, cplx, backend) -> None:
+    """One output tile from prepared operands: exact residue products, exact decode (with alpha) into ``term``."""
+    i1, j1 = i0 + pa[0].shape[0], j0 + pb[0].shape[1]
     if not cplx:
-        with _phase("encode"):
-            A, B = _encode_real(opa, opb, basis, t, backend)
         with _phase("products"):
-            Z = mode_product(B, A, 0, backend=backend)
+            Z = mode_product(pb[0], pa[0], 0, backend=backend)
         with _phase("decode"):
             term[i0:i1, j0:j1] = _decode_scaled(Z, alpha, backend)
         return
-    with _phase("encode"):
-        Ar, Ai, Br, Bi, vs = _encode_complex(opa, opb, basis, t, backend)
-    re, im = _products_3m(Ar, Ai, Br, Bi, vs, backend)
+    re, im = _products_3m_prepared(pa, pb, backend)
     with _phase("decode"):
         ar, ai = alpha.real, alpha.imag
         # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
         term[i0:i1, j0:j1].real = _decode_scaled(re, ar, backend) - _decode_scaled(im, ai, backend) if ai else _decode_scaled(re, ar, backend)
         term[i0:i1, j0:j1].imag = _decode_scaled(im, ar, backend) + _decode_scaled(re, ai, backend) if ai else _decode_scaled(im, ar, backend)
-
-
 
 
 def dgemm(

@@ -396,6 +396,51 @@ def test_tiling_is_bitwise_identical(cplx):
 
 
 @pytest.mark.parametrize("cplx", [False, True])
+def test_tiling_with_op_a_encoded_once_is_bitwise_identical(cplx):
+    """op(a) encoded as a whole and sliced per row tile (and op(b) once per column block) = one untiled call."""
+    m, k, n = 23, 1030, 41  # n > m: op(a) can be held while C must be tiled
+    A, B = phi((m, k), 2.0, 35), phi((k, n), 1.0, 36)
+    A[3, :] = -0.0  # a zero row (exponent 0) and signed zeros in the middle of the tiles
+    A[5, 7] = -0.0
+    B[:, 4] = 0.0
+    if cplx:
+        A, B = A - 1j * phi((m, k), 1.0, 37), B + 1j * unif((k, n), 38)
+    f = rt.zgemm if cplx else rt.dgemm
+    whole = f(A, B, workspace_bytes=1 << 40)
+    peak = (3 * 16 + 40 if cplx else 16 + 16) * m * k
+    seen = set()
+    for ws in (2 * peak + 1, 2 * peak + 150_000, 200_000, 60_000):
+        mb, nb, cache = G._plan_tiles(m, n, k, 16, cplx, ws)
+        seen.add(cache)
+        assert mb < m or nb < n
+        assert_bitwise(f(A, B, workspace_bytes=ws), whole)
+    assert seen == {True, False}  # both paths exercised
+    # one-row / one-column operands and transposed views through the cached path
+    assert_bitwise(f(A[:1], B, workspace_bytes=2 * peak + 1), whole[:1])
+    assert_bitwise(f(A, B[:, :1], workspace_bytes=2 * peak + 1), whole[:, :1])
+    At = np.ascontiguousarray(A.T)
+    assert_bitwise(f(At, B, trans_a="T", workspace_bytes=2 * peak + 1), whole)
+    assert G._plan_tiles(m, n, k, 16, cplx, 1 << 40) == (m, n, False)  # untiled: nothing cached
+
+
+def test_slice_keeps_the_encoding():
+    basis = rt.Basis.int8(16)
+    x = phi((6, 9), 2.0, 39)
+    x[2, 3] = -0.0
+    T = rt.encode(x, basis, 40, shared_axes=(1,))
+    for lo, hi in ((0, 6), (1, 4), (5, 6)):
+        U = G._slice(T, 0, lo, hi)
+        V = rt.encode(x[lo:hi], basis, 40, shared_axes=(1,))
+        np.testing.assert_array_equal(U.residues, V.residues)
+        assert_bitwise(rt.decode(U, "exact"), rt.decode(V, "exact"))
+    y = phi((9, 5), 2.0, 40)
+    T = rt.encode(y, basis, 40, shared_axes=(0,))
+    U = G._slice(T, 1, 2, 4)
+    assert U.residues.flags.c_contiguous and U.shape == (9, 2)
+    assert_bitwise(rt.decode(U, "exact"), rt.decode(rt.encode(y[:, 2:4], basis, 40, shared_axes=(0,)), "exact"))
+
+
+@pytest.mark.parametrize("cplx", [False, True])
 def test_backends_bitwise(cplx):
     A, B = phi((6, 70), 2.0, 33), phi((70, 5), 2.0, 34)
     if cplx:
