@@ -568,6 +568,25 @@ class ContractExpression:
         self._plans: dict = {}
         self._const_cache: dict = {}
 
+    def with_shapes(self, *shapes) -> "ContractExpression":
+        """The same expression for other operand shapes (one per non-constant), sharing the encoded constants.
+
+        Used to apply one expression to batches of different sizes (e.g. the
+        chunks of a Dask array): the constants' residues are encoded once and
+        shared as long as the constants' own index sizes are unchanged.
+        """
+        it = iter(shapes)
+        full = [self.shapes[i] if i in self.constants else tuple(int(d) for d in next(it)) for i in range(len(self.terms))]
+        other = ContractExpression(
+            # the same path: the same plan, so each batch entry gets the same integers however it is split
+            self.terms, self.output, full, self.constants, self.basis, self.method, [tuple(p) for p in self.path],
+            self.decode, self.bits, self.backend, self.min_bits,
+        )
+        const_labels = {c for i in self.constants for c in self.terms[i]}
+        if all(other.sizes[c] == self.sizes[c] for c in const_labels):
+            other._const_cache = self._const_cache
+        return other
+
     @property
     def num_args(self) -> int:
         """How many operands a call takes (the non-constants)."""
