@@ -143,9 +143,7 @@ class _ErrorRunner:
 
 def _field_error(F: np.ndarray, T: RNSTensor, axes: tuple) -> tuple:
     """Per element: ``(max |F|, max |F̂|, max |F̂ - F|, unit)`` of a field encoded with one exponent per element."""
-    e = -np.asarray(T.scale.exponent()).reshape(-1) if T.scale.axes[0] is not None or T.scale.field is not None \
-        else np.full(F.shape[0], -T.scale.exp2)
-    e = np.broadcast_to(e, (F.shape[0],)).astype(np.int64)
+    e = np.broadcast_to(-T.scale.exponent().reshape(-1), (F.shape[0],)).astype(np.int64)  # keepdims: (nelem,) or (1,)
     shape = (-1,) + (1,) * (F.ndim - 1)
     scaled = np.ldexp(F, e.reshape(shape).astype(np.int32))
     diff = np.ldexp(np.max(np.abs(np.rint(scaled) - scaled), axis=axes), (-e).astype(np.int32))
