@@ -22,12 +22,12 @@ import platform
 import time
 
 import numpy as np
-
 from _timing import best_time
+
 from rnstensor.backends import get_backend
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 from rnstensor.fem.program import ResidueRunner, voigt_index
-from rnstensor.primitives import decode, drop, hadamard, mode_product, add
+from rnstensor.primitives import add, decode, drop, hadamard, mode_product
 
 
 class TimedRunner(ResidueRunner):
@@ -125,9 +125,9 @@ def main() -> None:
             y64 = base(u)
             scale = np.abs(y64).max()
             err = {m: float(np.abs(op.apply(u) - y64).max() / scale) for m, op in ops.items()}
-            sec = dict(einsum=best_time(lambda: base(u), args.repeat))
+            sec = dict(einsum=best_time(lambda base=base, u=u: base(u), args.repeat))
             for m, op in ops.items():
-                sec[m] = best_time(lambda: op.apply(u), args.repeat)
+                sec[m] = best_time(lambda op=op, u=u: op.apply(u), args.repeat)
             rows.append(dict(
                 kind=kind, p=p, P=b.P, Q=b.Q, nelem=mesh.nelem, ndof=mesh.ndof, local=int(u.size),
                 bits=ops["rescale_be"].bits, drops=[len(d) for d in ops["rescale_be"].plan.drops],

@@ -1,4 +1,4 @@
-"""TensorBasis chains, mass and Poisson operators and box meshes against float64 Kronecker matrices and exact references."""
+"""TensorBasis chains, mass and Poisson operators, box meshes: vs float64 Kronecker matrices and exact references."""
 
 from __future__ import annotations
 

@@ -99,14 +99,15 @@ def test_known_values_correctly_rounded():
                                     float((18 + w30) / 36), float((18 - w30) / 36)]
     assert gll(2)[0].tolist() == [-1.0, 1.0] and gll(2)[1].tolist() == [1.0, 1.0]
     assert gll(4)[0].tolist() == [-1.0, float(-1 / s15), float(1 / s15), 1.0]
-    assert gll(4)[1].tolist() == [float(Decimal(1) / 6), float(Decimal(5) / 6), float(Decimal(5) / 6), float(Decimal(1) / 6)]
+    sixths = [float(Decimal(1) / 6), float(Decimal(5) / 6)]
+    assert gll(4)[1].tolist() == sixths + sixths[::-1]
     s37 = (Decimal(3) / 7).sqrt()
     assert gll(5)[0].tolist() == [-1.0, float(-s37), 0.0, float(s37), 1.0]
     assert gll(5)[1].tolist() == [0.1, float(Decimal(49) / 90), float(Decimal(32) / 45), float(Decimal(49) / 90), 0.1]
 
 
 def test_rules_return_fresh_arrays():
-    x, w = gauss(5)
+    x, _ = gauss(5)
     x[0] = 7.0
     assert gauss(5)[0][0] != 7.0
 

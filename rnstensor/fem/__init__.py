@@ -1,4 +1,4 @@
-"""Finite elements in the residue domain: 1-D rules, tensor bases, sum-factorized mass and Poisson operators, box meshes.
+"""Finite elements in the residue domain: 1-D rules, tensor bases, mass and Poisson operators, box meshes.
 
 Every operator application runs between one encode and one decode: mode
 products with the 1-D matrices, Hadamard products with the encoded

@@ -19,19 +19,26 @@ against the exact (Fraction) result stays within 4 units of float64 rounding.
 from __future__ import annotations
 
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Optional
 
 import numpy as np
 
-from ..basis import Basis
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
 from ..planner.bounds import decode_factor
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
 from ..tensor import RNSTensor, Scale
-from .program import FloatRunner, ProgramPlan, ResidueRunner, mass_program, plan_program, poisson_program, voigt_index
+from .program import (
+    FloatRunner,
+    ProgramPlan,
+    ResidueRunner,
+    mass_program,
+    plan_program,
+    poisson_program,
+    voigt_index,
+)
 from .tensorbasis import TensorBasis
 
 __all__ = ["MassOperator", "PoissonOperator", "METHODS", "InvertedElementError"]
@@ -75,7 +82,7 @@ def _plan(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset) -
     if kind == "mass":
         return plan_program(mass_program, d, basis.moduli, _growth(basis, ("W",)), bits)
     fields = tuple(("G", c) for c in range(3 * (d - 1)) if c not in skip)
-    return plan_program(lambda run, u, dim: poisson_program(run, u, dim, skip), d, basis.moduli, _growth(basis, fields), bits)
+    return plan_program(partial(poisson_program, skip=skip), d, basis.moduli, _growth(basis, fields), bits)
 
 
 @lru_cache(maxsize=None)
@@ -188,7 +195,7 @@ class _Operator:
         return encode(x, self.basis.moduli, self.bits, shared_axes=tuple(range(1, x.ndim)), backend=self.backend)
 
     def apply_rns(self, u) -> RNSTensor:
-        """The ``'rescale_be'`` result before its decode: an :class:`~rnstensor.RNSTensor` of shape ``(nelem, P, ..., P)``.
+        """The ``'rescale_be'`` result before its decode: an :class:`~rnstensor.RNSTensor`, ``(nelem, P, ..., P)``.
 
         Its bound is exactly the plan's ``final_bound``; decode it with
         :func:`rnstensor.decode`.
@@ -258,7 +265,7 @@ class _Operator:
             k: v + (2.0 ** self._ops[k].scale.exp2,) for k, v in _op_norms(self.basis, self.bits).items()
         }
         run = _ErrorRunner(self.plan, norms, self._field_errors())
-        mag, err, unit = self._program(run, (umag, udiff, uunit), self.basis.dim)
+        _, err, unit = self._program(run, (umag, udiff, uunit), self.basis.dim)
         dec = float(decode_factor(decode, self.basis.moduli.moduli, self.plan.final_bound)) * _INFLATE
         return (err + dec * float(self.plan.final_bound) * unit + 2.0**-1074) * _INFLATE
 
@@ -319,7 +326,8 @@ class MassOperator(_Operator):
         self._setup(basis, method, bits, backend)
         w, _ = basis.check_elements(qdata, basis.Q, "qdata")
         if np.asarray(qdata).ndim == basis.dim:
-            raise ValueError(f"qdata must have a leading element axis: shape (nelem, {', '.join([str(basis.Q)] * basis.dim)})")
+            qs = ", ".join([str(basis.Q)] * basis.dim)
+            raise ValueError(f"qdata must have a leading element axis: shape (nelem, {qs})")
         bad = np.argwhere(~(w > 0))
         if bad.size:
             first = tuple(int(i) for i in bad[0])
@@ -434,7 +442,8 @@ class PoissonOperator(_Operator):
 
     def _residue_fields(self) -> dict:
         if self._Gres is None:
-            T = encode(self.G, self.basis.moduli, self.bits, shared_axes=tuple(range(1, self.G.ndim)), backend=self.backend)
+            shared = tuple(range(1, self.G.ndim))
+            T = encode(self.G, self.basis.moduli, self.bits, shared_axes=shared, backend=self.backend)
             vec = T.scale.axes[0]
             out = {}
             for c in range(self.G.shape[1]):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Hashable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -179,7 +179,8 @@ class BoundRunner:
                 target = max(target + 1, math.prod(subset) + 1)  # every drop's +1 cost a little: ask for more
             if max(inputs) < self.threshold:
                 self.failure = (
-                    f"stage {k + 1}: keeping it in range leaves 2^{log2_int(max(inputs)):.1f} < 2^{log2_int(self.threshold):.0f}"
+                    f"stage {k + 1}: keeping it in range leaves 2^{log2_int(max(inputs)):.1f} "
+                    f"< 2^{log2_int(self.threshold):.0f}"
                 )
         self.drops.append(subset)
         self.bounds.append((list(inputs), res))
@@ -202,7 +203,8 @@ class ProgramPlan:
 
     def describe(self) -> str:
         """One line per stage: log2 of the largest input bound after the drops, dropped moduli, output bound."""
-        lines = [f"residue program on {self.basis!r}: b = {self.bits}, log2 range = {log2_int(self.basis.product) - 1:.2f}"]
+        rng = log2_int(self.basis.product) - 1
+        lines = [f"residue program on {self.basis!r}: b = {self.bits}, log2 range = {rng:.2f}"]
         for k, (d, (ins, outs)) in enumerate(zip(self.drops, self.bounds)):
             lines.append(
                 f"  stage {k + 1:>2}: drop {len(d):>2} moduli -> log2 B in {log2_int(max(ins)):6.2f}, "

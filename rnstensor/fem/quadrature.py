@@ -259,7 +259,7 @@ def lagrange_matrices(nodes, points) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("lagrange_matrices: nodes and points must be finite")
     if np.unique(x).size != x.size:
         raise ValueError("lagrange_matrices: nodes must be distinct (a repeated node has no Lagrange basis)")
-    small = lambda a: (a != 0) & (np.abs(a) < 2.0**-100)  # noqa: E731
+    small = lambda a: (a != 0) & (np.abs(a) < 2.0**-100)
     if small(x).any() or small(y).any() or np.abs(x).max() > 2.0**100 or np.abs(y).max() > 2.0**100:
         raise ValueError("lagrange_matrices: nodes and points must be 0 or of magnitude in [2**-100, 2**100]")
     return _lagrange_cached(tuple(x.tolist()), tuple(y.tolist()))

@@ -28,8 +28,10 @@ def _matrices(P: int, Q: int, quadrature: str):
 
 
 @lru_cache(maxsize=None)
-def _chain(P: int, Q: int, quadrature: str, dim: int, deriv: int, transpose: bool, basis: Basis, method: str) -> ChainPlan:
-    """The chain of ``dim`` products (``D`` on axis ``deriv``, ``B`` elsewhere; ``deriv=-1``: all ``B``), planned once."""
+def _chain(
+    P: int, Q: int, quadrature: str, dim: int, deriv: int, transpose: bool, basis: Basis, method: str
+) -> ChainPlan:
+    """The chain of ``dim`` products (``D`` on axis ``deriv``, else ``B``; ``deriv=-1``: all ``B``), planned once."""
     _, _, _, B, D = _matrices(P, Q, quadrature)
     ops = [(D if a == deriv else B) for a in range(dim)]
     if transpose:
@@ -118,7 +120,10 @@ class TensorBasis:
         return self.P - 1
 
     def __repr__(self) -> str:
-        return f"TensorBasis(P={self.P}, Q={self.Q}, dim={self.dim}, quadrature={self.quadrature!r}, s={len(self.moduli)})"
+        return (
+            f"TensorBasis(P={self.P}, Q={self.Q}, dim={self.dim}, quadrature={self.quadrature!r}, "
+            f"s={len(self.moduli)})"
+        )
 
     def __eq__(self, other) -> bool:
         return isinstance(other, TensorBasis) and self._key() == other._key()
@@ -150,7 +155,7 @@ class TensorBasis:
     # ----- residue-domain chains ------------------------------------------------------------
 
     def chain(self, deriv: int = -1, transpose: bool = False, method: str = "rescale_be") -> ChainPlan:
-        """The cached :class:`~rnstensor.ChainPlan` of ``B`` (``D`` on axis ``deriv``) along every axis, or its transpose."""
+        """The cached :class:`~rnstensor.ChainPlan`: ``B`` (``D`` on axis ``deriv``) along every axis, or transposed."""
         return _chain(self.P, self.Q, self.quadrature, self.dim, int(deriv), bool(transpose), self.moduli, method)
 
     def interp(self, u, transpose: bool = False, *, method: str = "rescale_be", decode: str = "fp64") -> np.ndarray:
@@ -190,7 +195,7 @@ class TensorBasis:
         return y[0] if single else y
 
     def grad(self, u, transpose: bool = False, *, method: str = "rescale_be", decode: str = "fp64") -> np.ndarray:
-        """Reference gradient at the quadrature points: component ``i`` is ``D`` along axis ``i``, ``B`` along the others.
+        """Reference gradient at the quadrature points: component ``i`` is ``D`` along axis ``i``, ``B`` elsewhere.
 
         Parameters
         ----------
