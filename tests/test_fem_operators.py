@@ -357,3 +357,18 @@ def test_linear_patch_test_on_curved_meshes(dim, P):
                                               [(0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1)])], axis=1)
     r = mesh.scatter(PoissonOperator(b, G).apply(mesh.gather(mesh.coords[:, 0])))
     assert np.max(np.abs(r[interior])) > 1e-6
+
+
+def test_wide_encoding_on_a_larger_basis():
+    b = TensorBasis(4, moduli=20)
+    mesh = box_mesh(b, shape=(2, 1, 1), curved=0.1)
+    u = np.random.default_rng(4).uniform(-1, 1, mesh.dofs.shape)
+    for op, field in ((MassOperator, mesh.qdata), (PoissonOperator, mesh.G)):
+        A53, A64 = op(b, field), op(b, field, bits=64)
+        assert A53.bits == 53 and A64.bits == 64
+        y53, y64 = A53.apply(u, decode="exact"), A64.apply(u, decode="exact")
+        scale = np.abs(y53).max()
+        assert np.max(np.abs(y64 - y53)) <= 8 * EPS * scale
+        assert A64.error_bound(u).max() < A53.error_bound(u).max()
+    with pytest.raises(rt.PlanError, match="b = 90"):
+        MassOperator(b, mesh.qdata, bits=90)

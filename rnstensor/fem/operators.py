@@ -289,7 +289,8 @@ class MassOperator(_Operator):
     bits : int, optional
         Encoding width of ``u``, the 1-D matrices and ``qdata``; default the
         widest ``<= 53`` that the basis holds with at least that many bits
-        kept at every drop.
+        kept at every drop. Wider (e.g. 64 on ``moduli=20``) encodes the
+        matrices and fields more finely where the basis has the range.
     backend : str, optional
         Residue backend name (default: the current one).
 
