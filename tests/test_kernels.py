@@ -72,7 +72,7 @@ def test_ptxas_reports_no_spills(cubins, arch):
 @needs_cuobjdump
 @pytest.mark.parametrize("arch", build.ARCHS)
 def test_product_sass_uses_int8_tensor_cores(cubins, arch):
-    code = build.sass(cubins[("product", arch)].path)
+    code = build.sass(cubins[("product", arch)].path, PRODUCT_KERNELS)
     for k in PRODUCT_KERNELS:
         assert k in code, f"{k} missing from the product cubin for {arch}"
         imma = [ln for ln in code[k].splitlines() if "IMMA" in ln]
@@ -121,11 +121,9 @@ def test_cli_build_writes_cubins(tmp_path, kernel_cache):
     env = dict(os.environ, RNSTENSOR_KERNEL_CACHE=str(kernel_cache))
     out = tmp_path / "cubins"
     res = subprocess.run(
-        [sys.executable, "-m", "rnstensor.kernels", "build", "--arch", "sm_89", "--out", str(out)],
+        [sys.executable, "-m", "rnstensor.kernels", "build", "--arch", "sm_89", "--out", str(out), "--quiet"],
         capture_output=True, text=True, env=env,
     )
     assert res.returncode == 0, res.stderr
     for m in build.MODULES:
         assert (out / f"{m}.sm_89.cubin").read_bytes()[:4] == b"\x7fELF"
-    if _have_cuobjdump():
-        assert "rns_product_n8" in res.stdout and "IMMA" in res.stdout

@@ -104,6 +104,13 @@ class FakeModule:
         assert self.lib.h_decode_fp64(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), ctypes.c_double(f),
                                       _ptr(ev), ctypes.c_int64(inner), ctypes.c_int64(k), _ptr(out)) == 0
 
+    def _rns_decode_exact(self, grid, block, args, smem, name):
+        X, N, ib, fb, qd, F, nf, fneg, ev, inner, k, out = args
+        assert smem >= int(ib[0]) * block[0] * 4 and F.dtype == np.uint32 and F.size == nf
+        assert self.lib.h_decode_exact(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), _ptr(F),
+                                       ctypes.c_int(nf), ctypes.c_int(fneg), _ptr(ev), ctypes.c_int64(inner),
+                                       ctypes.c_int64(k), _ptr(out)) == 0
+
     def _rns_reduce_i32(self, grid, block, args, smem, name):
         acc, out, n, L, P, IP, H, C16 = args
         for l in range(L):
@@ -142,6 +149,7 @@ def fake(tmp_path_factory):
         pytest.skip(f"no host C++ compiler: {exc}")
     lib.h_decode_fp64.restype = ctypes.c_int
     lib.h_drop_extend.restype = ctypes.c_int
+    lib.h_decode_exact.restype = ctypes.c_int
     launches: list[str] = []
     cp = types.ModuleType("cupy")
     cp.ndarray = DevArray
@@ -150,6 +158,7 @@ def fake(tmp_path_factory):
     cp.asarray = lambda a, dtype=None: a if isinstance(a, DevArray) and dtype is None else dev(a, dtype)
     cp.asnumpy = lambda a: np.array(a)
     cp.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(DevArray)
+    cp.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(DevArray)
     cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(DevArray)
     props = {"major": 9, "minor": 0, "name": b"Fake H200"}
     cp.cuda = types.SimpleNamespace(
@@ -271,15 +280,18 @@ def test_drop_extend(fake, basis, drops, extend):
 
 @pytest.mark.parametrize("mode", ["fp64", "exact"])
 def test_decode(fake, mode):
-    be, _ = fake
+    be, launches = fake
+    launches.clear()
     rng = np.random.default_rng(12)
     for active in (POOL[:15], POOL[:49], (7, 5, 3, 2)):
         X = planes(rng, active, (10, 6))
         ev = rng.integers(-1100, 1100, (10, 1))
-        for factor in (1, 253 * 251, -(1 << 70)):
+        for factor in (1, 253 * 251, -(1 << 70), 0, 3**700):
             with np.errstate(over="ignore"):
                 ref = CPU.decode(X, active, ev, factor, mode)
             same(be.decode(dev(X), active, ev, factor, mode), ref)
+    # 3 tensors x 5 factors, less the zero factor (no launch) and 3**700 on 49 moduli (too wide: the CPU)
+    assert launches.count("rns_decode_exact") == (11 if mode == "exact" else 0)
 
 
 def test_chain_through_the_backend(fake, monkeypatch):

@@ -39,6 +39,9 @@ def lib(tmp_path_factory):
     L.h_drop_extend.restype = INT
     L.h_decode_fp64.argtypes = [i8p, I64, i32p, f32p, f64p, F64, i64p, I64, I64, f64p]
     L.h_decode_fp64.restype = INT
+    L.h_decode_exact.argtypes = [i8p, I64, i32p, f32p, f64p, np.ctypeslib.ndpointer(np.uint32, flags="C"), INT, INT,
+                                 i64p, I64, I64, f64p]
+    L.h_decode_exact.restype = INT
     L.h_ldexp.argtypes = [F64, I64]
     L.h_ldexp.restype = F64
     return L
@@ -233,6 +236,47 @@ def test_decode_fp64_entry(lib, active, factor):
     with np.errstate(over="ignore"):
         ref = arith.decode_fp64_ref(X, active, ev, factor)
     _same_bits(out, ref)
+
+
+@pytest.mark.parametrize("active", [POOL[:15], POOL[3:10], POOL[:49], (7, 5, 3, 2), (255, 256, 7), (3,)])
+@pytest.mark.parametrize("factor", [1, -1, 2, 253 * 251 * 4, -((1 << 80) + 12345), 3**200])
+def test_decode_exact_entry(lib, active, factor):
+    rng = np.random.default_rng(len(active) * 7 + factor % 997)
+    n = 600
+    X = _random_planes(rng, active, n)
+    ev = rng.integers(-200, 200, n).astype(np.int64)
+    ev[:60] = rng.integers(-1500, -900, 60) - math.prod(active).bit_length()  # subnormal, ties at the bottom, zeros
+    ev[60:100] = rng.integers(900, 1300, 40)  # overflow
+    ev[100:105] = -(1 << 41)
+    ev[105:110] = 1 << 41
+    ib, fb, qd = tables.decode_tables(tuple(active))
+    F, t2, neg = tables.factor_limbs(factor)
+    assert tables.exact_decode_fits(active, factor)
+    out = np.empty(n, np.float64)
+    assert lib.h_decode_exact(X, n, ib, fb, qd, F, F.size, int(neg), ev, 1, t2, out) == 0
+    _same_bits(out, arith.decode_exact_ref(X, active, ev, factor))
+
+
+def test_decode_exact_rounding_cases(lib):
+    # integers just around half-way points of the float64 grid, normal and subnormal
+    active = POOL[:15]
+    vals = []
+    for top in (54, 60, 80, 110):
+        base = 1 << (top - 1)
+        ulp = 1 << (top - 53)
+        for k in (0, 1, 2, 3):
+            for delta in (-1, 0, 1):
+                vals += [base + k * ulp + ulp // 2 + delta, -(base + k * ulp + ulp // 2 + delta)]
+    P = math.prod(active)
+    X = np.stack([np.array([arith.centered_mod(np.array(v % p), p) for v in vals]) for p in active]).astype(np.int8)
+    for e in (0, -1074 - 60, -1100, 900):
+        ev = np.full(len(vals), e, np.int64)
+        ib, fb, qd = tables.decode_tables(active)
+        F, t2, neg = tables.factor_limbs(1)
+        out = np.empty(len(vals), np.float64)
+        assert lib.h_decode_exact(X, len(vals), ib, fb, qd, F, F.size, 0, ev, 1, t2, out) == 0
+        _same_bits(out, arith.decode_exact_ref(X, active, ev, 1))
+    assert all(abs(v) < P // 2 for v in vals)
 
 
 def test_ldexp_rounds_once(lib):

@@ -11,7 +11,8 @@ NumPy. Kernels are compiled for the device's arch (``sm_90a`` on Hopper) by
 
 Status: written without a GPU; its kernels' arithmetic is tested on the host
 (tests/test_kernels_host.py) and the backend itself by tests/gpu/ where a GPU
-exists. ``decode(mode='exact')`` runs on the host (CPU backend) for now.
+exists. ``decode(mode='exact')`` runs on the host (CPU backend) only for a
+factor wider than the kernel's limbs (about 900 bits).
 """
 
 from __future__ import annotations
@@ -350,23 +351,34 @@ class CudaBackend:
         (X,), host = self._in(planes)
         shape = X.shape[1:]
         N = math.prod(shape)
-        if mode != "fp64" or not active or N == 0:
-            # exact decode (multi-limb rounding) runs on the host for now
+        if mode not in ("fp64", "exact"):
+            raise ValueError(f"decode: mode must be 'fp64' or 'exact'; got {mode!r}")
+        exact = mode == "exact"
+        if not active or N == 0 or (exact and int(factor) != 0 and not tables.exact_decode_fits(active, factor)):
+            # nothing to launch, or a factor too wide for the kernel's limbs: the CPU backend on the host
             from .cpu import CpuBackend
 
             e = cp.asnumpy(exponent) if isinstance(exponent, cp.ndarray) else exponent
             res = CpuBackend().decode(cp.asnumpy(X), active, e, factor, mode)
             return self._out(cp.asarray(res), host)
+        if exact and int(factor) == 0:
+            _exponent_runs(exponent, shape)  # the same argument check
+            return self._out(cp.zeros(shape, cp.float64), host)
         ev, inner = _exponent_runs(exponent, shape)
         ib, fb, qd = self._dev(("dec", active), lambda: tables.decode_tables(active))
-        f, k = arith.float_factor(factor)
         out = cp.empty(N, cp.float64)
         m = len(active)
         block = 128 if m * 128 * 4 <= 48 * 1024 else 64
-        self._fn("entry", "rns_decode_fp64")(
-            (self._grid(N, block),), (block,),
-            (self._contig(X).reshape(m, N), np.int64(N), ib, fb, qd, np.float64(f), cp.asarray(ev),
-             np.int64(inner), np.int64(k), out),
-            shared_mem=m * block * 4,
-        )
+        Xm = self._contig(X).reshape(m, N)
+        evd = cp.asarray(ev)
+        if exact:
+            Fh, t2, neg = tables.factor_limbs(int(factor))
+            (F,) = self._dev(("flimbs", int(factor)), lambda: (Fh,))
+            args = (Xm, np.int64(N), ib, fb, qd, F, np.int32(F.size), np.int32(neg), evd, np.int64(inner), np.int64(t2), out)
+            name = "rns_decode_exact"
+        else:
+            f, k = arith.float_factor(factor)
+            args = (Xm, np.int64(N), ib, fb, qd, np.float64(f), evd, np.int64(inner), np.int64(k), out)
+            name = "rns_decode_fp64"
+        self._fn("entry", name)((self._grid(N, block),), (block,), args, shared_mem=m * block * 4)
         return self._out(out.reshape(shape), host)

@@ -336,9 +336,9 @@ def _cuobjdump(args: Sequence[str], cubin: Path | str) -> str:
     return res.stdout
 
 
-def sass(cubin: Path | str) -> dict[str, str]:
-    """The SASS of every function in a cubin: ``{function name: disassembly}``."""
-    text = _cuobjdump(["--dump-sass"], cubin)
+def sass(cubin: Path | str, functions: Sequence[str] = ()) -> dict[str, str]:
+    """The SASS of every function in a cubin (or only of ``functions``): ``{function name: disassembly}``."""
+    text = _cuobjdump(["--dump-sass", *(["--function", ",".join(functions)] if functions else [])], cubin)
     out: dict[str, str] = {}
     name = None
     for line in text.splitlines():

@@ -70,3 +70,17 @@ extern "C" __global__ void __launch_bounds__(128) rns_decode_fp64(
                                        f, e);
     }
 }
+
+// X (m, N) -> out (N) float64, correctly rounded v F 2^(ev[i / inner] + k) (F: odd factor limbs).
+// Dynamic shared memory: m * blockDim.x floats. Limbs live in local memory (not a hot kernel).
+extern "C" __global__ void __launch_bounds__(128) rns_decode_exact(
+    const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
+    const double* __restrict__ qd, const rns_u32* __restrict__ F, int nf, int fneg, const rns_i64* __restrict__ ev,
+    rns_i64 inner, rns_i64 k, double* __restrict__ out) {
+    extern __shared__ float rns_scratch[];
+    const RnsDecodeTables tb = rns_decode_tables(ib, fb);
+    float* d = rns_scratch + threadIdx.x;
+    for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x)
+        out[i] = rns_decode_exact_entry(X + i, N, tb, qd, F, nf, fneg != 0, rns_entry_exponent(ev, inner, i) + k, d,
+                                        blockDim.x);
+}

@@ -49,6 +49,16 @@ int h_decode_fp64(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb
     return 0;
 }
 
+int h_decode_exact(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb, const double* qd,
+                   const rns_u32* F, int nf, int fneg, const rns_i64* ev, rns_i64 inner, rns_i64 k, double* out) {
+    const RnsDecodeTables tb = rns_decode_tables(ib, fb);
+    if (tb.m > RNS_MAXM || tb.m < 1) return -1;
+    float d[RNS_MAXM];
+    for (rns_i64 i = 0; i < N; ++i)
+        out[i] = rns_decode_exact_entry(X + i, N, tb, qd, F, nf, fneg != 0, rns_entry_exponent(ev, inner, i) + k, d, 1);
+    return 0;
+}
+
 double h_ldexp(double y, rns_i64 e) { return rns_ldexp(y, e); }
 
 }  // extern "C"

@@ -322,3 +322,100 @@ RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, con
 RNS_HD rns_i64 rns_clip_exponent(rns_i64 e) {
     return e < -(1LL << 20) ? -(1LL << 20) : (e > (1LL << 20) ? (1LL << 20) : e);
 }
+
+// ----- decode (exact, correctly rounded) --------------------------------------------------------
+//
+// |v| from the centered digits in base-2^32 limbs: the top nonzero digit carries
+// the sign s of v and outweighs all lower ones, so every Horner prefix of s v is
+// >= 0 and each step V <- V q + s d stays exact with a signed carry (|limb q +
+// carry| < 2^41 in int64; floor division by 2^32 by the arithmetic shift).
+// Then |v| times the odd part F of the factor (its power of two is in e), and
+// one rounding to nearest-even on the float64 grid of the result: 53 bits, or
+// fewer where the result is subnormal, so the final scaling is exact or
+// overflows. A zero v gives +0.0, as the reference's exact integer does.
+#define RNS_MAXLIMB 40
+
+// bit i of the limb array M[0..n) (0 beyond)
+RNS_HD rns_u32 rns_limb_bit(const rns_u32* M, int n, rns_i64 i) {
+    if (i < 0 || i >= 32LL * n) return 0u;
+    return (M[i >> 5] >> (i & 31)) & 1u;
+}
+
+// bits [lo, lo + 53) of M as an integer (lo >= 0)
+RNS_HD rns_u64 rns_limb_bits53(const rns_u32* M, int n, rns_i64 lo) {
+    rns_u64 r = 0;
+    for (int b = 52; b >= 0; --b) r = (r << 1) | rns_limb_bit(M, n, lo + b);
+    return r;
+}
+
+// whether any of bits [0, hi) of M is set
+RNS_HD bool rns_limb_any_below(const rns_u32* M, int n, rns_i64 hi) {
+    for (int i = 0; i < n && 32LL * i < hi; ++i) {
+        rns_u32 w = M[i];
+        rns_i64 top = hi - 32LL * i;
+        if (top < 32) w &= (1u << top) - 1u;
+        if (w) return true;
+    }
+    return false;
+}
+
+// v F 2^e rounded once; F = odd factor limbs F[0..nf), fneg: the factor is negative.
+// Needs nl(v) + nf <= RNS_MAXLIMB (the host checks). d: digit scratch (stride ds).
+RNS_HD double rns_decode_exact_entry(const rns_i8* x, rns_i64 xs, const RnsDecodeTables& tb, const double* qd,
+                                     const rns_u32* F, int nf, bool fneg, rns_i64 e, float* d, int ds) {
+    const int m = tb.m;
+    rns_mrc_digits(x, xs, tb.perm, m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, d, ds);
+    int s = 0;
+    for (int i = m - 1; i >= 0 && s == 0; --i) {
+        float di = d[i * ds];
+        s = di > 0.0f ? 1 : (di < 0.0f ? -1 : 0);
+    }
+    if (s == 0) return 0.0;
+    rns_u32 V[RNS_MAXLIMB];
+    int n = 1;
+    V[0] = (rns_u32)(s * (int)d[(m - 1) * ds]);
+    for (int j = m - 2; j >= 0; --j) {
+        const rns_i64 q = (rns_i64)qd[j];
+        rns_i64 carry = (rns_i64)(s * (int)d[j * ds]);
+        for (int i = 0; i < n; ++i) {
+            rns_i64 t = (rns_i64)V[i] * q + carry;
+            V[i] = (rns_u32)(t & 0xffffffffLL);
+            carry = t >> 32;  // floor division (arithmetic shift)
+        }
+        if (carry > 0 && n < RNS_MAXLIMB) V[n++] = (rns_u32)carry;
+    }
+    rns_u32 M[RNS_MAXLIMB];
+    int nm = n + nf;
+    if (nm > RNS_MAXLIMB) nm = RNS_MAXLIMB;
+    for (int i = 0; i < nm; ++i) M[i] = 0u;
+    for (int i = 0; i < n; ++i) {
+        rns_u64 c = 0;
+        for (int j = 0; j < nf && i + j < nm; ++j) {
+            rns_u64 t = (rns_u64)V[i] * F[j] + M[i + j] + c;
+            M[i + j] = (rns_u32)t;
+            c = t >> 32;
+        }
+        if (i + nf < nm) M[i + nf] = (rns_u32)c;
+    }
+    while (nm > 0 && M[nm - 1] == 0u) --nm;
+    if (nm == 0) return 0.0;
+    rns_u32 top = M[nm - 1];
+    int tb_len = 0;
+    while (top) {
+        ++tb_len;
+        top >>= 1;
+    }
+    const rns_i64 nb = 32LL * (nm - 1) + tb_len;
+    if (e < -(1LL << 40)) e = -(1LL << 40);
+    if (e > (1LL << 40)) e = 1LL << 40;
+    const rns_i64 shift = nb - 53 > -1074 - e ? nb - 53 : -1074 - e;
+    double y;
+    if (shift <= 0) {
+        y = rns_ldexp((double)rns_limb_bits53(M, nm, 0), e);
+    } else {
+        rns_u64 mant = rns_limb_bits53(M, nm, shift);
+        if (rns_limb_bit(M, nm, shift - 1) && ((mant & 1u) || rns_limb_any_below(M, nm, shift - 1))) mant += 1;
+        y = rns_ldexp((double)mant, shift + e);
+    }
+    return (s < 0) != fneg ? -y : y;
+}

@@ -25,11 +25,16 @@ __all__ = [
     "mrc_coeffs",
     "drop_tables",
     "decode_tables",
+    "factor_limbs",
+    "MAX_LIMBS",
+    "exact_decode_fits",
     "DROP_HEADER",
     "DROP_IB_MAX",
     "DROP_FB_MAX",
 ]
 
+#: limbs of 32 bits the exact decode holds (RNS_MAXLIMB in rns_arith.cuh): |v| and |v| times the factor
+MAX_LIMBS = 40
 #: int32 entries in the header of a packed drop table (see rns_drop_tables in rns_arith.cuh)
 DROP_HEADER = 29
 #: capacity of the kernel's __constant__ tables (RNS_DROP_IB, RNS_DROP_FB in entry.cu)
@@ -218,3 +223,26 @@ def decode_tables(active: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.n
     ib, fb = pk.done()
     qd = np.array(order, np.float64)
     return ib, fb, *_ro(qd)
+
+
+@lru_cache(maxsize=64)
+def factor_limbs(factor: int) -> tuple[np.ndarray, int, bool]:
+    """``(F, t2, negative)``: ``|factor| = odd * 2**t2`` with ``odd`` as little-endian uint32 limbs ``F``."""
+    f = abs(int(factor))
+    if f == 0:
+        raise ValueError("factor must be nonzero (a zero factor decodes to zeros without a kernel)")
+    t2 = (f & -f).bit_length() - 1
+    odd = f >> t2
+    limbs = []
+    while odd:
+        limbs.append(odd & 0xFFFFFFFF)
+        odd >>= 32
+    F = np.array(limbs, np.uint32)
+    F.setflags(write=False)
+    return F, t2, factor < 0
+
+
+def exact_decode_fits(active: Sequence[int], factor: int) -> bool:
+    """Whether the kernel's limbs hold ``|v| < P/2`` times the odd part of ``factor``."""
+    nv = (math.prod(int(p) for p in active).bit_length() + 31) // 32 + 1
+    return nv + len(factor_limbs(factor)[0]) <= MAX_LIMBS
