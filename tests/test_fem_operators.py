@@ -203,9 +203,9 @@ def test_mass_volume_poisson_kernel_symmetry(dim, P):
         M, A = ops_for(mesh)
         one = np.ones(mesh.dofs.shape)
         vol = M.apply(one).sum()
-        # exact quadrature of detJ: affine always, curved while 2Q - 1 >= dim p - 1 (p = P - 1)
-        exact_q = curved == 0.0 or 2 * b.Q - 1 >= dim * (P - 1) - 1
-        assert abs(vol - mesh.volume) <= (64 * EPS if exact_q else 1e-6) * mesh.volume
+        # box_mesh keeps detJ of degree <= 2p per variable: Gauss with Q = P + 1 integrates it exactly
+        assert abs(vol - mesh.volume) <= 64 * EPS * mesh.volume
+        assert abs(mesh.qdata.sum() - mesh.volume) <= 64 * EPS * mesh.volume
         assert np.max(np.abs(A.apply(3.5 * one))) <= 64 * EPS * np.abs(A.G).max() * 3.5 * b.P ** (2 * dim)
         rng = np.random.default_rng(P)
         gu, gv = rng.uniform(-1, 1, (2, mesh.ndof))
