@@ -372,3 +372,21 @@ def test_wide_encoding_on_a_larger_basis():
         assert A64.error_bound(u).max() < A53.error_bound(u).max()
     with pytest.raises(rt.PlanError, match="b = 90"):
         MassOperator(b, mesh.qdata, bits=90)
+
+
+def test_elements_of_extreme_magnitudes_keep_their_accuracy():
+    """Each element is encoded with its own exponent: 1e-300 and 1e300 elements stay float64-accurate."""
+    b = TensorBasis(3, dim=2)
+    mesh = box_mesh(b, shape=(2, 2), curved=0.1)
+    u = np.random.default_rng(5).uniform(-1, 1, mesh.dofs.shape)
+    u[0] *= 1e-300
+    u[1] *= 1e300
+    for op, kind, field in ((MassOperator, "mass", mesh.qdata), (PoissonOperator, "poisson", mesh.G)):
+        A = op(b, field)
+        ref = exact_apply(kind, b, field, u)
+        y = A.apply(u, decode="exact")
+        err, bound = max_err(y, ref), A.error_bound(u, decode="exact")
+        scale = [max(abs(ref[e]).reshape(-1)) for e in range(mesh.nelem)]
+        assert all(Fraction(bd) >= er for bd, er in zip(bound.tolist(), err))
+        assert all(er <= 4 * Fraction(EPS) * s for er, s in zip(err, scale))
+        assert all(Fraction(bd) <= Fraction(1, 10**11) * s for bd, s in zip(bound.tolist(), scale))

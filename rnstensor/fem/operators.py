@@ -261,13 +261,18 @@ class _Operator:
         axes = tuple(range(1, x.ndim))
         _, _, udiff, uunit = _field_error(x, T, axes)
         umag = np.max(np.abs(x), axis=axes)
+        # work in units of u's encoding (exact power-of-two scaling per element): no underflow for tiny u
+        e = np.broadcast_to(-T.scale.exponent().reshape(-1), umag.shape).astype(np.int32)
+        umag, udiff, uunit = np.ldexp(umag, e), np.ldexp(udiff, e), np.ldexp(uunit, e)
         norms = {
             k: v + (2.0 ** self._ops[k].scale.exp2,) for k, v in _op_norms(self.basis, self.bits).items()
         }
         run = _ErrorRunner(self.plan, norms, self._field_errors())
         _, err, unit = self._program(run, (umag, udiff, uunit), self.basis.dim)
         dec = float(decode_factor(decode, self.basis.moduli.moduli, self.plan.final_bound)) * _INFLATE
-        return (err + dec * float(self.plan.final_bound) * unit + 2.0**-1074) * _INFLATE
+        scaled = (err + dec * float(self.plan.final_bound) * unit) * _INFLATE
+        # back to value units; ldexp may round (subnormal results): step one float up, add the subnormal unit
+        return np.nextafter(np.ldexp(scaled, -e), np.inf) + 2.0**-1074
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.basis!r}, nelem={self._nelem}, method={self.method!r}, bits={self.bits})"
