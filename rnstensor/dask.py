@@ -6,10 +6,15 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .backends import get_backend
+from .basis import Basis
 from .chain import ChainPlan
 from .contract import ContractExpression
+from .gemm import _check_moduli, _check_scalar, _check_trans, _decode_scaled, gemm_width, moduli_for_bits
+from .gemm import matmul as _matmul_in_memory
+from .tensor import RNSTensor, Scale
 
-__all__ = ["apply"]
+__all__ = ["apply", "dgemm", "zgemm", "matmul"]
 
 
 def _dask_array():
@@ -99,4 +104,239 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None):
     return X.map_blocks(
         lambda blk: np.asarray(fn(blk), dtype=dtype).reshape((blk.shape[0],) + tail),
         dtype=dtype, chunks=chunks, drop_axis=drop_axis or None, new_axis=new_axis or None,
+    )
+
+
+# ----- GEMM ---------------------------------------------------------------------------------------
+
+_NONE = np.iinfo(np.int64).min // 4
+_HUGE = np.iinfo(np.int64).max // 4
+
+
+def _entry_stats(x: np.ndarray) -> np.ndarray:
+    """Per entry ``(finite, frexp exponent or NONE, lowest set bit or HUGE)`` (complex: both parts) as int64 planes."""
+    parts = [x.real, x.imag] if np.iscomplexobj(x) else [x]
+    fin = np.ones(x.shape, bool)
+    E = np.full(x.shape, _NONE, np.int64)
+    lsb = np.full(x.shape, _HUGE, np.int64)
+    for p in parts:
+        p = np.asarray(p, dtype=np.float64)
+        fin &= np.isfinite(p)
+        ok = np.isfinite(p) & (p != 0)
+        q = np.where(ok, p, 1.0)
+        mant, ex = np.frexp(q)
+        m = (mant * 2.0**53).astype(np.int64)
+        low = np.abs(m) & -np.abs(m)
+        tz = np.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
+        E = np.where(ok, np.maximum(E, ex.astype(np.int64)), E)
+        lsb = np.where(ok, np.minimum(lsb, ex.astype(np.int64) - 53 + tz), lsb)
+    return np.stack([fin.astype(np.int64), E, lsb])
+
+
+def _group_stats(da, x, axis: int):
+    """``(finite, Emax, lsb_min)`` per row (``axis=1``) or column (``axis=0``) of a Dask matrix, as small Dask vectors."""
+    st = x.map_blocks(_entry_stats, dtype=np.int64, new_axis=0, chunks=((3,),) + x.chunks)
+    fin = st[0].min(axis=axis) > 0
+    return fin, st[1].max(axis=axis), st[2].min(axis=axis)
+
+
+def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
+    basis = Basis.int8(s)
+    moduli = basis.moduli
+    L = len(moduli)
+    kind_bound = (k << (2 * t))  # |sum_k a b| <= k 2^t 2^t
+
+    def encode_rows(x: np.ndarray, e: np.ndarray, axis: int) -> list:
+        be = get_backend(backend)
+        ex = e[:, None] if axis == 0 else e[None, :]
+        parts = [x.real, x.imag] if cplx else [x]
+        return [be.encode(np.ascontiguousarray(p, dtype=np.float64), ex, moduli, t) for p in parts]
+
+    def fn(a_blocks, b_blocks, ea, eb, fa, fb, *c):
+        be = get_backend(backend)
+        a_blocks = a_blocks if isinstance(a_blocks, list) else [a_blocks]
+        b_blocks = b_blocks if isinstance(b_blocks, list) else [b_blocks]
+        mb, nb = a_blocks[0].shape[0], b_blocks[0].shape[1]
+        dtype = np.complex128 if cplx else np.float64
+        term = np.zeros((mb, nb), dtype)
+        if alpha != 0 and k > 0 and mb > 0 and nb > 0:
+            acc = None
+            for A, B in zip(a_blocks, b_blocks):
+                A = np.where(fa[:, None], A, 0)
+                B = np.where(fb[None, :], B, 0)
+                pa, pb = encode_rows(A, ea, 0), encode_rows(B, eb, 1)
+                prod = lambda x, y: be.matmul(x[:, None], y[:, None], moduli)[:, 0]  # noqa: E731
+                if cplx:
+                    As, Bs = be.add(pa[0], pa[1], moduli), be.add(pb[0], pb[1], moduli)
+                    ps = [prod(pa[0], pb[0]), prod(pa[1], pb[1]), prod(As, Bs)]
+                else:
+                    ps = [prod(pa[0], pb[0])]
+                acc = ps if acc is None else [be.add(u, v, moduli) for u, v in zip(acc, ps)]
+            scale = Scale(0, 1, (-ea, -eb), None)
+            if cplx:
+                P0, P1, P2 = acc
+                re = be.add(P0, P1, moduli, True)
+                im = be.add(be.add(P2, P0, moduli, True), P1, moduli, True)
+                R = RNSTensor(re, basis, moduli, 2 * kind_bound, scale)
+                I = RNSTensor(im, basis, moduli, 6 * kind_bound, scale)
+                ar, ai = alpha.real, alpha.imag
+                term.real = _decode_scaled(R, ar, backend) - _decode_scaled(I, ai, backend) if ai else _decode_scaled(R, ar, backend)
+                term.imag = _decode_scaled(I, ar, backend) + _decode_scaled(R, ai, backend) if ai else _decode_scaled(I, ar, backend)
+            else:
+                term[...] = _decode_scaled(RNSTensor(acc[0], basis, moduli, kind_bound, scale), alpha, backend)
+            # rows / columns holding inf or NaN: float64 products with IEEE propagation, as in memory
+            if not fa.all() or not fb.all():
+                Af, Bf = np.concatenate(a_blocks, axis=1), np.concatenate(b_blocks, axis=0)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    if not fa.all():
+                        term[~fa, :] = alpha * (Af[~fa] @ Bf)
+                    if not fb.all():
+                        term[:, ~fb] = alpha * (Af @ Bf[:, ~fb])
+        if beta != 0:
+            with np.errstate(invalid="ignore", over="ignore"):
+                term = term + (c[0] if beta == 1 else beta * c[0])
+        return term
+
+    return fn
+
+
+def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend):
+    da = _dask_array()
+    dtype = np.dtype(np.complex128 if cplx else np.float64)
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, da.Array):
+            raise TypeError(f"rnstensor.dask.{fn_name}: {name} must be a dask.array.Array; got {type(x).__name__}")
+        if x.ndim != 2:
+            raise ValueError(f"rnstensor.dask.{fn_name}: {name} must be 2-D; got shape {x.shape}")
+        if x.dtype != dtype:
+            raise TypeError(f"rnstensor.dask.{fn_name}: {name} must be {dtype.name}; got {x.dtype}")
+    ta = _check_trans(trans_a, "trans_a", ("N", "T", "C"))
+    tb = _check_trans(trans_b, "trans_b", ("N", "T", "C"))
+    moduli = _check_moduli(moduli, fn_name)
+    alpha = _check_scalar(alpha, "alpha", fn_name, cplx)
+    beta = _check_scalar(beta, "beta", fn_name, cplx)
+
+    def op(x, f):
+        if f == "N":
+            return x
+        return x.T.conj() if (f == "C" and cplx) else x.T
+
+    opa, opb = op(a, ta), op(b, tb)
+    m, k = opa.shape
+    if opb.shape[0] != k:
+        raise ValueError(f"rnstensor.dask.{fn_name}: shape mismatch: op(a) is {m}x{k} but op(b) is {opb.shape[0]}x{opb.shape[1]}")
+    n = opb.shape[1]
+    if c is not None:
+        if not isinstance(c, da.Array):
+            c = da.from_array(np.asarray(c), chunks=(opa.chunks[0], opb.chunks[1]))
+        if c.shape != (m, n):
+            raise ValueError(f"rnstensor.dask.{fn_name}: c must have shape ({m}, {n}); got {c.shape}")
+    elif beta != 0:
+        raise ValueError(f"rnstensor.dask.{fn_name}: c is required when beta != 0 (got beta={beta!r})")
+    # the k chunks of both operands must line up: take op(a)'s
+    if opb.chunks[0] != opa.chunks[1]:
+        opb = opb.rechunk({0: opa.chunks[1]})
+    # pass 1: per row / column exponents (and the finite masks), as in memory
+    fa, Ea, la = _group_stats(da, opa, 1)
+    fb, Eb, lb = _group_stats(da, opb, 0)
+    import dask
+
+    fa, Ea, la, fb, Eb, lb = dask.compute(fa, Ea, la, fb, Eb, lb)
+    kind = "complex" if cplx else "real"
+    if moduli is None:
+        s = moduli_for_bits(k, 53, kind=kind) if k > 0 else 2
+    elif moduli == "auto":
+        need = 1
+        for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
+            ok = f & (E != _NONE)
+            if ok.any():
+                need = max(need, int((E[ok] - lo[ok]).max()))
+        try:
+            s = moduli_for_bits(k, need, kind=kind)
+        except ValueError:
+            s = 49
+    else:
+        s = moduli
+    t = gemm_width(s, k, kind) if k > 0 else 1
+    if k > 0 and t < 1:
+        raise ValueError(f"rnstensor.dask.{fn_name}: moduli={s} cannot hold a product of length k={k}; use more moduli")
+    ea = np.where(fa & (Ea != _NONE), t - Ea, 0).astype(np.int64)
+    eb = np.where(fb & (Eb != _NONE), t - Eb, 0).astype(np.int64)
+    ea_d = da.from_array(ea, chunks=(opa.chunks[0],))
+    eb_d = da.from_array(eb, chunks=(opb.chunks[1],))
+    fa_d = da.from_array(fa, chunks=(opa.chunks[0],))
+    fb_d = da.from_array(fb, chunks=(opb.chunks[1],))
+    fn = _tile_fn(cplx, s, t, k, alpha, beta, backend)
+    args = [opa, "ik", opb, "kj", ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
+    if beta != 0:
+        args += [c.rechunk((opa.chunks[0], opb.chunks[1])), "ij"]
+    return da.blockwise(fn, "ij", *args, dtype=dtype, concatenate=False, meta=np.empty((0, 0), dtype))
+
+
+def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str = "N", trans_b: str = "N",
+          moduli=None, backend: Optional[str] = None):
+    """:func:`rnstensor.dgemm` on Dask arrays: bitwise the in-memory result for any chunking.
+
+    Output tiles follow ``op(a)``'s row chunks and ``op(b)``'s column chunks.
+    A first pass reduces the per-row / per-column exponents (and ``moduli='auto'``'s
+    width) over all chunks; then every tile encodes its ``k`` chunks with those
+    exponents, sums the chunk products *in residues* (exact) and decodes once
+    with ``alpha``. The exact integer product does not depend on the
+    chunking, so neither does a single bit of the result, unlike a float64
+    sum whose order follows the chunks.
+
+    Examples
+    --------
+    >>> import numpy as np, dask.array as da, rnstensor as rt, rnstensor.dask as rd
+    >>> A = np.random.default_rng(0).uniform(-1, 1, (6, 9))
+    >>> D = rd.dgemm(da.from_array(A, chunks=(4, 4)), da.from_array(A.T, chunks=(4, 2)))
+    >>> bool((D.compute() == rt.dgemm(A, A.T)).all())
+    True
+    """
+    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend)
+
+
+def zgemm(a, b, c=None, *, alpha: complex = 1.0, beta: complex = 0.0, trans_a: str = "N", trans_b: str = "N",
+          moduli=None, backend: Optional[str] = None):
+    """:func:`rnstensor.zgemm` on Dask arrays (the exact 3M form, chunk products summed in residues); see :func:`dgemm`."""
+    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend)
+
+
+def matmul(a, b, *, moduli=None, backend: Optional[str] = None):
+    """``a @ b`` on Dask arrays with numpy's semantics: 2-D (and 1-D) by :func:`dgemm` / :func:`zgemm`.
+
+    Operands with batch axes are multiplied block by block with
+    :func:`rnstensor.matmul` on whole ``k`` panels (the contracted axis is
+    rechunked to one chunk).
+    """
+    da = _dask_array()
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, da.Array):
+            raise TypeError(f"rnstensor.dask.matmul: {name} must be a dask.array.Array; got {type(x).__name__}")
+        if x.dtype not in (np.float64, np.complex128):
+            raise TypeError(f"rnstensor.dask.matmul: {name} must be float64 or complex128; got {x.dtype}")
+    cplx = np.complex128 in (a.dtype, b.dtype)
+    if cplx:
+        a, b = a.astype(np.complex128), b.astype(np.complex128)
+    if a.ndim <= 2 and b.ndim <= 2:
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        res = (zgemm if cplx else dgemm)(a2, b2, moduli=moduli, backend=backend)
+        if a.ndim == 1:
+            res = res[0]
+        if b.ndim == 1:
+            res = res[..., 0]
+        return res
+    a = a.rechunk({a.ndim - 1: -1})
+    b = b.rechunk({b.ndim - 2: -1} if b.ndim > 1 else {0: -1})
+    nd = max(a.ndim, b.ndim)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    batch = letters[: nd - 2]
+    ia = batch[nd - a.ndim :] + "yk" if a.ndim > 1 else "k"
+    ib = batch[nd - b.ndim :] + "kz" if b.ndim > 1 else "k"
+    out = batch + ("y" if a.ndim > 1 else "") + ("z" if b.ndim > 1 else "")
+    dtype = np.complex128 if cplx else np.float64
+    return da.blockwise(
+        lambda x, y: _matmul_in_memory(x, y, moduli=moduli, backend=backend), out, a, ia, b, ib,
+        dtype=dtype, concatenate=True,
     )

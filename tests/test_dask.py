@@ -85,3 +85,80 @@ def test_killed_worker_is_retried_without_a_wrong_result(client):
     result = fut.result(timeout=120)
     assert victim not in client.run(os.getpid).values()  # the worker really died (its nanny restarted it)
     assert np.array_equal(result, plan(X))
+
+
+def _gemm_case(m=13, k=37, n=11, seed=0, cplx=False):
+    r = np.random.default_rng(seed)
+    A = r.uniform(-1, 1, (m, k)) * 2.0 ** r.integers(-20, 20, (m, k))
+    B = r.uniform(-1, 1, (k, n))
+    if cplx:
+        A = A + 1j * r.uniform(-1, 1, A.shape)
+        B = B + 1j * r.uniform(-1, 1, B.shape) * 2.0 ** r.integers(-10, 10, B.shape)
+    return A, B
+
+
+@pytest.mark.parametrize(
+    "moduli,chunks",
+    [
+        (None, ((4, 5), (7, 3))),
+        (None, ((13, 37), (37, 11))),
+        ("auto", ((5, 9), (9, 4))),
+        ("auto", ((13, 37), (37, 11))),
+        (12, ((1, 37), (37, 1))),
+        (12, ((6, 10), (12, 5))),
+    ],
+)
+def test_dgemm_bitwise_for_any_chunking(moduli, chunks):
+    A, B = _gemm_case()
+    ref = rt.dgemm(A, B, moduli=moduli)
+    D = rd.dgemm(da.from_array(A, chunks=chunks[0]), da.from_array(B, chunks=chunks[1]), moduli=moduli)
+    assert np.array_equal(D.compute(), ref)
+
+
+def test_dgemm_blas_parameters_and_non_finite_rows():
+    A, B = _gemm_case(seed=1)
+    C = np.random.default_rng(2).uniform(-1, 1, (13, 11))
+    ref = rt.dgemm(A.T.copy(), B, C, alpha=1.5, beta=-0.5, trans_a="T")
+    got = rd.dgemm(da.from_array(A.T.copy(), chunks=(6, 4)), da.from_array(B, chunks=(5, 5)), C, alpha=1.5, beta=-0.5, trans_a="T")
+    assert np.array_equal(got.compute(), ref)
+    An = A.copy()
+    An[2, 3], An[5, 1] = np.inf, np.nan
+    got = rd.dgemm(da.from_array(An, chunks=(4, 5)), da.from_array(B, chunks=(7, 3))).compute()
+    assert np.array_equal(got, rt.dgemm(An, B), equal_nan=True)
+    Cn = np.full((13, 11), np.nan)
+    assert np.array_equal(rd.dgemm(da.from_array(A, chunks=4), da.from_array(B, chunks=4), Cn).compute(), rt.dgemm(A, B))
+
+
+@pytest.mark.parametrize("trans_b", ["N", "C"])
+def test_zgemm_bitwise_for_any_chunking(trans_b):
+    A, B = _gemm_case(cplx=True, seed=4)
+    Bop = B if trans_b == "N" else B.T.copy()
+    ref = rt.zgemm(A, Bop, alpha=2 - 1j, trans_b=trans_b) if trans_b != "C" else rt.zgemm(A, B.conj().T.copy(), alpha=2 - 1j, trans_b="C")
+    Bin = Bop if trans_b != "C" else B.conj().T.copy()
+    got = rd.zgemm(da.from_array(A, chunks=(4, 6)), da.from_array(Bin, chunks=5), alpha=2 - 1j, trans_b=trans_b)
+    assert np.array_equal(got.compute(), ref)
+
+
+def test_matmul_vectors_and_batches():
+    A, B = _gemm_case(seed=5)
+    S = np.stack([A, -A])
+    assert np.array_equal(rd.matmul(da.from_array(S, chunks=(1, 4, 5)), da.from_array(B, chunks=(7, 3))).compute(), rt.matmul(S, B))
+    assert np.array_equal(rd.matmul(da.from_array(A, chunks=(4, 5)), da.from_array(B[:, 0], chunks=7)).compute(), rt.matmul(A, B[:, 0]))
+
+
+def test_gemm_bad_input():
+    A, B = _gemm_case()
+    with pytest.raises(TypeError, match="dask.array.Array"):
+        rd.dgemm(A, da.from_array(B))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        rd.dgemm(da.from_array(A), da.from_array(B.T.copy()))
+    with pytest.raises(TypeError, match="float64"):
+        rd.dgemm(da.from_array(A.astype(np.float32)), da.from_array(B))
+    with pytest.raises(ValueError, match="beta"):
+        rd.dgemm(da.from_array(A), da.from_array(B), beta=2.0)
+
+
+def test_dgemm_on_a_local_cluster(client):
+    A, B = _gemm_case(m=40, k=300, n=30, seed=6)
+    got = rd.dgemm(da.from_array(A, chunks=(16, 64)), da.from_array(B, chunks=(100, 8)), moduli="auto")
+    assert np.array_equal(got.compute(), rt.dgemm(A, B, moduli="auto"))
