@@ -286,9 +286,10 @@ class ExactReference:
     def _parts(self, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         err = self.errors(C)
         ulp = np.where(self.rounded != 0, np.spacing(np.abs(self.rounded)), 2.0**-1074)
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             comp = np.where(self.abs_product > 0, err / self.abs_product, err)
-        return err, err / ulp, comp
+            ulps = err / ulp  # inf for a nonzero result where the exact value is 0 and the error is above 2**-50
+        return err, ulps, comp
 
     def metrics(self, C: np.ndarray) -> dict:
         """``{'max_ulp', 'cr_percent', 'componentwise', 'normwise'}`` of ``C`` (as :func:`gemm_metrics`)."""
