@@ -224,6 +224,11 @@ def default_workspace_bytes() -> int:
 
     Read from ``os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')``
     at each call; 1 GiB where the system does not report it.
+
+    Examples
+    --------
+    >>> 64 << 20 <= default_workspace_bytes() <= 4 << 30
+    True
     """
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
