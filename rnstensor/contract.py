@@ -286,7 +286,21 @@ class _Planner:
 
     # -- steps --
 
+    def _swap_wanted(self, X: _Node, Y: _Node, keep: str) -> bool:
+        """Whether ``Y, X`` yields the output index order directly (a batched GEMM's result is ``batch, X-kept, Y-kept``)."""
+        inx, iny, kp = set(X.labels), set(Y.labels), set(keep)
+        C = [c for c in X.labels if c in iny and c not in kp]
+        Bt = [c for c in X.labels if c in iny and c in kp]
+        Kx = [c for c in X.labels if c in kp and c not in iny and c.isalpha()]
+        Ky = [c for c in Y.labels if c in kp and c not in inx and c.isalpha()]
+        if not C or not Kx or not Ky or (not Bt and len(C) == 1 and (len(X.labels) == 2 or len(Y.labels) == 2)):
+            return False
+        want = [c for c in self.output if c in set(Bt + Kx + Ky)]
+        return want == Bt + Ky + Kx
+
     def pair(self, X: _Node, Y: _Node, keep: str) -> _Node:
+        if self._swap_wanted(X, Y, keep):
+            X, Y = Y, X
         if Y.cplx:
             Y.labels = Y.labels.replace(_C, _C2)
         inx, iny = set(X.labels), set(Y.labels)
@@ -453,8 +467,9 @@ def _pair(X: _Value, Y: _Value, args: tuple, moduli, be) -> _Value:
         planes = be.hadamard(np.ascontiguousarray(xb), np.ascontiguousarray(yb), moduli)
     else:
         k = math.prod(xp.shape[1 + nb + nx :])
-        xm = np.ascontiguousarray(xp).reshape(L, math.prod(bs), math.prod(xs), k)
-        ym = np.ascontiguousarray(yp).reshape(L, math.prod(bs), k, math.prod(ys))
+        # reshape copies only when the index order needs it; the backend takes strided operands
+        xm = xp.reshape(L, math.prod(bs), math.prod(xs), k)
+        ym = yp.reshape(L, math.prod(bs), k, math.prod(ys))
         planes = be.matmul(xm, ym, moduli).reshape((L,) + bs + xs + ys)
     # exponents are constant along contracted indices (size-1 dims there): drop them and broadcast
     xe2 = _drop_axes(xe, range(nb + nx, nb + nx + nc)).reshape(xe.shape[: nb + nx] + (1,) * ny)
