@@ -32,7 +32,8 @@ needs_cuobjdump = pytest.mark.skipif(
     not _have_cuobjdump(), reason="cuobjdump/nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm: the 'test' extras) not found"
 )
 
-PRODUCT_KERNELS = ("rns_product_n8", "rns_product_n16", "rns_product_n32", "rns_product_n64")
+PRODUCT_KERNELS = ("rns_product_n8", "rns_product_n16", "rns_product_n32", "rns_product_n64",
+                   "rns_product3m_n8", "rns_product3m_n16", "rns_product3m_n32")
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +79,8 @@ def test_product_sass_uses_int8_tensor_cores(cubins, arch):
         imma = [ln for ln in code[k].splitlines() if "IMMA" in ln]
         assert imma, f"{k} on {arch} has no IMMA instruction"
         assert all("IMMA.16832.S8.S8" in ln for ln in imma), imma[:2]
-        # n8 tiles per k-step: 2 m16 tiles x BN/8
-        assert len(imma) >= 2 * int(k.rsplit("n", 1)[1]) // 8
+        # n8 tiles per k-step: 2 m16 tiles x BN/8 (three K loops in the 3M kernels)
+        assert len(imma) >= 2 * int(k.rsplit("n", 1)[1]) // 8 * (3 if "3m" in k else 1)
 
 
 @needs_nvrtc

@@ -74,7 +74,8 @@ class FakeModule:
             for a in args:  # every argument a device array or a sized numpy scalar
                 assert isinstance(a, (DevArray, np.integer, np.floating)), (name, type(a))
             self.launches.append(name)
-            method = "_rns_product" if name.startswith("rns_product") else "_" + name
+            method = "_rns_product3m" if name.startswith("rns_product3m") else (
+                "_rns_product" if name.startswith("rns_product") else "_" + name)
             getattr(self, method)(grid, block, args, shared_mem, name)
 
         return launch
@@ -123,6 +124,22 @@ class FakeModule:
             x, y = a.reshape(L, -1)[l].astype(np.int64), b.reshape(L, -1)[l].astype(np.int64)
             t = x * y if mode == 0 else (x + y if mode == 1 else x - y)
             out.reshape(L, -1)[l] = arith.centered_mod(t, int(P[l]))
+
+    def _rns_product3m(self, grid, block, args, smem, name):
+        Xre, Xim, Xs, Are, Aim, As, Ore, Oim, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16 = args
+        bn = int(name.rsplit("n", 1)[1])
+        M = int(pre) * int(post)
+        assert grid[0] * 128 >= M and grid[1] * bn >= n_out and grid[2] == Are.shape[0] and bn <= 32
+        for l in range(grid[2]):
+            p = int(P[l])
+
+            def mm(X, A):
+                Xl = np.asarray(X[l * xplane : l * xplane + M * n_in]).reshape(pre, n_in, post).astype(np.int64)
+                return arith.centered_mod(np.einsum("jk,akt->ajt", A[l].astype(np.int64), Xl), p)
+
+            t1, t2, t3 = mm(Xre, Are), mm(Xim, Aim), mm(Xs, As)
+            Ore[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(t1 - t2, p).reshape(-1)
+            Oim[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(t3 - t1 - t2, p).reshape(-1)
 
     def _rns_product(self, grid, block, args, smem, name):
         X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16 = args
@@ -233,12 +250,29 @@ def test_product(fake, axis, n_in, n_out):
     assert launches[-1] == f"rns_product_n{bn}"
 
 
+@pytest.mark.parametrize("axis, n_in, n_out", [(0, 8, 8), (1, 9, 40), (2, 33, 5)])
+def test_product_3m(fake, axis, n_in, n_out):
+    be, launches = fake
+    rng = np.random.default_rng(axis + n_in)
+    moduli = POOL[:15]
+    shape = [3, 5, 4]
+    shape[axis] = n_in
+    re, im = planes(rng, moduli, tuple(shape)), planes(rng, moduli, tuple(shape))
+    ore, oim = planes(rng, moduli, (n_out, n_in)), planes(rng, moduli, (n_out, n_in))
+    P0, P1 = CPU.product(ore, re, moduli, axis), CPU.product(oim, im, moduli, axis)
+    P2 = CPU.product(CPU.add(ore, oim, moduli), CPU.add(re, im, moduli), moduli, axis)
+    got_re, got_im = be.product_3m(dev(ore), dev(oim), dev(re), dev(im), moduli, axis)
+    same(got_re, CPU.add(P0, P1, moduli, subtract=True))
+    same(got_im, CPU.add(CPU.add(P2, P0, moduli, subtract=True), P1, moduli, subtract=True))
+    assert launches[-1].startswith("rns_product3m_n")
+
+
 def test_product_splits_long_column_ranges(fake, monkeypatch):
     # columns pre * post beyond int32 are split along pre: shrink the limit to see it
     from rnstensor.backends import cuda as cuda_mod
 
     be, launches = fake
-    monkeypatch.setattr(cuda_mod, "_INT31", 10)
+    monkeypatch.setattr(cuda_mod, "_MAX_COLS", 10)
     rng = np.random.default_rng(7)
     moduli = POOL[:4]
     X = planes(rng, moduli, (7, 6, 3))

@@ -33,6 +33,8 @@ _BNS = (8, 16, 32, 64)
 # int32 MMA accumulation is exact for 131071 terms; cuBLAS calls stay below it
 _CUBLAS_MAX_K = 131071
 _INT31 = (1 << 31) - 1
+# columns per product launch: the kernel's int32 column index m0 + 127 must not overflow
+_MAX_COLS = (1 << 31) - 256
 
 
 def _cupy():
@@ -180,29 +182,35 @@ class CudaBackend:
 
     # ----- products -----------------------------------------------------------------------
 
-    def product(self, op_planes, planes, moduli: Sequence[int], axis: int):
+    def _product_args(self, op_planes, planes, moduli, axis, what="product"):
+        """Checked device operands and the layout ``(op, X, L, pre, n_in, post, n_out, oshape)``."""
         cp = self._cp
         mods = tuple(int(p) for p in moduli)
         L = len(mods)
-        (op, X), host = self._in(op_planes, planes)
-        op = self._contig(op)
-        X = self._contig(X)
+        op = self._contig(op_planes)
+        X = self._contig(planes)
         if op.dtype != cp.int8 or X.dtype != cp.int8:
-            raise TypeError(f"product: op_planes and planes must be int8; got {op.dtype} and {X.dtype}")
+            raise TypeError(f"{what}: op_planes and planes must be int8; got {op.dtype} and {X.dtype}")
         shape = X.shape[1:]
         nd = len(shape)
         if not -nd <= axis < nd:
-            raise ValueError(f"product: axis {axis} is out of range for a tensor of {nd} dims")
+            raise ValueError(f"{what}: axis {axis} is out of range for a tensor of {nd} dims")
         axis %= nd
         if op.ndim != 3 or op.shape[0] != L or X.shape[0] != L or op.shape[2] != shape[axis]:
             raise ValueError(
-                f"product: need op_planes (L, n_out, n_in) and planes (L, ...) with L = {L} and "
+                f"{what}: need op_planes (L, n_out, n_in) and planes (L, ...) with L = {L} and "
                 f"n_in = planes axis {axis}; got {op.shape} and {X.shape}"
             )
         n_out, n_in = int(op.shape[1]), int(op.shape[2])
         pre = math.prod(shape[:axis])
         post = math.prod(shape[axis + 1 :])
         oshape = shape[:axis] + (n_out,) + shape[axis + 1 :]
+        return mods, op, X, L, pre, n_in, post, n_out, oshape
+
+    def product(self, op_planes, planes, moduli: Sequence[int], axis: int):
+        cp = self._cp
+        (op_planes, planes), host = self._in(op_planes, planes)
+        mods, op, X, L, pre, n_in, post, n_out, oshape = self._product_args(op_planes, planes, moduli, axis)
         out = cp.empty((L,) + oshape, cp.int8)
         if out.size == 0:
             return self._out(out, host)
@@ -215,15 +223,57 @@ class CudaBackend:
         self._product_mma(op, X, out, pre, n_in, post, n_out, L, consts)
         return self._out(out, host)
 
+    def product_3m(self, op_re, op_im, re, im, moduli: Sequence[int], axis: int):
+        """The exact 3M complex mode product in one fused kernel: ``(out_re, out_im)`` residue planes.
+
+        Equal bit for bit to the composition of contract calls
+        ``P0 = product(op_re, re)``, ``P1 = product(op_im, im)``,
+        ``P2 = product(add(op_re, op_im), add(re, im))``,
+        ``out_re = add(P0, P1, subtract=True)``, ``out_im = P2 - P0 - P1``
+        (papers/003 Sec. IV-B): three K loops through one accumulator, the
+        partial products kept as residues in registers.
+        """
+        cp = self._cp
+        (op_re, op_im, re, im), host = self._in(op_re, op_im, re, im)
+        mods, ore, xre, L, pre, n_in, post, n_out, oshape = self._product_args(op_re, re, moduli, axis, "product_3m")
+        _, oim, xim, *_ = self._product_args(op_im, im, moduli, axis, "product_3m")
+        if oim.shape != ore.shape or xim.shape != xre.shape:
+            raise ValueError(f"product_3m: real and imaginary parts differ in shape: {ore.shape}/{oim.shape}, {xre.shape}/{xim.shape}")
+        out_re = cp.empty((L,) + oshape, cp.int8)
+        out_im = cp.empty((L,) + oshape, cp.int8)
+        if out_re.size == 0 or n_in == 0:
+            out_re[...] = 0
+            out_im[...] = 0
+            return self._out(out_re, host), self._out(out_im, host)
+        osum = self.add(ore, oim, mods)
+        xsum = self.add(xre, xim, mods)
+        consts = self._dev(("red", mods), lambda: tables.reduce_consts(mods))
+        if post > _MAX_COLS or n_in > _INT31 or n_out > _INT31:
+            raise ValueError(f"product_3m: dimensions beyond 2**31 - 1 are not supported on the GPU (post {post}, n {n_in})")
+        bn = next((b for b in _BNS[:3] if b >= n_out), 32)
+        fn = self._fn("product", f"rns_product3m_n{bn}")
+        xplane, oplane = pre * n_in * post, pre * n_out * post
+        flat = [a.reshape(-1) for a in (xre, xim, xsum)]
+        outs = [out_re.reshape(-1), out_im.reshape(-1)]
+        rows = max(1, _MAX_COLS // post)
+        for a0 in range(0, pre, rows):
+            pc = min(rows, pre - a0)
+            xo, oo = a0 * n_in * post, a0 * n_out * post
+            grid = (-(-(pc * post) // 128), -(-n_out // bn), L)
+            fn(grid, (128,),
+               (*(f[xo:] for f in flat), ore, oim, osum, *(o[oo:] for o in outs), np.int32(pc), np.int32(n_in),
+                np.int32(post), np.int32(n_out), np.int64(xplane), np.int64(oplane), *consts))
+        return self._out(out_re, host), self._out(out_im, host)
+
     def _product_mma(self, op, X, out, pre, n_in, post, n_out, L, consts):
-        if post > _INT31 or n_in > _INT31 or n_out > _INT31:
+        if post > _MAX_COLS or n_in > _INT31 or n_out > _INT31:
             raise ValueError(f"product: dimensions beyond 2**31 - 1 are not supported on the GPU (post {post}, n {n_in})")
         bn = next((b for b in _BNS if b >= n_out), 64)
         fn = self._fn("product", f"rns_product_n{bn}")
         xplane, oplane = pre * n_in * post, pre * n_out * post
         Xf, Of = X.reshape(-1), out.reshape(-1)
         # the kernel indexes columns pre * post in int32: split pre where needed
-        rows = max(1, _INT31 // post)
+        rows = max(1, _MAX_COLS // post)
         for a0 in range(0, pre, rows):
             pc = min(rows, pre - a0)
             M = pc * post

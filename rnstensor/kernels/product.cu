@@ -38,27 +38,17 @@ __device__ __forceinline__ void rns_mma_s8(int (&d)[4], rns_u32 a0, rns_u32 a1, 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The K loop of one output tile: acc[mt][nt][c] = sum_k X[m][k] A[j][k] over the whole
+// contraction (folded to centered residues every RNS_FOLD_STEPS k-steps, see the header).
+// Xl, Al: this plane's tensor and operator; ends with a __syncthreads, so the shared
+// tiles may be reused at once.
 template <int BN>
-__device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, const rns_i8* __restrict__ A,
-                                                 rns_i8* __restrict__ out, int pre, int n_in, int post,
-                                                 int n_out, rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P,
-                                                 const float* __restrict__ IP, const float* __restrict__ H,
-                                                 const float* __restrict__ C16) {
+__device__ __forceinline__ void rns_mainloop(const rns_i8* __restrict__ Xl, const rns_i8* __restrict__ Al, int M,
+                                             int m0, int j0, int n_in, int post, int n_out, rns_u8* As, rns_u8* Bs,
+                                             int (&acc)[2][BN / 8][4], float p, float ip, float h, float c16) {
     constexpr int NT = BN / 8;
-    __shared__ __align__(16) rns_u8 As[RNS_BM * RNS_LDS];
-    __shared__ __align__(16) rns_u8 Bs[BN * RNS_LDS];
-
-    const int l = blockIdx.z;
-    const int M = pre * post;  // < 2^31: the host splits larger launches along pre
-    const int m0 = blockIdx.x * RNS_BM;
-    const int j0 = blockIdx.y * BN;
-    const rns_i8* Xl = X + (rns_i64)l * xplane;
-    const rns_i8* Al = A + (rns_i64)l * n_out * n_in;
-    rns_i8* Ol = out + (rns_i64)l * oplane;
     const int tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-
-    int acc[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -66,7 +56,6 @@ __device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, c
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0;
 
-    const float p = P[l], ip = IP[l], h = H[l], c16 = C16[l];
     const bool contiguous = post == 1;
     const bool vec8 = contiguous && (n_in % 8) == 0 && (((unsigned long long)Xl) & 7) == 0;
     // strided loader (post > 1): this thread's column and its offset in the plane
@@ -152,17 +141,45 @@ __device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, c
                     for (int c = 0; c < 4; ++c) acc[mt][nt][c] = (int)rns_reduce_i32(acc[mt][nt][c], p, ip, h, c16);
         }
     }
+}
 
+// Where this thread's accumulator (mt, half) row goes: the output column's base
+// pointer in tensor order, or nullptr past the last column.
+__device__ __forceinline__ rns_i8* rns_out_row(rns_i8* Ol, int m0, int mt, int half, int M, int n_out, int post) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int m = m0 + warp * 32 + mt * 16 + (lane >> 2) + 8 * half;
+    if (m >= M) return nullptr;
+    const int a = m / post;
+    return Ol + (rns_i64)a * n_out * post + (m - a * post);
+}
+
+template <int BN>
+__device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, const rns_i8* __restrict__ A,
+                                                 rns_i8* __restrict__ out, int pre, int n_in, int post,
+                                                 int n_out, rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P,
+                                                 const float* __restrict__ IP, const float* __restrict__ H,
+                                                 const float* __restrict__ C16) {
+    constexpr int NT = BN / 8;
+    __shared__ __align__(16) rns_u8 As[RNS_BM * RNS_LDS];
+    __shared__ __align__(16) rns_u8 Bs[BN * RNS_LDS];
+    const int l = blockIdx.z;
+    const int M = pre * post;  // < 2^31 - 256: the host splits larger launches along pre
+    const int m0 = blockIdx.x * RNS_BM;
+    const int j0 = blockIdx.y * BN;
+    const float p = P[l], ip = IP[l], h = H[l], c16 = C16[l];
+    int acc[2][NT][4];
+    rns_mainloop<BN>(X + (rns_i64)l * xplane, A + (rns_i64)l * n_out * n_in, M, m0, j0, n_in, post, n_out, As, Bs,
+                     acc, p, ip, h, c16);
     // ---- epilogue: centered reduction in registers, int8 out in tensor order
+    rns_i8* Ol = out + (rns_i64)l * oplane;
     const bool small = n_in <= 255;
+    const int tq = threadIdx.x & 3;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int m = m0 + warp * 32 + mt * 16 + g + 8 * half;
-            if (m >= M) continue;
-            const int a = m / post;
-            rns_i8* dst = Ol + (rns_i64)a * n_out * post + (m - a * post);
+            rns_i8* dst = rns_out_row(Ol, m0, mt, half, M, n_out, post);
+            if (dst == nullptr) continue;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -171,6 +188,74 @@ __device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, c
                     if (j < n_out) {
                         float r = rns_reduce_acc(acc[mt][nt][2 * half + c], small, p, ip, h, c16);
                         dst[(rns_i64)j * post] = (rns_i8)(int)r;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The fused 3M complex product (papers/003 Sec. IV-B) for one plane:
+//   T1 = [A_re X_re], T2 = [A_im X_im], T3 = [A_sum X_sum]  (A_sum = [A_re + A_im], X_sum likewise),
+//   out_re = [T1 - T2],  out_im = [T3 - T1 - T2],
+// three K loops through one int32 accumulator, T1 and T2 kept as residues in
+// registers (|T| <= 128, so the combinations are exact float integers below 2^9):
+// two int8 tiles written, no int32 and no T round trip through memory.
+template <int BN>
+__device__ __forceinline__ void rns_product3m_body(
+    const rns_i8* __restrict__ Xre, const rns_i8* __restrict__ Xim, const rns_i8* __restrict__ Xsum,
+    const rns_i8* __restrict__ Are, const rns_i8* __restrict__ Aim, const rns_i8* __restrict__ Asum,
+    rns_i8* __restrict__ out_re, rns_i8* __restrict__ out_im, int pre, int n_in, int post, int n_out,
+    rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P, const float* __restrict__ IP,
+    const float* __restrict__ H, const float* __restrict__ C16) {
+    constexpr int NT = BN / 8;
+    __shared__ __align__(16) rns_u8 As[RNS_BM * RNS_LDS];
+    __shared__ __align__(16) rns_u8 Bs[BN * RNS_LDS];
+    const int l = blockIdx.z;
+    const int M = pre * post;
+    const int m0 = blockIdx.x * RNS_BM;
+    const int j0 = blockIdx.y * BN;
+    const float p = P[l], ip = IP[l], h = H[l], c16 = C16[l];
+    const bool small = n_in <= 255;
+    const rns_i64 xo = (rns_i64)l * xplane, ao = (rns_i64)l * n_out * n_in;
+    int acc[2][NT][4];
+    float t1[2][NT][4], t2[2][NT][4];
+    rns_mainloop<BN>(Xre + xo, Are + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) t1[mt][nt][c] = rns_reduce_acc(acc[mt][nt][c], small, p, ip, h, c16);
+    rns_mainloop<BN>(Xim + xo, Aim + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) t2[mt][nt][c] = rns_reduce_acc(acc[mt][nt][c], small, p, ip, h, c16);
+    rns_mainloop<BN>(Xsum + xo, Asum + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
+    rns_i8* Ore = out_re + (rns_i64)l * oplane;
+    rns_i8* Oim = out_im + (rns_i64)l * oplane;
+    const int tq = threadIdx.x & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            rns_i8* dre = rns_out_row(Ore, m0, mt, half, M, n_out, post);
+            if (dre == nullptr) continue;
+            rns_i8* dim = rns_out_row(Oim, m0, mt, half, M, n_out, post);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int j = j0 + nt * 8 + 2 * tq + c;
+                    if (j < n_out) {
+                        const int q = 2 * half + c;
+                        const float a = t1[mt][nt][q], b = t2[mt][nt][q];
+                        const float t3 = rns_reduce_acc(acc[mt][nt][q], small, p, ip, h, c16);
+                        dre[(rns_i64)j * post] = (rns_i8)(int)rns_reduce_f32(a - b, p, ip, h);
+                        dim[(rns_i64)j * post] = (rns_i8)(int)rns_reduce_f32(t3 - a - b, p, ip, h);
                     }
                 }
             }
@@ -190,6 +275,21 @@ RNS_PRODUCT_KERNEL(8)
 RNS_PRODUCT_KERNEL(16)
 RNS_PRODUCT_KERNEL(32)
 RNS_PRODUCT_KERNEL(64)
+
+#define RNS_PRODUCT3M_KERNEL(BN)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(RNS_BM, 3) rns_product3m_n##BN(                                \
+        const rns_i8* __restrict__ Xre, const rns_i8* __restrict__ Xim, const rns_i8* __restrict__ Xsum,        \
+        const rns_i8* __restrict__ Are, const rns_i8* __restrict__ Aim, const rns_i8* __restrict__ Asum,        \
+        rns_i8* __restrict__ out_re, rns_i8* __restrict__ out_im, int pre, int n_in, int post, int n_out,       \
+        rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P, const float* __restrict__ IP,             \
+        const float* __restrict__ H, const float* __restrict__ C16) {                                          \
+        rns_product3m_body<BN>(Xre, Xim, Xsum, Are, Aim, Asum, out_re, out_im, pre, n_in, post, n_out, xplane,  \
+                               oplane, P, IP, H, C16);                                                         \
+    }
+
+RNS_PRODUCT3M_KERNEL(8)
+RNS_PRODUCT3M_KERNEL(16)
+RNS_PRODUCT3M_KERNEL(32)
 
 // The reduction after a cuBLAS INT8 GEMM (the baseline path): int32 accumulators
 // (L, n) -> centered int8 residues, plane l reduced modulo p_l.

@@ -180,3 +180,23 @@ def test_decode(mma, mode, active):
         with np.errstate(over="ignore"):
             ref = CPU.decode(X, active, ev, factor, mode)
         same(mma.decode(cp.asarray(X), active, ev, factor, mode), ref)
+
+
+# ----- fused 3M complex product ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_in, n_out", [(8, 8), (33, 5), (300, 40)])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_product_3m(mma, n_in, n_out, axis):
+    basis = Basis.int8(15)
+    rng = np.random.default_rng(n_in + n_out + axis)
+    shape = [6, 7]
+    shape[axis] = n_in
+    re, im = planes(rng, basis.moduli, tuple(shape)), planes(rng, basis.moduli, tuple(shape))
+    ore, oim = planes(rng, basis.moduli, (n_out, n_in)), planes(rng, basis.moduli, (n_out, n_in))
+    m = basis.moduli
+    P0, P1 = CPU.product(ore, re, m, axis), CPU.product(oim, im, m, axis)
+    P2 = CPU.product(CPU.add(ore, oim, m), CPU.add(re, im, m), m, axis)
+    got_re, got_im = mma.product_3m(*(cp.asarray(a) for a in (ore, oim, re, im)), m, axis)
+    same(got_re, CPU.add(P0, P1, m, subtract=True))
+    same(got_im, CPU.add(CPU.add(P2, P0, m, subtract=True), P1, m, subtract=True))
