@@ -584,3 +584,36 @@ def test_accuracy_harness_reference_matches_oracle():
         C = ref_dgemm(A, B)
         m = GA.gemm_metrics(C, S, e, np.abs(A) @ np.abs(B))
         assert m["cr_percent"] == 100.0 and m["max_ulp"] <= 0.5
+
+
+# ----- BLAS semantics against scipy's BLAS (exact data: both sides must agree bit for bit) ------------
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_blas_semantics_match_scipy(cplx):
+    blas = pytest.importorskip("scipy.linalg.blas")
+    rng = np.random.default_rng(41)
+    m, k, n = 4, 6, 3
+    flags = ("N", "T", "C")
+    code = {"N": 0, "T": 1, "C": 2}
+    alphas = (0.0, 1.0, -2.5) + ((0.5 - 1.5j, 1j) if cplx else (0.75,))
+    betas = (0.0, 1.0, -3.0) + ((2 + 1j,) if cplx else ())
+    # small integers (and halves): every product, sum and scaling is exact in float64 BLAS and in ours
+    def ints(shape):
+        x = rng.integers(-9, 10, shape) / 2.0
+        return x + 1j * rng.integers(-9, 10, shape) / 2.0 if cplx else x
+    f, ref = (rt.zgemm, blas.zgemm) if cplx else (rt.dgemm, blas.dgemm)
+    for ta in flags:
+        for tb in flags:
+            a = ints((m, k) if ta == "N" else (k, m))
+            b = ints((k, n) if tb == "N" else (n, k))
+            c = ints((m, n))
+            for alpha in alphas:
+                for beta in betas:
+                    want = ref(alpha, a, b, beta=beta, c=c.copy(), trans_a=code[ta], trans_b=code[tb])
+                    got = f(a, b, c, alpha=alpha, beta=beta, trans_a=ta, trans_b=tb)
+                    assert_bitwise(got + 0.0, np.asarray(want) + 0.0)  # +0.0: signed zeros aside
+            # beta = 0 never reads c, NaN included (BLAS)
+            cn = np.full((m, n), np.nan, dtype=c.dtype)
+            want = ref(1.0, a, b, beta=0.0, c=cn.copy(), trans_a=code[ta], trans_b=code[tb])
+            assert_bitwise(f(a, b, cn, beta=0.0, trans_a=ta, trans_b=tb) + 0.0, np.asarray(want) + 0.0)
