@@ -21,6 +21,8 @@ from .primitives import (
 )
 from .tensor import RNSTensor, Scale
 
+from . import fem  # noqa: E402  (rnstensor.fem: quadrature, tensor bases, mass and Poisson operators)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -56,4 +58,5 @@ __all__ = [
     "get_backend",
     "set_backend",
     "available_backends",
+    "fem",
 ]

@@ -51,6 +51,12 @@ def _blockwise_function(f, X) -> tuple[Callable, tuple]:
             e(np.ones((n,) + X.shape[1:], dtype=X.dtype))
         out = exprs[sizes[0]](np.ones((sizes[0],) + X.shape[1:], dtype=X.dtype))
         return (lambda blk: exprs[blk.shape[0]](blk)), np.shape(out)[1:]
+    if hasattr(f, "elements") and hasattr(f, "nelem"):
+        # a FEM operator: its geometric data is per element, so each block takes its own slice
+        if X.shape[0] != f.nelem:
+            raise ValueError(f"apply: X has {X.shape[0]} elements but the operator's geometric data has {f.nelem}")
+        out = np.asarray(f.elements(0, 1).apply(probe))
+        return "elements", out.shape[1:]
     if callable(f):
         out = np.asarray(f(probe))
         return f, out.shape[1:]
@@ -61,8 +67,10 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None):
     """Apply ``f`` to a Dask array of elements chunked along axis 0, block by block.
 
     ``f`` is a :class:`~rnstensor.ChainPlan`, a one-operand
-    :class:`~rnstensor.ContractExpression`, or any function of a batch
-    (``(nb, ...) -> (nb, ...)``) such as a FEM operator's ``apply``. Operators
+    :class:`~rnstensor.ContractExpression`, a FEM operator
+    (:class:`rnstensor.fem.MassOperator` / ``PoissonOperator``: each block
+    runs on its own elements' geometric data, ``f.elements(lo, hi)``), or any
+    function of a batch (``(nb, ...) -> (nb, ...)``). Operators
     are encoded once on the client and travel with the task graph; each
     element's result depends only on that element, so any chunking gives the
     in-memory result bit for bit.
@@ -101,10 +109,14 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None):
     chunks = (X.chunks[0],) + tuple((n,) for n in tail)
     drop_axis = list(range(1, X.ndim)) if len(tail) != X.ndim - 1 else []
     new_axis = list(range(1, 1 + len(tail))) if drop_axis else []
-    return X.map_blocks(
-        lambda blk: np.asarray(fn(blk), dtype=dtype).reshape((blk.shape[0],) + tail),
-        dtype=dtype, chunks=chunks, drop_axis=drop_axis or None, new_axis=new_axis or None,
-    )
+    if fn == "elements":
+        def block(blk, block_info=None):
+            lo, hi = block_info[0]["array-location"][0]
+            return np.asarray(f.elements(lo, hi).apply(blk), dtype=dtype).reshape((blk.shape[0],) + tail)
+    else:
+        def block(blk):
+            return np.asarray(fn(blk), dtype=dtype).reshape((blk.shape[0],) + tail)
+    return X.map_blocks(block, dtype=dtype, chunks=chunks, drop_axis=drop_axis or None, new_axis=new_axis or None)
 
 
 # ----- GEMM ---------------------------------------------------------------------------------------

@@ -162,3 +162,17 @@ def test_dgemm_on_a_local_cluster(client):
     A, B = _gemm_case(m=40, k=300, n=30, seed=6)
     got = rd.dgemm(da.from_array(A, chunks=(16, 64)), da.from_array(B, chunks=(100, 8)), moduli="auto")
     assert np.array_equal(got.compute(), rt.dgemm(A, B, moduli="auto"))
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 12])
+def test_apply_fem_operators_bitwise(chunk):
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(3, dim=3)
+    mesh = box_mesh(basis, shape=(3, 2, 2), curved=0.1)
+    u = mesh.gather(np.sin(mesh.coords[:, 0]) + mesh.coords[:, 2])
+    U = da.from_array(u, chunks=(chunk, 3, 3, 3))
+    for op in (MassOperator(basis, mesh.qdata), PoissonOperator(basis, mesh.G)):
+        assert np.array_equal(rd.apply(op, U).compute(), op.apply(u))
+    with pytest.raises(ValueError, match="elements"):
+        rd.apply(MassOperator(basis, mesh.qdata[:5]), U)

@@ -13,6 +13,12 @@ MODULES = [
     "rnstensor.backends",
     "rnstensor.chain",
     "rnstensor.contract",
+    "rnstensor.dask",
+    "rnstensor.fem.quadrature",
+    "rnstensor.fem.tensorbasis",
+    "rnstensor.fem.operators",
+    "rnstensor.fem.mesh",
+    "rnstensor.fem.program",
     "rnstensor.planner.drops",
 ]
 

@@ -18,6 +18,8 @@ against the exact (Fraction) result stays within 4 units of float64 rounding.
 
 from __future__ import annotations
 
+import copy
+
 from fractions import Fraction
 from functools import lru_cache, partial
 from typing import Optional
@@ -181,6 +183,25 @@ class _Operator:
     def nelem(self) -> int:
         """Number of elements of the geometric data."""
         return self._nelem
+
+    def elements(self, lo: int, hi: int) -> "_Operator":
+        """The same operator restricted to elements ``lo:hi``: same plan, width and skipped components.
+
+        Every element's result depends only on that element (its fields and
+        ``u`` are encoded with their own exponents), so
+        ``op.elements(lo, hi).apply(u[lo:hi])`` equals ``op.apply(u)[lo:hi]``
+        bit for bit; :func:`rnstensor.dask.apply` runs element chunks this way.
+        """
+        lo, hi = int(lo), int(hi)
+        if not 0 <= lo < hi <= self._nelem:
+            raise ValueError(f"elements: need 0 <= lo < hi <= nelem = {self._nelem}; got lo={lo}, hi={hi}")
+        new = copy.copy(self)
+        new._nelem = hi - lo
+        for name, cache in (("qdata", "_W"), ("G", "_Gres")):
+            if hasattr(self, name):
+                setattr(new, name, getattr(self, name)[lo:hi])
+                setattr(new, cache, None)
+        return new
 
     def _check_u(self, u):
         x, single = self.basis.check_elements(u, self.basis.P)
