@@ -192,6 +192,8 @@ def _accuracy_gemm(args) -> int:
     table = args.table
     try:
         if table == "7":
+            if args.complex or args.gemm_moduli:
+                raise ValueError("--table 7 scans s itself for DGEMM; --complex and --gemm-moduli apply to tables 6 and 8")
             code = _accuracy_gemm_table7(args)
             print(f"\n({time.perf_counter() - t0:.1f} s)")
             return code
@@ -282,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     acc.add_argument(
         "target", nargs="?", choices=("chain", "gemm"), default="chain",
-        help="chain: papers/002 Sec. 6.2 (default); gemm: papers/000 Table 6 for emulated DGEMM",
+        help="chain: papers/002 Sec. 6.2 (default); gemm: papers/000 Tables 6-8 for emulated DGEMM / ZGEMM",
     )
     acc.add_argument(
         "--table", choices=("6", "7", "8"), default="6",

@@ -235,3 +235,5 @@ def test_cli_bad_gemm_moduli(capsys):
     with pytest.raises(SystemExit):
         main(["accuracy", "gemm", "--gemm-moduli", "many"])
     assert main(["accuracy", "gemm", "--size", "2", "8", "2", "--data", "nope"]) == 2
+    assert main(["accuracy", "gemm", "--table", "7", "--complex"]) == 2
+    assert "--table 7" in capsys.readouterr().err
