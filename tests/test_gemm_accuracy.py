@@ -237,3 +237,10 @@ def test_cli_bad_gemm_moduli(capsys):
     assert main(["accuracy", "gemm", "--size", "2", "8", "2", "--data", "nope"]) == 2
     assert main(["accuracy", "gemm", "--table", "7", "--complex"]) == 2
     assert "--table 7" in capsys.readouterr().err
+
+
+def test_table7_uniform_k256_matches_the_paper():
+    """papers/000 Table 7, U[-1, 1), k = 256: 99.9 % and 100 % correctly rounded from s = 15 (deterministic levels)."""
+    r = GA.gemm_thresholds(["uniform"], [256], m=16, n=16, s_min=12)[0]
+    assert (r["cr99.9"], r["cr100"]) == r["paper"][1:] == (15, 15)
+    assert r["cr100_noext"] == 15 and r["cr100_t"] <= GA.EXTENDED_WIDTH
