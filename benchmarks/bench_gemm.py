@@ -3,12 +3,13 @@
 For square N x N x N problems (U[-1, 1) data) and each s: the best wall time
 of ``rnstensor.dgemm(a, b, moduli=s)`` over ``--repeat`` calls after a
 warm-up, its rate ``2 N^3 / time``, the rate of ``a @ b`` (numpy float64
-BLAS) measured in the same run, and the phase split of that best call
-(``rnstensor.gemm.PHASES``): encode (scaling + residues), residue products
-(``mode_product``), decode (exact reconstruction), for ZGEMM the 3M sums and
-differences in residues, and other (checks, moduli choice, the rest of the
-wall time). ZGEMM (3M, ``8 N^3`` flops) with ``--complex``. Prints a table
-and writes JSON (``--json PATH``) with the 1-minute load average per row.
+BLAS) measured in the same run right before each s, and the phase split of
+that best call (``rnstensor.gemm.PHASES``): encode (scaling + residues),
+residue products (``mode_product``), decode (exact reconstruction), for
+ZGEMM the 3M sums and differences in residues, and other (checks, moduli
+choice, the rest of the wall time). ZGEMM (3M, ``8 N^3`` flops) with
+``--complex``. Prints a table and writes JSON (``--json PATH``) with the
+1-minute load average per row.
 
 Usage: ``python benchmarks/bench_gemm.py [--sizes 256 512 1024 2048] [--moduli 8 12 16 20] [--complex] [--repeat 3] [--json out.json]``
 """
@@ -71,8 +72,8 @@ def main() -> None:
             a = a + 1j * rng.uniform(-1, 1, (N, N))
             b = b + 1j * rng.uniform(-1, 1, (N, N))
         flops = flops_per * N**3
-        t_np = best_time(lambda: a @ b, args.repeat)
         for s in args.moduli:
+            t_np = best_time(lambda: a @ b, args.repeat)  # right before each s: the ratio survives load changes
             t, phases = _best_instrumented(lambda: gemm(a, b, moduli=s), args.repeat)
             total = t
             row = dict(
