@@ -250,7 +250,7 @@ class CudaBackend:
         consts = self._dev(("red", mods), lambda: tables.reduce_consts(mods))
         if post > _MAX_COLS or n_in > _INT31 or n_out > _INT31:
             raise ValueError(f"product_3m: dimensions beyond 2**31 - 1 are not supported on the GPU (post {post}, n {n_in})")
-        bn = next((b for b in _BNS[:3] if b >= n_out), 32)
+        bn = 8 if n_out <= 8 else 32  # the 3M kernels come in two tile widths
         fn = self._fn("product", f"rns_product3m_n{bn}")
         xplane, oplane = pre * n_in * post, pre * n_out * post
         flat = [a.reshape(-1) for a in (xre, xim, xsum)]

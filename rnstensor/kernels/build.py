@@ -39,6 +39,7 @@ __all__ = [
     "ResourceUsage",
     "arch_for_capability",
     "host_library",
+    "simt_library",
 ]
 
 #: the archs every module is built and checked for (Ampere, Ada, Hopper with wgmma)
@@ -57,7 +58,6 @@ HOT_KERNELS: tuple[str, ...] = (
     "rns_product_n32",
     "rns_product_n64",
     "rns_product3m_n8",
-    "rns_product3m_n16",
     "rns_product3m_n32",
     "rns_reduce_i32",
     "rns_elementwise",
@@ -265,40 +265,59 @@ def build_all(arch: str, out: Path | str | None = None, options: Sequence[str] =
     return built
 
 
+def _host_build(source: str, flags: Sequence[str], cache, cxx) -> Path:
+    compiler = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise KernelBuildError(f"no C++ compiler found for the host build of {source} (set CXX)")
+    files = _read_with_headers(source_dir() / source)
+    h = hashlib.sha256()
+    for fname, text in files:
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    h.update(" ".join([compiler, *flags]).encode())
+    root = Path(cache) if cache is not None else cache_dir()
+    stem = source.rsplit(".", 1)[0]
+    path = root / f"{stem}.{h.hexdigest()[:24]}.so"
+    if path.exists():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=stem + ".", suffix=".so", dir=root)
+    os.close(fd)
+    try:
+        res = subprocess.run(
+            [compiler, *flags, "-I", str(source_dir()), "-o", tmp, str(source_dir() / source)],
+            capture_output=True, text=True,
+        )
+        if res.returncode != 0:
+            raise KernelBuildError(f"host build of {source} failed:\n{res.stderr}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def host_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
     """Build ``host_check.cpp`` (the kernels' per-entry arithmetic, host side) as a shared library; cached.
 
     Uses ``cxx``, ``$CXX`` or ``g++`` with ``-O2 -ffp-contract=off`` (no FMA
     contraction: the fp64 Horner must round every step, as on the device).
     """
-    compiler = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not compiler:
-        raise KernelBuildError("no C++ compiler found for the host build of the kernel arithmetic (set CXX)")
     flags = ["-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
-    files = _read_with_headers(source_dir() / "host_check.cpp")
-    h = hashlib.sha256()
-    for fname, text in files:
-        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
-    h.update(" ".join([compiler, *flags]).encode())
-    root = Path(cache) if cache is not None else cache_dir()
-    path = root / f"host_check.{h.hexdigest()[:24]}.so"
-    if path.exists():
-        return path
-    root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="host_check.", suffix=".so", dir=root)
-    os.close(fd)
-    try:
-        res = subprocess.run(
-            [compiler, *flags, "-I", str(source_dir()), "-o", tmp, str(source_dir() / "host_check.cpp")],
-            capture_output=True, text=True,
-        )
-        if res.returncode != 0:
-            raise KernelBuildError(f"host build of host_check.cpp failed:\n{res.stderr}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return _host_build("host_check.cpp", flags, cache, cxx)
+
+
+def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
+    """Build ``simt_host.cpp``: ``product.cu`` itself run on CPU threads with a software MMA (C++20); cached.
+
+    One std::thread per CUDA thread, a barrier for ``__syncthreads``, a
+    warp-collective software ``mma.sync`` after the PTX fragment layout: the
+    device code's loaders, fragment packing, fold and epilogue run as written,
+    except that the accumulators are folded every 2 k-steps (``RNS_FOLD_STEPS``)
+    instead of 4095, so short contractions exercise the fold.
+    """
+    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
+             "-DRNS_FOLD_STEPS=2"]
+    return _host_build("simt_host.cpp", flags, cache, cxx)
 
 
 # ----- inspection ---------------------------------------------------------------------------

@@ -25,17 +25,23 @@
 #define RNS_BM 128
 #define RNS_BK 32
 #define RNS_LDS 48
-#define RNS_FOLD_STEPS 4095
+#ifndef RNS_FOLD_STEPS
+#define RNS_FOLD_STEPS 4095  // k-steps of 32 terms between folds: 4095 * 32 * 2^14 + 128 < 2^31
+#endif
 
 struct __align__(8) rns_w2 { rns_u32 x, y; };
 struct __align__(16) rns_w4 { rns_u32 x, y, z, w; };
 
 __device__ __forceinline__ void rns_mma_s8(int (&d)[4], rns_u32 a0, rns_u32 a1, rns_u32 a2, rns_u32 a3, rns_u32 b0,
                                            rns_u32 b1) {
+#if defined(__CUDA_ARCH__)
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    rns_host_mma_s8(d, a0, a1, a2, a3, b0, b1);  // the host SIMT emulation (simt_host.cpp)
+#endif
 }
 
 // The K loop of one output tile: acc[mt][nt][c] = sum_k X[m][k] A[j][k] over the whole
@@ -220,21 +226,24 @@ __device__ __forceinline__ void rns_product3m_body(
     const rns_i64 xo = (rns_i64)l * xplane, ao = (rns_i64)l * n_out * n_in;
     int acc[2][NT][4];
     float t1[2][NT][4], t2[2][NT][4];
-    rns_mainloop<BN>(Xre + xo, Are + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
+    // one K loop in the code, run three times (three inlined copies compile three times slower)
+#pragma unroll 1
+    for (int pass = 0; pass < 3; ++pass) {
+        const rns_i8* Xp = pass == 0 ? Xre : (pass == 1 ? Xim : Xsum);
+        const rns_i8* Ap = pass == 0 ? Are : (pass == 1 ? Aim : Asum);
+        rns_mainloop<BN>(Xp + xo, Ap + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
+        if (pass == 2) break;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) t1[mt][nt][c] = rns_reduce_acc(acc[mt][nt][c], small, p, ip, h, c16);
-    rns_mainloop<BN>(Xim + xo, Aim + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) t2[mt][nt][c] = rns_reduce_acc(acc[mt][nt][c], small, p, ip, h, c16);
-    rns_mainloop<BN>(Xsum + xo, Asum + ao, M, m0, j0, n_in, post, n_out, As, Bs, acc, p, ip, h, c16);
+                for (int c = 0; c < 4; ++c) {
+                    const float r = rns_reduce_acc(acc[mt][nt][c], small, p, ip, h, c16);
+                    if (pass == 0) t1[mt][nt][c] = r;
+                    else t2[mt][nt][c] = r;
+                }
+    }
     rns_i8* Ore = out_re + (rns_i64)l * oplane;
     rns_i8* Oim = out_im + (rns_i64)l * oplane;
     const int tq = threadIdx.x & 3;
@@ -277,7 +286,7 @@ RNS_PRODUCT_KERNEL(32)
 RNS_PRODUCT_KERNEL(64)
 
 #define RNS_PRODUCT3M_KERNEL(BN)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(RNS_BM, 3) rns_product3m_n##BN(                                \
+    extern "C" __global__ void __launch_bounds__(RNS_BM, 2) rns_product3m_n##BN(                                \
         const rns_i8* __restrict__ Xre, const rns_i8* __restrict__ Xim, const rns_i8* __restrict__ Xsum,        \
         const rns_i8* __restrict__ Are, const rns_i8* __restrict__ Aim, const rns_i8* __restrict__ Asum,        \
         rns_i8* __restrict__ out_re, rns_i8* __restrict__ out_im, int pre, int n_in, int post, int n_out,       \
@@ -288,7 +297,6 @@ RNS_PRODUCT_KERNEL(64)
     }
 
 RNS_PRODUCT3M_KERNEL(8)
-RNS_PRODUCT3M_KERNEL(16)
 RNS_PRODUCT3M_KERNEL(32)
 
 // The reduction after a cuBLAS INT8 GEMM (the baseline path): int32 accumulators

@@ -1,0 +1,130 @@
+// Host SIMT emulation of product.cu for the CPU tests: the kernels' own source, run on CPU threads.
+//
+// Each block runs as blockDim.x std::threads (one per CUDA thread) sharing the
+// kernel's __shared__ arrays; __syncthreads is a block barrier; mma.sync is a
+// warp-collective software MMA that follows the PTX ISA fragment layout of
+// m16n8k32 .s8 (lane = 4 g + t: a0 = A[g][4t..4t+3], a1 = A[g+8][4t..],
+// a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[4t..4t+3][g], b1 = B[16+4t..][g];
+// c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]; the lowest k in the lowest byte).
+// So the tile loaders, the fragment packing, the fold and the epilogue of the
+// device code are executed as written; only the tensor core is software.
+// Blocks run one after another (the __shared__ arrays are static).
+#include <barrier>
+#include <thread>
+#include <vector>
+
+struct rns_dim3 {
+    unsigned x, y, z;
+};
+static thread_local rns_dim3 threadIdx;
+static thread_local rns_dim3 blockIdx;
+static rns_dim3 blockDim, gridDim;
+static std::barrier<>* rns_block_barrier = nullptr;
+static std::barrier<>* rns_warp_barrier[32];
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+static inline void __syncthreads() { rns_block_barrier->arrive_and_wait(); }
+
+struct RnsFrag {
+    unsigned a[4], b[2];
+};
+static RnsFrag rns_frag[32][32];  // [warp][lane]
+
+static inline void rns_host_mma_s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                   unsigned b1) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    rns_frag[w][lane] = RnsFrag{{a0, a1, a2, a3}, {b0, b1}};
+    rns_warp_barrier[w]->arrive_and_wait();
+    auto A = [&](int r, int k) {
+        const unsigned reg = rns_frag[w][(r & 7) * 4 + ((k & 15) >> 2)].a[(r >> 3) + 2 * (k >> 4)];
+        return (int)(signed char)(reg >> (8 * (k & 3)));
+    };
+    auto B = [&](int k, int n) {
+        const unsigned reg = rns_frag[w][n * 4 + ((k & 15) >> 2)].b[k >> 4];
+        return (int)(signed char)(reg >> (8 * (k & 3)));
+    };
+    int out[4];
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        long long s = d[i];
+        for (int k = 0; k < 32; ++k) s += A(r, k) * B(k, n);
+        out[i] = (int)(unsigned)(unsigned long long)s;  // wraps as int32 like the hardware would
+    }
+    rns_warp_barrier[w]->arrive_and_wait();  // every lane has read the fragments
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
+#include "product.cu"
+
+template <class F>
+static void rns_launch(rns_dim3 grid, unsigned block, F body) {
+    gridDim = grid;
+    blockDim = rns_dim3{block, 1, 1};
+    std::barrier<> bb((std::ptrdiff_t)block);
+    rns_block_barrier = &bb;
+    std::vector<std::barrier<>*> wb;
+    for (unsigned w = 0; w < block / 32; ++w) rns_warp_barrier[w] = new std::barrier<>(32);
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::vector<std::thread> th;
+                th.reserve(block);
+                for (unsigned t = 0; t < block; ++t)
+                    th.emplace_back([=] {
+                        threadIdx = rns_dim3{t, 0, 0};
+                        blockIdx = rns_dim3{x, y, z};
+                        body();
+                    });
+                for (auto& h : th) h.join();
+            }
+    for (unsigned w = 0; w < block / 32; ++w) delete rns_warp_barrier[w];
+}
+
+extern "C" {
+
+// rns_product_n<bn> over the grid the backend launches (grid = (gx, gy, gz), 128 threads)
+int emu_product(int bn, unsigned gx, unsigned gy, unsigned gz, const rns_i8* X, const rns_i8* A, rns_i8* out, int pre,
+                int n_in, int post, int n_out, rns_i64 xplane, rns_i64 oplane, const float* P, const float* IP,
+                const float* H, const float* C16) {
+    rns_dim3 grid{gx, gy, gz};
+    auto run = [&](auto kernel) {
+        rns_launch(grid, RNS_BM, [=] { kernel(X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16); });
+    };
+    switch (bn) {
+        case 8: run(rns_product_n8); return 0;
+        case 16: run(rns_product_n16); return 0;
+        case 32: run(rns_product_n32); return 0;
+        case 64: run(rns_product_n64); return 0;
+    }
+    return -1;
+}
+
+int emu_product3m(int bn, unsigned gx, unsigned gy, unsigned gz, const rns_i8* Xre, const rns_i8* Xim,
+                  const rns_i8* Xsum, const rns_i8* Are, const rns_i8* Aim, const rns_i8* Asum, rns_i8* Ore,
+                  rns_i8* Oim, int pre, int n_in, int post, int n_out, rns_i64 xplane, rns_i64 oplane,
+                  const float* P, const float* IP, const float* H, const float* C16) {
+    rns_dim3 grid{gx, gy, gz};
+    auto run = [&](auto kernel) {
+        rns_launch(grid, RNS_BM, [=] {
+            kernel(Xre, Xim, Xsum, Are, Aim, Asum, Ore, Oim, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16);
+        });
+    };
+    switch (bn) {
+        case 8: run(rns_product3m_n8); return 0;
+        case 32: run(rns_product3m_n32); return 0;
+    }
+    return -1;
+}
+
+int emu_reduce_i32(unsigned blocks, const rns_i32* acc, rns_i8* out, rns_i64 n, int L, const float* P,
+                   const float* IP, const float* H, const float* C16) {
+    rns_launch(rns_dim3{blocks, 1, 1}, 256, [=] { rns_reduce_i32(acc, out, n, L, P, IP, H, C16); });
+    return 0;
+}
+
+}  // extern "C"
