@@ -44,6 +44,105 @@ __device__ __forceinline__ void rns_mma_s8(int (&d)[4], rns_u32 a0, rns_u32 a1, 
 #endif
 }
 
+// The tiles of one k-step pass through registers: a thread loads its share of
+// the next X and operator tiles from global memory before the MMAs of the
+// current step (so the loads are in flight while the tensor cores work) and
+// stores them to shared memory after the step's closing barrier.
+template <int BN>
+struct RnsStage {
+    rns_u32 x[8];           // X: 32 bytes (4 rows x 8 contiguous bytes, or one strided column)
+    rns_u32 a[BN / 16 + 1]; // operator: BN / 4 bytes
+};
+
+template <int BN>
+__device__ __forceinline__ void rns_load_tiles(RnsStage<BN>& st, const rns_i8* __restrict__ Xl,
+                                               const rns_i8* __restrict__ Al, int M, int m0, int j0, int n_in,
+                                               int post, int n_out, int k0, bool contiguous, bool vec8,
+                                               bool avec, rns_i64 rowoff) {
+    const int tid = threadIdx.x;
+    if (contiguous) {
+        // rows (tid >> 2) + 32 i, bytes 8 (tid & 3) .. + 7
+        const int kk = 8 * (tid & 3);
+        const int kr = n_in - (k0 + kk);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int m = m0 + (tid >> 2) + 32 * i;
+            rns_u32 lo = 0u, hi = 0u;
+            if (m < M && kr > 0) {
+                const rns_i8* src = Xl + (rns_i64)m * n_in + k0 + kk;
+                if (vec8) {
+                    const rns_w2 w = *reinterpret_cast<const rns_w2*>(src);
+                    lo = w.x;
+                    hi = w.y;
+                } else {
+#pragma unroll
+                    for (int b = 0; b < 8; ++b) {
+                        const rns_u32 byte = b < kr ? (rns_u32)(rns_u8)src[b] : 0u;
+                        if (b < 4) lo |= byte << (8 * b);
+                        else hi |= byte << (8 * (b - 4));
+                    }
+                }
+            }
+            st.x[2 * i] = lo;
+            st.x[2 * i + 1] = hi;
+        }
+    } else {
+        // column m0 + tid, 32 k-values strided by post (consecutive threads: consecutive bytes)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) st.x[i] = 0u;
+        if (m0 + tid < M) {
+            const rns_i8* src = Xl + rowoff + (rns_i64)k0 * post;
+            const int kr = n_in - k0;
+#pragma unroll
+            for (int kk = 0; kk < RNS_BK; ++kk)
+                if (kk < kr) st.x[kk >> 2] |= (rns_u32)(rns_u8)src[(rns_i64)kk * post] << (8 * (kk & 3));
+        }
+    }
+    // operator: thread tid holds bytes [tid BB, tid BB + BB) of the BN x 32 tile (row j = . / 32)
+    constexpr int BB = BN / 4;
+    const int e0 = tid * BB;
+    const int j = e0 >> 5, kk0 = e0 & 31;
+    const int jj = j0 + j, k = k0 + kk0;
+#pragma unroll
+    for (int i = 0; i < BN / 16 + 1; ++i) st.a[i] = 0u;
+    if (jj < n_out) {
+        const rns_i8* src = Al + (rns_i64)jj * n_in + k;
+        if (avec && BB >= 4 && k + BB <= n_in) {
+#pragma unroll
+            for (int i = 0; i < (BB >= 4 ? BB / 4 : 1); ++i) st.a[i] = reinterpret_cast<const rns_u32*>(src)[i];
+        } else {
+#pragma unroll
+            for (int b = 0; b < BB; ++b)
+                if (k + b < n_in) st.a[b >> 2] |= (rns_u32)(rns_u8)src[b] << (8 * (b & 3));
+        }
+    }
+}
+
+template <int BN>
+__device__ __forceinline__ void rns_store_tiles(const RnsStage<BN>& st, rns_u8* As, rns_u8* Bs, bool contiguous) {
+    const int tid = threadIdx.x;
+    if (contiguous) {
+        const int kk = 8 * (tid & 3);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<rns_w2*>(As + ((tid >> 2) + 32 * i) * RNS_LDS + kk) = rns_w2{st.x[2 * i], st.x[2 * i + 1]};
+    } else {
+        rns_w4* dst = reinterpret_cast<rns_w4*>(As + tid * RNS_LDS);
+        dst[0] = rns_w4{st.x[0], st.x[1], st.x[2], st.x[3]};
+        dst[1] = rns_w4{st.x[4], st.x[5], st.x[6], st.x[7]};
+    }
+    constexpr int BB = BN / 4;
+    const int e0 = tid * BB;
+    rns_u8* dst = Bs + (e0 >> 5) * RNS_LDS + (e0 & 31);
+    if (BB >= 4) {
+#pragma unroll
+        for (int i = 0; i < (BB >= 4 ? BB / 4 : 1); ++i) reinterpret_cast<rns_u32*>(dst)[i] = st.a[i];
+    } else {
+#pragma unroll
+        for (int b = 0; b < BB; ++b) dst[b] = (rns_u8)(st.a[0] >> (8 * b));
+    }
+}
+
 // The K loop of one output tile: acc[mt][nt][c] = sum_k X[m][k] A[j][k] over the whole
 // contraction (folded to centered residues every RNS_FOLD_STEPS k-steps, see the header).
 // Xl, Al: this plane's tensor and operator; ends with a __syncthreads, so the shared
@@ -64,63 +163,23 @@ __device__ __forceinline__ void rns_mainloop(const rns_i8* __restrict__ Xl, cons
 
     const bool contiguous = post == 1;
     const bool vec8 = contiguous && (n_in % 8) == 0 && (((unsigned long long)Xl) & 7) == 0;
+    const bool avec = (n_in % 4) == 0 && (((unsigned long long)Al) & 3) == 0;
     // strided loader (post > 1): this thread's column and its offset in the plane
-    const int mrow = m0 + tid;
     rns_i64 rowoff = 0;
-    if (!contiguous && mrow < M) {
-        const int a = mrow / post;
-        rowoff = (rns_i64)a * n_in * post + (mrow - a * post);
+    if (!contiguous && m0 + tid < M) {
+        const int a = (m0 + tid) / post;
+        rowoff = (rns_i64)a * n_in * post + (m0 + tid - a * post);
     }
 
+    RnsStage<BN> st;
+    rns_load_tiles<BN>(st, Xl, Al, M, m0, j0, n_in, post, n_out, 0, contiguous, vec8, avec, rowoff);
     int steps = 0;
     for (int k0 = 0; k0 < n_in; k0 += RNS_BK) {
-        // ---- X tile -> As[r][kk], K-contiguous
-        if (contiguous) {
-            const int kk = 8 * (tid & 3);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = (tid >> 2) + 32 * i;
-                const int m = m0 + r;
-                rns_w2 w = {0u, 0u};
-                const int kr = n_in - (k0 + kk);
-                if (m < M && kr > 0) {
-                    const rns_i8* src = Xl + (rns_i64)m * n_in + k0 + kk;
-                    if (vec8) {
-                        w = *reinterpret_cast<const rns_w2*>(src);
-                    } else {
-#pragma unroll
-                        for (int b = 0; b < 8; ++b) {
-                            rns_u32 byte = b < kr ? (rns_u32)(rns_u8)src[b] : 0u;
-                            if (b < 4) w.x |= byte << (8 * b);
-                            else w.y |= byte << (8 * (b - 4));
-                        }
-                    }
-                }
-                *reinterpret_cast<rns_w2*>(As + r * RNS_LDS + kk) = w;
-            }
-        } else {
-            rns_u32 w[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) w[i] = 0u;
-            if (mrow < M) {
-                const rns_i8* src = Xl + rowoff + (rns_i64)k0 * post;
-                const int kr = n_in - k0;
-#pragma unroll
-                for (int kk = 0; kk < RNS_BK; ++kk)
-                    if (kk < kr) w[kk >> 2] |= (rns_u32)(rns_u8)src[(rns_i64)kk * post] << (8 * (kk & 3));
-            }
-            rns_w4* dst = reinterpret_cast<rns_w4*>(As + tid * RNS_LDS);
-            dst[0] = rns_w4{w[0], w[1], w[2], w[3]};
-            dst[1] = rns_w4{w[4], w[5], w[6], w[7]};
-        }
-        // ---- operator tile -> Bs[j][kk], K-contiguous (small: byte loads, cached)
-        for (int e = tid; e < BN * RNS_BK; e += RNS_BM) {
-            const int j = e >> 5, kk = e & 31;
-            const int jj = j0 + j, k = k0 + kk;
-            Bs[j * RNS_LDS + kk] = (jj < n_out && k < n_in) ? (rns_u8)Al[(rns_i64)jj * n_in + k] : (rns_u8)0;
-        }
+        rns_store_tiles<BN>(st, As, Bs, contiguous);
         __syncthreads();
-        // ---- tensor-core MMAs
+        if (k0 + RNS_BK < n_in)
+            rns_load_tiles<BN>(st, Xl, Al, M, m0, j0, n_in, post, n_out, k0 + RNS_BK, contiguous, vec8, avec, rowoff);
+        // ---- tensor-core MMAs on the tiles in shared memory
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
             const rns_u8* a = As + (warp * 32 + mt * 16 + g) * RNS_LDS + 4 * tq;
@@ -273,7 +332,7 @@ __device__ __forceinline__ void rns_product3m_body(
 }
 
 #define RNS_PRODUCT_KERNEL(BN)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(RNS_BM) rns_product_n##BN(                                     \
+    extern "C" __global__ void __launch_bounds__(RNS_BM, 2) rns_product_n##BN(                                  \
         const rns_i8* __restrict__ X, const rns_i8* __restrict__ A, rns_i8* __restrict__ out, int pre,          \
         int n_in, int post, int n_out, rns_i64 xplane, rns_i64 oplane, const float* __restrict__ P, const float* __restrict__ IP,          \
         const float* __restrict__ H, const float* __restrict__ C16) {                                          \
