@@ -67,21 +67,23 @@ static void rns_launch(rns_dim3 grid, unsigned block, F body) {
     blockDim = rns_dim3{block, 1, 1};
     std::barrier<> bb((std::ptrdiff_t)block);
     rns_block_barrier = &bb;
-    std::vector<std::barrier<>*> wb;
     for (unsigned w = 0; w < block / 32; ++w) rns_warp_barrier[w] = new std::barrier<>(32);
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                std::vector<std::thread> th;
-                th.reserve(block);
-                for (unsigned t = 0; t < block; ++t)
-                    th.emplace_back([=] {
-                        threadIdx = rns_dim3{t, 0, 0};
+    // one CPU thread per CUDA thread for the whole launch; the blocks run one after
+    // another, a barrier between them (the __shared__ arrays are reused)
+    std::vector<std::thread> th;
+    th.reserve(block);
+    for (unsigned t = 0; t < block; ++t)
+        th.emplace_back([=] {
+            threadIdx = rns_dim3{t, 0, 0};
+            for (unsigned z = 0; z < grid.z; ++z)
+                for (unsigned y = 0; y < grid.y; ++y)
+                    for (unsigned x = 0; x < grid.x; ++x) {
                         blockIdx = rns_dim3{x, y, z};
                         body();
-                    });
-                for (auto& h : th) h.join();
-            }
+                        rns_block_barrier->arrive_and_wait();
+                    }
+        });
+    for (auto& h : th) h.join();
     for (unsigned w = 0; w < block / 32; ++w) delete rns_warp_barrier[w];
 }
 
