@@ -309,13 +309,21 @@ class CudaBackend:
         one = np.array(1, np.int32)
         zero = np.array(0, np.int32)
         handle = cp.cuda.device.get_cublas_handle()
+        mode = None
         try:
+            # alpha and beta are host int32 scalars
+            if hasattr(cublas, "getPointerMode"):
+                mode = cublas.getPointerMode(handle)
+                cublas.setPointerMode(handle, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
             cublas.gemmStridedBatchedEx(
                 handle, ta, tb, m, n, n_in, one.ctypes.data, A.data.ptr, R8I, lda, sa, B.data.ptr, R8I, ldb, sb,
                 zero.ctypes.data, acc.data.ptr, R32I, ldc, m * n, L, COMPUTE_32I, -1,
             )
         except Exception:
             return False
+        finally:
+            if mode is not None:
+                cublas.setPointerMode(handle, mode)
         total = acc.size
         self._fn("product", "rns_reduce_i32")(
             (self._grid(total, 256),), (256,), (acc, out, np.int64(acc.shape[1]), np.int32(L), *consts)
