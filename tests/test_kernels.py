@@ -131,3 +131,16 @@ def test_cli_build_writes_cubins(tmp_path, kernel_cache):
     assert res.returncode == 0, res.stderr
     for m in build.MODULES:
         assert (out / f"{m}.sm_89.cubin").read_bytes()[:4] == b"\x7fELF"
+
+
+@needs_nvrtc
+def test_cached_cubin_and_describe(cubins, kernel_cache, monkeypatch):
+    from rnstensor.backends.cuda import describe
+
+    assert build.cached_cubin("product", "sm_90a", cache=kernel_cache) == cubins[("product", "sm_90a")].path
+    monkeypatch.setenv("RNSTENSOR_KERNEL_CACHE", str(kernel_cache / "empty"))
+    assert build.cached_cubin("product", "sm_90a") is None
+    lines = describe()
+    assert lines[0].startswith("cuda device:") and any(ln.startswith("nvrtc: ") for ln in lines)
+    monkeypatch.setenv("RNSTENSOR_KERNEL_CACHE", str(kernel_cache))
+    assert any("built: product, entry" in ln for ln in describe())

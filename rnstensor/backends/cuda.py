@@ -27,7 +27,7 @@ from .. import arith
 from ..basis import Basis
 from ..kernels import build, tables
 
-__all__ = ["CudaBackend", "cuda_available", "device_info"]
+__all__ = ["CudaBackend", "cuda_available", "device_info", "describe"]
 
 _BNS = (8, 16, 32, 64)
 # int32 MMA accumulation is exact for 131071 terms; cuBLAS calls stay below it
@@ -66,6 +66,36 @@ def device_info() -> dict:
     major, minor = int(props["major"]), int(props["minor"])
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return {"name": name, "capability": f"{major}.{minor}", "arch": build.arch_for_capability(major, minor)}
+
+
+def describe() -> list[str]:
+    """Lines for ``rnstensor info``: the device and its arch, NVRTC, and which kernel modules are built (cached).
+
+    Never compiles and never fails: what is missing is said in the lines.
+    """
+    lines = []
+    info = device_info()
+    if info:
+        lines.append(f"cuda device: {info['name']} (compute capability {info['capability']}, kernels for {info['arch']})")
+        archs = (info["arch"],)
+    else:
+        try:
+            _cupy()
+            lines.append("cuda device: none found (CuPy imports, no GPU visible)")
+        except RuntimeError:
+            lines.append("cuda device: CuPy not installed (pip install 'rnstensor[gpu]')")
+        archs = build.ARCHS
+    try:
+        major, minor = build.nvrtc_version()
+        lines.append(f"nvrtc: {major}.{minor}; kernel cache: {build.cache_dir()}")
+        for arch in archs:
+            built = [m for m in build.MODULES if build.cached_cubin(m, arch) is not None]
+            missing = [m for m in build.MODULES if m not in built]
+            state = f"built: {', '.join(built) or 'none'}" + (f"; not yet: {', '.join(missing)}" if missing else "")
+            lines.append(f"kernels {arch}: {state}")
+    except build.KernelBuildError as exc:
+        lines.append(f"nvrtc: not available ({exc})")
+    return lines
 
 
 def _exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:

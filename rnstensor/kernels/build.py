@@ -40,6 +40,7 @@ __all__ = [
     "arch_for_capability",
     "host_library",
     "simt_library",
+    "cached_cubin",
 ]
 
 #: the archs every module is built and checked for (Ampere, Ada, Hopper with wgmma)
@@ -252,6 +253,13 @@ def compile_module(name: str, arch: str, options: Sequence[str] = (), cache: Pat
     _atomic_write(logpath, log.encode())
     _atomic_write(path, cubin)
     return Built(name, arch, path, log)
+
+
+def cached_cubin(name: str, arch: str, options: Sequence[str] = (), cache: Path | str | None = None) -> Path | None:
+    """The cached cubin of module ``name`` for ``arch`` if the current sources are built, else ``None`` (no compile)."""
+    root = Path(cache) if cache is not None else cache_dir()
+    path = root / f"{name}.{_check_arch(arch)}.{_key(name, arch, tuple(options))}.cubin"
+    return path if path.exists() else None
 
 
 def build_all(arch: str, out: Path | str | None = None, options: Sequence[str] = ()) -> list[Built]:
