@@ -186,7 +186,14 @@ class _Planner:
                 T = tensors[i]
                 if T.basis != basis:
                     raise ValueError(f"einsum: RNSTensor operand {i} is on {T.basis!r}, not {basis!r}; encode all on one basis")
-                bound = T.bound << _alignment_shift(T, self.shared_axes(labels))
+                shift = _alignment_shift(T, self.shared_axes(labels))
+                bound = T.bound << shift
+                if 2 * bound >= self.P:
+                    raise RNSRangeError(
+                        f"einsum: RNSTensor operand {i} has exponents varying by {shift} bits along summed indices; "
+                        f"aligning them needs 2^{log2_int(2 * bound):.1f} of range but {basis!r} gives "
+                        f"2^{basis.log2_product:.1f}; encode it sharing exponents along the summed axes, or drop moduli first"
+                    )
                 n = _Node(labels, bound, "tensor", leaf=i)
             else:
                 n = _Node(labels, 1 << self.width, kinds[i], cplx=bool(cplx[i]), leaf=i, bits=self.width)

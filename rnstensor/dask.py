@@ -155,7 +155,6 @@ def _group_stats(da, x, axis: int):
 def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
     basis = Basis.int8(s)
     moduli = basis.moduli
-    L = len(moduli)
     kind_bound = (k << (2 * t))  # |sum_k a b| <= k 2^t 2^t
 
     def encode_rows(x: np.ndarray, e: np.ndarray, axis: int) -> list:

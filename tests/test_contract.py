@@ -248,6 +248,13 @@ def test_rnstensor_operand_with_varying_exponents_along_a_summed_axis_is_aligned
     assert np.abs(got - ref).max() < 1e-15
 
 
+def test_rnstensor_operand_that_cannot_be_aligned_is_a_range_error():
+    A = np.array([[1.0, 2.0**-100], [1.0, 1.0]])
+    At = rt.encode(A, 15, bits=53, shared_axes=())  # every entry its own exponent: 100 bits apart along j
+    with pytest.raises(rt.RNSRangeError, match="aligning"):
+        rt.einsum("ij,j->i", At, rt.encode(np.ones(2), 15))
+
+
 def test_tensordot_and_transpose():
     r = np.random.default_rng(8)
     a, b = r.uniform(-1, 1, (3, 4, 5)), r.uniform(-1, 1, (5, 4, 2))
