@@ -105,8 +105,10 @@ def test_cache_hit_and_key(kernel_cache):
     a = build.compile_module("entry", "sm_80", cache=kernel_cache)
     b = build.compile_module("entry", "sm_80", cache=kernel_cache)
     assert a.path == b.path and a.path.exists()
-    c = build.compile_module("entry", "sm_80", options=("-DRNS_TEST_KEY=1",), cache=kernel_cache)
-    assert c.path != a.path  # options are part of the key
+    # options, arch and sources are part of the key (no compile needed to see it)
+    assert build._key("entry", "sm_80", ("-DRNS_TEST_KEY=1",)) != build._key("entry", "sm_80", ())
+    assert build._key("entry", "sm_89", ()) != build._key("entry", "sm_80", ())
+    assert build._key("product", "sm_80", ()) != build._key("entry", "sm_80", ())
     # no temporary files are left behind
     assert not [p for p in kernel_cache.iterdir() if p.name.endswith(".tmp")]
 
