@@ -27,6 +27,11 @@ def _info(args) -> int:
     for s in range(1, len(pool) + 1):
         B = Basis.int8(s)
         print(f" {s:2d}  {B.log2_product:7.2f}  {B.log2_product - 1:8.2f}  {max(B.moduli):9d}  {min(B.moduli):10d}")
+    from .backends.cuda import describe
+
+    print()
+    for line in describe():  # the GPU, its arch and the built kernels; never compiles, never fails
+        print(line)
     return 0
 
 

@@ -360,6 +360,30 @@ class CudaBackend:
         )
         return True
 
+    def matmul(self, a_planes, b_planes, moduli: Sequence[int]):
+        """Batched residue matrix product (the einsum GEMM step): float64 GEMMs, exact, then the centered reduction.
+
+        Every product of two residues is at most ``2**14`` and every partial
+        sum an integer below ``k * 2**14 < 2**53`` (``k < 2**39``), so cuBLAS
+        DGEMM computes the integer sums exactly in any order; ``fmod`` is exact.
+        """
+        cp = self._cp
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        (a, b), host = self._in(a_planes, b_planes)
+        if a.dtype != cp.int8 or b.dtype != cp.int8:
+            raise TypeError(f"matmul: planes must be int8; got {a.dtype} and {b.dtype}")
+        if a.ndim < 3 or b.ndim < 3 or a.shape[0] != L or b.shape[0] != L or a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"matmul: need (L, ..., M, K) and (L, ..., K, N) planes with L = {L}; got {a.shape} and {b.shape}")
+        if a.shape[-1] >= 1 << 39:
+            raise ValueError(f"matmul: k = {a.shape[-1]} exceeds the exact float64 accumulation limit 2**39")
+        acc = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
+        p = cp.asarray(np.array(mods, np.float64)).reshape((L,) + (1,) * (acc.ndim - 1))
+        r = cp.fmod(acc, p)
+        r = cp.where(r >= cp.floor((p + 1) / 2), r - p, r)
+        r = cp.where(r < -cp.floor(p / 2), r + p, r)
+        return self._out(r.astype(cp.int8), host)
+
     # ----- elementwise --------------------------------------------------------------------
 
     def _elementwise(self, a, b, moduli, mode, what):

@@ -124,6 +124,15 @@ def test_product_numpy_in_numpy_out(mma):
 # ----- elementwise ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("shapes", [((3, 4, 5), (3, 5, 2)), ((1, 7, 1100), (2, 1100, 3)), ((6, 0), (0, 2))])
+def test_matmul(mma, shapes):
+    rng = np.random.default_rng(11)
+    mods = Basis.int8(15).moduli
+    a, b = planes(rng, mods, shapes[0]), planes(rng, mods, shapes[1])
+    same(mma.matmul(cp.asarray(a), cp.asarray(b), mods), CPU.matmul(a, b, mods))
+    same(mma.matmul(a, b, mods), CPU.matmul(a, b, mods))
+
+
 @pytest.mark.parametrize("basis", BASES, ids=str)
 def test_hadamard_add_sub(mma, basis):
     rng = np.random.default_rng(len(basis) + 1)
