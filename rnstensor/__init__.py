@@ -6,7 +6,7 @@ from .chain import ChainPlan, mode_chain, plan_chain
 from .encode import encode
 from .errors import PlanError, RNSRangeError
 from .contract import ContractExpression, contract_expression, einsum, tensordot, transpose
-from .gemm import dgemm, matmul, moduli_for_bits, zgemm
+from .gemm import dgemm, gemm_moduli, matmul, moduli_for_bits, zgemm
 from .primitives import (
     add,
     base_extend,
@@ -47,6 +47,7 @@ __all__ = [
     "zgemm",
     "matmul",
     "moduli_for_bits",
+    "gemm_moduli",
     "einsum",
     "contract_expression",
     "ContractExpression",

@@ -13,6 +13,8 @@ MODULES = [
     "rnstensor.backends",
     "rnstensor.chain",
     "rnstensor.contract",
+    "rnstensor.gemm",
+    "rnstensor.gemm_accuracy",
     "rnstensor.dask",
     "rnstensor.fem.quadrature",
     "rnstensor.fem.tensorbasis",
