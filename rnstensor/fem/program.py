@@ -25,6 +25,7 @@ import numpy as np
 
 from ..basis import Basis, log2_int
 from ..errors import PlanError
+from ..planner.bounds import min_product_subset
 from ..primitives import add, decode, drop, hadamard, mode_product
 from ..tensor import RNSTensor
 
@@ -104,35 +105,6 @@ def poisson_program(run, u, dim: int, skip: frozenset = frozenset()):
 # ----- planning on bounds -------------------------------------------------------------------
 
 
-def _min_product_subset(moduli: Sequence[int], target: int) -> Optional[tuple[int, ...]]:
-    """The subset of ``moduli`` (leaving at least one) with the smallest product ``>= target``, ascending."""
-    a = sorted(moduli)
-    m = len(a)
-    suffix = [1] * (m + 1)
-    for j in range(m - 1, -1, -1):
-        suffix[j] = suffix[j + 1] * a[j]
-    best: list = [None, None]
-
-    def dfs(idx: int, prod: int, chosen: list) -> None:
-        if prod >= target:
-            if best[0] is None or prod < best[0]:
-                best[0], best[1] = prod, tuple(chosen)
-            return
-        if len(chosen) >= m - 1:
-            return
-        for j in range(idx, m):
-            if prod * suffix[j] < target:
-                return  # even every modulus from j on falls short
-            if best[0] is not None and prod * a[j] >= best[0]:
-                return  # a[j] and everything above it overshoot the best found
-            chosen.append(a[j])
-            dfs(j + 1, prod * a[j], chosen)
-            chosen.pop()
-
-    dfs(0, 1, [])
-    return best[1]
-
-
 def _after_drops(bound: int, P: int, subset: Sequence[int]) -> Optional[int]:
     """``bound`` after RnsDrop by each of ``subset`` in order, or ``None`` if a drop's range check fails."""
     for q in subset:
@@ -166,7 +138,7 @@ class BoundRunner:
         if 2 * max(res) >= P:
             target = -(-2 * max(res) // P)
             while True:
-                subset = _min_product_subset(self.basis.moduli, target)
+                subset = min_product_subset(self.basis.moduli, target)
                 if subset is None:
                     self.failure = f"stage {k + 1}: no drop of the basis moduli makes room for it"
                     return [1] * len(outs)

@@ -42,6 +42,7 @@ __all__ = [
     "decode_factor",
     "optimal_drops",
     "fraction_up",
+    "min_product_subset",
 ]
 
 UNIT_ROUNDOFF = Fraction(1, 2**53)
@@ -190,8 +191,12 @@ def composed_bound(
     return err
 
 
-def _min_product_subset(avail: Sequence[int], target: int) -> Optional[tuple[int, ...]]:
-    """The subset of ``avail`` (leaving one modulus) with the smallest product ``>= target``, ascending."""
+def min_product_subset(avail: Sequence[int], target: int) -> Optional[tuple[int, ...]]:
+    """The subset of ``avail`` (leaving one modulus) with the smallest product ``>= target``, ascending.
+
+    Branch and bound over the sorted moduli: the drops that divide a bound by
+    just enough (the error-optimal planners of chains and FEM programs).
+    """
     a = sorted(avail)
     m = len(a)
     suffix = [1] * (m + 1)
@@ -228,7 +233,7 @@ def _lazy_subset(B: int, limit: int, basis: Basis) -> Optional[tuple[int, ...]]:
         return None
     target = -(-B // limit)
     while True:
-        subset = _min_product_subset(basis.moduli, target)
+        subset = min_product_subset(basis.moduli, target)
         if subset is None:
             return None
         b, pl = B, P
