@@ -10,7 +10,7 @@ from .backends import get_backend
 from .basis import Basis
 from .chain import ChainPlan
 from .contract import ContractExpression
-from .gemm import _check_moduli, _check_scalar, _check_trans, _decode_scaled, gemm_width, moduli_for_bits
+from .gemm import _check_moduli, _check_scalar, _check_trans, _decode_scaled, blas_operands, gemm_width, moduli_for_bits
 from .gemm import matmul as _matmul_in_memory
 from .tensor import RNSTensor, Scale
 
@@ -227,15 +227,8 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     alpha = _check_scalar(alpha, "alpha", fn_name, cplx)
     beta = _check_scalar(beta, "beta", fn_name, cplx)
 
-    def op(x, f):
-        if f == "N":
-            return x
-        return x.T.conj() if (f == "C" and cplx) else x.T
-
-    opa, opb = op(a, ta), op(b, tb)
+    opa, opb = blas_operands(a, b, ta, tb, cplx, f"rnstensor.dask.{fn_name}")
     m, k = opa.shape
-    if opb.shape[0] != k:
-        raise ValueError(f"rnstensor.dask.{fn_name}: shape mismatch: op(a) is {m}x{k} but op(b) is {opb.shape[0]}x{opb.shape[1]}")
     n = opb.shape[1]
     if c is not None:
         if not isinstance(c, da.Array):

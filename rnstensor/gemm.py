@@ -548,6 +548,27 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     return _resolve_moduli(moduli, ea, eb, opa.shape[1], cplx)
 
 
+def blas_operands(a, b, ta: str, tb: str, cplx: bool, fn: str):
+    """``(op(a), op(b))`` for checked BLAS flags (``'C'`` conjugates complex data), inner dimensions checked.
+
+    Works on any array type with ``.T``, ``.conj()`` and ``.shape`` (numpy, Dask).
+    """
+
+    def op(x, f):
+        if f == "N":
+            return x
+        return x.T.conj() if (f == "C" and cplx) else x.T
+
+    opa, opb = op(a, ta), op(b, tb)
+    m, k = opa.shape
+    if opb.shape[0] != k:
+        raise ValueError(
+            f"{fn}: shape mismatch: op(a) is {m}x{k} (a {tuple(a.shape)}, trans_a={ta!r}) but op(b) is "
+            f"{opb.shape[0]}x{opb.shape[1]} (b {tuple(b.shape)}, trans_b={tb!r}); the inner dimensions must agree"
+        )
+    return opa, opb
+
+
 def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes):
     dtype = np.dtype(np.complex128 if cplx else np.float64)
     flags = ("N", "T", "C")
@@ -560,18 +581,8 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     beta = _check_scalar(beta, "beta", fn, cplx)
     workspace = _check_workspace(workspace_bytes, fn)
 
-    def op(x, f):
-        if f == "N":
-            return x
-        return x.T.conj() if (f == "C" and cplx) else x.T
-
-    opa, opb = op(a, ta), op(b, tb)
+    opa, opb = blas_operands(a, b, ta, tb, cplx, fn)
     m, k = opa.shape
-    if opb.shape[0] != k:
-        raise ValueError(
-            f"{fn}: shape mismatch: op(a) is {m}x{k} (a {a.shape}, trans_a={ta!r}) but op(b) is "
-            f"{opb.shape[0]}x{opb.shape[1]} (b {b.shape}, trans_b={tb!r}); the inner dimensions must agree"
-        )
     n = opb.shape[1]
     if c is not None:
         c = np.asarray(c)
