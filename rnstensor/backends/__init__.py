@@ -30,6 +30,7 @@ aside), so all backends return identical bits. The contract:
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Sequence
 
@@ -39,6 +40,28 @@ from .. import arith
 from ..basis import Basis
 
 __all__ = ["NumpyBackend", "get_backend", "set_backend", "available_backends"]
+
+
+def product_layout(op_shape, planes_shape, L: int, axis: int, what: str = "product"):
+    """Checked layout of a mode product: ``(axis, n_out, n_in, pre, post, out_shape)`` for every backend.
+
+    ``op_shape`` is ``(L, n_out, n_in)``, ``planes_shape`` ``(L, *shape)``;
+    the tensor is seen as ``(L, pre, n_in, post)`` around the contracted axis.
+    """
+    shape = tuple(planes_shape[1:])
+    nd = len(shape)
+    if not -nd <= axis < nd:
+        raise ValueError(f"{what}: axis {axis} is out of range for a tensor of {nd} dims")
+    axis %= nd
+    if len(op_shape) != 3 or op_shape[0] != L or planes_shape[0] != L or op_shape[2] != shape[axis]:
+        raise ValueError(
+            f"{what}: need op_planes (L, n_out, n_in) and planes (L, ...) with L = {L} and "
+            f"n_in = planes axis {axis}; got {tuple(op_shape)} and {tuple(planes_shape)}"
+        )
+    n_out, n_in = int(op_shape[1]), int(op_shape[2])
+    pre = math.prod(shape[:axis])
+    post = math.prod(shape[axis + 1 :])
+    return axis, n_out, n_in, pre, post, shape[:axis] + (n_out,) + shape[axis + 1 :]
 
 
 class NumpyBackend:

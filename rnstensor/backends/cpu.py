@@ -18,6 +18,7 @@ from numba.np.arrayobj import populate_array
 
 from .. import arith
 from ..basis import Basis, mrc_order
+from . import product_layout
 
 __all__ = ["CpuBackend"]
 
@@ -1159,7 +1160,6 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
 @lru_cache(maxsize=256)
 def _decode_plan(active: tuple[int, ...]):
     order = mrc_order(active)
-    m = len(order)
     perm = np.array([active.index(q) for q in order], np.int64)
     qf, qip, qh = _mod_consts(order)[:3]
     qd = np.array(order, np.float64)
@@ -1262,20 +1262,7 @@ class CpuBackend:
         X = np.ascontiguousarray(planes)
         if op.dtype != np.int8 or X.dtype != np.int8:
             raise TypeError(f"product: op_planes and planes must be int8; got {op.dtype} and {X.dtype}")
-        shape = X.shape[1:]
-        nd = len(shape)
-        if not -nd <= axis < nd:
-            raise ValueError(f"product: axis {axis} is out of range for a tensor of {nd} dims")
-        axis %= nd
-        if op.ndim != 3 or op.shape[0] != L or X.shape[0] != L or op.shape[2] != shape[axis]:
-            raise ValueError(
-                f"product: need op_planes (L, n_out, n_in) and planes (L, ...) with L = {L} and "
-                f"n_in = planes axis {axis}; got {op.shape} and {X.shape}"
-            )
-        n_out, n_in = op.shape[1], op.shape[2]
-        pre = math.prod(shape[:axis])
-        post = math.prod(shape[axis + 1 :])
-        oshape = shape[:axis] + (n_out,) + shape[axis + 1 :]
+        axis, n_out, n_in, pre, post, oshape = product_layout(op.shape, X.shape, L, axis)
         out = np.empty((L,) + oshape, np.int8)
         if out.size == 0:
             return out

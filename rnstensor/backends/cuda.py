@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Optional
 
 import numpy as np
 
 from .. import arith
 from ..basis import Basis
+from . import product_layout
 from ..kernels import build, tables
 
 __all__ = ["CudaBackend", "cuda_available", "device_info", "describe"]
@@ -221,20 +221,7 @@ class CudaBackend:
         X = self._contig(planes)
         if op.dtype != cp.int8 or X.dtype != cp.int8:
             raise TypeError(f"{what}: op_planes and planes must be int8; got {op.dtype} and {X.dtype}")
-        shape = X.shape[1:]
-        nd = len(shape)
-        if not -nd <= axis < nd:
-            raise ValueError(f"{what}: axis {axis} is out of range for a tensor of {nd} dims")
-        axis %= nd
-        if op.ndim != 3 or op.shape[0] != L or X.shape[0] != L or op.shape[2] != shape[axis]:
-            raise ValueError(
-                f"{what}: need op_planes (L, n_out, n_in) and planes (L, ...) with L = {L} and "
-                f"n_in = planes axis {axis}; got {op.shape} and {X.shape}"
-            )
-        n_out, n_in = int(op.shape[1]), int(op.shape[2])
-        pre = math.prod(shape[:axis])
-        post = math.prod(shape[axis + 1 :])
-        oshape = shape[:axis] + (n_out,) + shape[axis + 1 :]
+        axis, n_out, n_in, pre, post, oshape = product_layout(op.shape, X.shape, L, axis, what)
         return mods, op, X, L, pre, n_in, post, n_out, oshape
 
     def product(self, op_planes, planes, moduli: Sequence[int], axis: int):
