@@ -159,7 +159,7 @@ def _accuracy_gemm_table7(args) -> int:
     print(f"papers/000 Table 7: smallest s per accuracy level, {m} x k x {n}, seed {args.seed}")
     print("  (a) max componentwise error <= numpy float64 matmul's; (u) <= 2^-53; (b) >= 99.9 % CR; (c) 100 % CR")
     print(f"  s[t]: moduli and width; noext: smallest s with t <= {EXTENDED_WIDTH} ('-': needs the extended width)")
-    print(f"  paper: papers/000 Table 7 (a, b, c); auto/def: the s of moduli='auto' / None")
+    print("  paper: papers/000 Table 7 (a, b, c); auto/def: the s of moduli='auto' / None")
     head = f"{'data':<8} {'k':>5} {'numpy comp':>10} {'np CR%':>7}  {'(a)':>7} {'(u)':>7} {'(b)':>7} {'(c)':>7}  {'noext a/b/c':>11}  {'auto':>4} {'def':>3}  {'paper':>8}"
     print(head)
 

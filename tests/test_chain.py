@@ -9,7 +9,6 @@ a ``decode='exact'`` chain must return correctly rounded, bit for bit.
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np

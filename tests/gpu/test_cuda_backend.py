@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
 
-from rnstensor import arith
 from rnstensor.backends.cpu import CpuBackend
 from rnstensor.basis import Basis, int8_pool
 
