@@ -15,6 +15,8 @@ __all__ = [
     "mrc_order",
     "log2_int",
     "MrcTables",
+    "DropExtendSchedule",
+    "drop_extend_schedule",
 ]
 
 
@@ -248,3 +250,71 @@ def _pow2_table(moduli: tuple[int, ...], max_shift: int) -> np.ndarray:
             v = (v * 2) % p
     t.setflags(write=False)
     return t
+
+
+class DropExtendSchedule:
+    """The exact integers of one fused drop x g + base extension (papers/002 Alg. 1 then Alg. 4), per entry.
+
+    Every backend builds its tables from this one schedule. Dropping the moduli
+    ``order`` (in that order) from ``active``: ``dperm`` are their plane indices,
+    ``alive`` the planes kept, ``rem`` their moduli; with ``Q`` the product of the
+    dropped moduli and ``W_i`` the product of the first ``i`` of them, the quotient
+    residue on ``p`` in ``rem`` is ``Bc[p] * r_p + sum_i E[p][i] * d_i`` where
+    ``d_i`` are the mixed-radix digits of the dropped residues (all centered).
+    Extension (``extend``) onto ``targets`` (the basis): ``tsrc[t]`` is the kept
+    plane holding target ``t`` or -1; missing targets are ``sum_i Tw[t][i] * m_i``
+    with the mixed-radix digits ``m_i`` of the quotient in ``morder``
+    (planes ``mperm`` of ``rem``). ``out_active`` are the moduli after the call.
+    """
+
+    __slots__ = ("order", "dperm", "alive", "rem", "Bc", "E", "targets", "tsrc", "morder", "mperm", "Tw", "out_active")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            object.__setattr__(self, k, v)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("DropExtendSchedule is immutable")
+
+
+@lru_cache(maxsize=512)
+def drop_extend_schedule(
+    active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int, ...], extend: bool, what: str = "drop_extend"
+) -> DropExtendSchedule:
+    """The :class:`DropExtendSchedule` of dropping ``order`` from ``active`` then (``extend``) restoring ``basis``.
+
+    Raises
+    ------
+    ValueError
+        A modulus of ``order`` is not (or no longer) active.
+    """
+    alive = list(range(len(active)))
+    dperm = []
+    for q in order:
+        vals = [active[i] for i in alive]
+        if q not in vals:
+            raise ValueError(f"{what}: cannot drop modulus {q}: it is not among the active moduli {tuple(vals)}")
+        iq = alive[vals.index(q)]
+        dperm.append(iq)
+        alive.remove(iq)
+    rem = tuple(active[i] for i in alive)
+    Q = math.prod(order)
+    Wd = [math.prod(order[:i]) for i in range(len(order))]
+    Bc = tuple(centered(pow(Q % p, -1, p), p) for p in rem)
+    E = tuple(tuple(centered(-w * pow(Q % p, -1, p), p) for w in Wd) for p in rem)
+    if extend:
+        targets = tuple(basis)
+        tsrc = tuple(rem.index(p) if p in rem else -1 for p in targets)
+        morder = mrc_order(rem) if tsrc and min(tsrc) < 0 else ()
+    else:
+        targets = rem
+        tsrc = tuple(range(len(rem)))
+        morder = ()
+    Tw = tuple(
+        tuple(centered(math.prod(morder[:i]), p) for i in range(len(morder))) if tsrc[t] < 0 else ()
+        for t, p in enumerate(targets)
+    )
+    return DropExtendSchedule(
+        order=tuple(order), dperm=tuple(dperm), alive=tuple(alive), rem=rem, Bc=Bc, E=E, targets=targets, tsrc=tsrc,
+        morder=morder, mperm=tuple(rem.index(q) for q in morder), Tw=Tw, out_active=targets,
+    )

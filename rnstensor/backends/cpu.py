@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 from .. import arith
-from ..basis import Basis, mrc_order
+from ..basis import Basis, centered, drop_extend_schedule, mrc_order
 from . import product_layout
 
 __all__ = ["CpuBackend"]
@@ -263,11 +263,6 @@ def _any_below(limbs, n, hi):
 # (see _drop_extend_kernel), so _dot_reduce is the one hot loop of all three.
 
 
-def _centered_int(r: int, p: int) -> int:
-    r %= p
-    return r - p if r >= (p + 1) // 2 else r
-
-
 def _mrc_coeffs(order: tuple[int, ...]) -> np.ndarray:
     """``C`` of the one-reduction digits above (float32, row ``i`` holds digit ``i``'s constants).
 
@@ -278,10 +273,10 @@ def _mrc_coeffs(order: tuple[int, ...]) -> np.ndarray:
     W = 1
     for i, q in enumerate(order):
         wi = pow(W % q, -1, q)
-        C[i, i] = _centered_int(wi, q)
+        C[i, i] = centered(wi, q)
         w = 1
         for k in range(i):
-            C[i, k] = _centered_int(-w * wi, q)
+            C[i, k] = centered(-w * wi, q)
             w *= order[k]
         W *= q
     return C
@@ -921,44 +916,23 @@ def _drop_extend_kernel(
                 _put_i8(acc, o, W)
 
 
+def _padded(rows, n: int, width: int) -> np.ndarray:
+    """Rows of exact small integers as a float32 ``(n, max(width, 1))`` table, zero-padded."""
+    out = np.zeros((n, max(width, 1)), np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
 @lru_cache(maxsize=512)
 def _drop_plan(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int, ...], extend: bool):
     """Host tables for one drop_extend call (see _drop_extend_kernel): all exact, centered, float32."""
-    alive = list(range(len(active)))
-    dperm = []
-    for q in order:
-        vals = [active[i] for i in alive]
-        if q not in vals:
-            raise ValueError(f"drop_extend: cannot drop modulus {q}: it is not among the active moduli {tuple(vals)}")
-        iq = alive[vals.index(q)]
-        dperm.append(iq)
-        alive.remove(iq)
-    g = len(order)
-    rem = tuple(active[i] for i in alive)
-    Q = math.prod(order)
-    Wd = [math.prod(order[:i]) for i in range(g)]
-    Bc = np.array([_centered_int(pow(Q % p, -1, p), p) for p in rem], np.float32)
-    E = np.zeros((len(rem), max(g, 1)), np.float32)
-    for j, p in enumerate(rem):
-        qinv = pow(Q % p, -1, p)
-        for i in range(g):
-            E[j, i] = _centered_int(-Wd[i] * qinv, p)
-    if extend:
-        targets = tuple(basis)
-        tsrc = [rem.index(p) if p in rem else -1 for p in targets]
-        morder = mrc_order(rem) if min(tsrc) < 0 else ()
-        out_active = tuple(basis)
-    else:
-        targets = rem
-        tsrc = list(range(len(rem)))
-        morder = ()
-        out_active = rem
-    mperm = [rem.index(q) for q in morder]
-    Tw = np.zeros((len(targets), max(len(morder), 1)), np.float32)
-    for t, p in enumerate(targets):
-        if tsrc[t] < 0:
-            for i in range(len(morder)):
-                Tw[t, i] = _centered_int(math.prod(morder[:i]), p)
+    sc = drop_extend_schedule(active, basis, order, extend)
+    dperm, alive, rem, morder, mperm, tsrc, targets = sc.dperm, sc.alive, sc.rem, sc.morder, sc.mperm, sc.tsrc, sc.targets
+    out_active = sc.out_active
+    Bc = np.array(sc.Bc, np.float32)
+    E = _padded(sc.E, len(rem), len(order))
+    Tw = _padded(sc.Tw, len(targets), len(morder))
     tabs = (np.array(dperm, np.int64), _mrc_coeffs(order), *_mod_consts(order)[:3],
             np.array(alive, np.int64), Bc, E, *_mod_consts(rem)[:3],
             np.array(mperm, np.int64), _mrc_coeffs(morder), *_mod_consts(morder)[:3],

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..arith import drop_order
-from ..basis import mrc_order
+from ..basis import centered, drop_extend_schedule, mrc_order
 
 __all__ = [
     "centered",
@@ -40,12 +40,6 @@ DROP_HEADER = 29
 #: capacity of the kernel's __constant__ tables (RNS_DROP_IB, RNS_DROP_FB in entry.cu)
 DROP_IB_MAX = 1024
 DROP_FB_MAX = 14336
-
-
-def centered(r: int, p: int) -> int:
-    """The centered residue of the integer ``r`` modulo ``p``, in ``[-(p // 2), (p + 1) // 2 - 1]``."""
-    r %= p
-    return r - p if r >= (p + 1) // 2 else r
 
 
 def _ro(*arrays):
@@ -147,41 +141,18 @@ class _Packer:
 
 @lru_cache(maxsize=512)
 def _drop_tables(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int, ...], extend: bool):
-    alive = list(range(len(active)))
-    dperm = []
-    for q in order:
-        vals = [active[i] for i in alive]
-        if q not in vals:
-            raise ValueError(f"drops: cannot drop modulus {q}: it is not among the active moduli {tuple(vals)}")
-        iq = alive[vals.index(q)]
-        dperm.append(iq)
-        alive.remove(iq)
-    g = len(order)
-    rem = tuple(active[i] for i in alive)
-    Q = math.prod(order)
-    Wd = [math.prod(order[:i]) for i in range(g)]
-    Bc = [centered(pow(Q % p, -1, p), p) for p in rem]
+    sc = drop_extend_schedule(active, basis, order, extend, "drops")
+    g, dperm, alive, rem, morder, mperm, tsrc, targets = (
+        len(order), sc.dperm, sc.alive, sc.rem, sc.morder, sc.mperm, sc.tsrc, sc.targets,
+    )
+    out_active = sc.out_active
+    Bc = list(sc.Bc)
     E = np.zeros((len(rem), max(g, 1)), np.float32)
-    for j, p in enumerate(rem):
-        qinv = pow(Q % p, -1, p)
-        for i in range(g):
-            E[j, i] = centered(-Wd[i] * qinv, p)
-    if extend:
-        targets = tuple(basis)
-        tsrc = [rem.index(p) if p in rem else -1 for p in targets]
-        morder = mrc_order(rem) if tsrc and min(tsrc) < 0 else ()
-        out_active = tuple(basis)
-    else:
-        targets = rem
-        tsrc = list(range(len(rem)))
-        morder = ()
-        out_active = rem
-    mperm = [rem.index(q) for q in morder]
+    for j, row in enumerate(sc.E):
+        E[j, : len(row)] = row
     Tw = np.zeros((len(targets), max(len(morder), 1)), np.float32)
-    for t, p in enumerate(targets):
-        if tsrc[t] < 0:
-            for i in range(len(morder)):
-                Tw[t, i] = centered(math.prod(morder[:i]), p)
+    for t, row in enumerate(sc.Tw):
+        Tw[t, : len(row)] = row
     A = mrc_coeffs(order)
     Cm = mrc_coeffs(morder)
     pk = _Packer(DROP_HEADER)
