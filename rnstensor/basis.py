@@ -16,6 +16,7 @@ __all__ = [
     "log2_int",
     "MrcTables",
     "DropExtendSchedule",
+    "mrc_digit_coeffs",
     "drop_extend_schedule",
 ]
 
@@ -318,3 +319,26 @@ def drop_extend_schedule(
         order=tuple(order), dperm=tuple(dperm), alive=tuple(alive), rem=rem, Bc=Bc, E=E, targets=targets, tsrc=tsrc,
         morder=morder, mperm=tuple(rem.index(q) for q in morder), Tw=Tw, out_active=targets,
     )
+
+
+@lru_cache(maxsize=512)
+def mrc_digit_coeffs(order: tuple[int, ...]) -> np.ndarray:
+    """Centered constants of the one-reduction mixed-radix digits in conversion ``order`` (float32, read-only).
+
+    ``d_i = [C[i, i] x_i + sum_{k<i} C[i, k] d_k]_{q_i}`` with ``W_i = q_0 ... q_{i-1}``,
+    ``C[i, i] = [W_i^{-1}]_{q_i}`` and ``C[i, k] = [-W_k W_i^{-1}]_{q_i}``; shape
+    ``(m, max(m, 1))``. Every entry is an integer of magnitude at most 128, exact in float32.
+    """
+    m = len(order)
+    C = np.zeros((m, max(m, 1)), np.float32)
+    W = 1
+    for i, q in enumerate(order):
+        wi = pow(W % q, -1, q)
+        C[i, i] = centered(wi, q)
+        w = 1
+        for k in range(i):
+            C[i, k] = centered(-w * wi, q)
+            w *= order[k]
+        W *= q
+    C.setflags(write=False)
+    return C

@@ -64,6 +64,27 @@ def product_layout(op_shape, planes_shape, L: int, axis: int, what: str = "produ
     return axis, n_out, n_in, pre, post, shape[:axis] + (n_out,) + shape[axis + 1 :]
 
 
+def exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
+    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]`` (int64, host).
+
+    Trailing axes the exponent broadcasts over are not materialized (a
+    per-batch exponent of shape ``(batch, 1, 1, 1)`` stays ``batch`` values).
+    Device arrays (``.get()``) are brought to the host: they are small.
+    """
+    e = np.asarray(exponent.get() if hasattr(exponent, "get") else exponent, dtype=np.int64)
+    shape = tuple(shape)
+    if np.broadcast_shapes(e.shape, shape) != shape:
+        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {shape}")
+    nd = len(shape)
+    ep = e.reshape((1,) * (nd - e.ndim) + e.shape)
+    k = nd
+    while k > 0 and ep.shape[k - 1] == 1:
+        k -= 1
+    lead = ep[(Ellipsis,) + (0,) * (nd - k)] if k < nd else ep
+    ev = np.ascontiguousarray(np.broadcast_to(lead, shape[:k])).reshape(-1)
+    return ev, math.prod(shape[k:])
+
+
 class NumpyBackend:
     """The plain-numpy reference (``rnstensor.arith``): slow, simple, the oracle for the others."""
 

@@ -17,8 +17,8 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 from .. import arith
-from ..basis import Basis, centered, drop_extend_schedule, mrc_order
-from . import product_layout
+from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order
+from . import exponent_runs, product_layout
 
 __all__ = ["CpuBackend"]
 
@@ -264,22 +264,9 @@ def _any_below(limbs, n, hi):
 
 
 def _mrc_coeffs(order: tuple[int, ...]) -> np.ndarray:
-    """``C`` of the one-reduction digits above (float32, row ``i`` holds digit ``i``'s constants).
-
-    ``C[i, :i]`` are the digit coefficients, ``C[i, i]`` that of ``x_i``.
-    """
-    m = len(order)
-    C = np.zeros((m, max(m, 1)), np.float32)
-    W = 1
-    for i, q in enumerate(order):
-        wi = pow(W % q, -1, q)
-        C[i, i] = centered(wi, q)
-        w = 1
-        for k in range(i):
-            C[i, k] = centered(-w * wi, q)
-            w *= order[k]
-        W *= q
-    return C
+    """``C`` of the one-reduction digits above (float32, row ``i`` holds digit ``i``'s constants; see
+    :func:`rnstensor.basis.mrc_digit_coeffs`)."""
+    return mrc_digit_coeffs(tuple(order))
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
@@ -492,23 +479,9 @@ def _mod_consts(moduli: tuple[int, ...]):
 
 
 def _exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
-    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]``.
-
-    Trailing axes the exponent broadcasts over are not materialized (a
-    per-batch exponent of shape ``(batch, 1, 1, 1)`` stays ``batch`` values).
-    """
-    e = np.asarray(exponent, dtype=np.int64)
-    shape = tuple(shape)
-    if np.broadcast_shapes(e.shape, shape) != shape:
-        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {shape}")
-    nd = len(shape)
-    ep = e.reshape((1,) * (nd - e.ndim) + e.shape)
-    k = nd
-    while k > 0 and ep.shape[k - 1] == 1:
-        k -= 1
-    lead = ep[(Ellipsis,) + (0,) * (nd - k)] if k < nd else ep
-    ev = np.ascontiguousarray(np.broadcast_to(lead, shape[:k])).reshape(-1)
-    return _ro(ev), math.prod(shape[k:])
+    """:func:`rnstensor.backends.exponent_runs`, read-only for the kernels."""
+    ev, inner = exponent_runs(exponent, shape)
+    return _ro(ev), inner
 
 
 @njit(cache=True, nogil=True)

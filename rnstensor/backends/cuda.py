@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import arith
 from ..basis import Basis
-from . import product_layout
+from . import exponent_runs, product_layout
 from ..kernels import build, tables
 
 __all__ = ["CudaBackend", "cuda_available", "device_info", "describe"]
@@ -98,20 +98,7 @@ def describe() -> list[str]:
     return lines
 
 
-def _exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
-    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]`` (as the CPU backend)."""
-    e = np.asarray(exponent.get() if hasattr(exponent, "get") else exponent, dtype=np.int64)
-    shape = tuple(shape)
-    if np.broadcast_shapes(e.shape, shape) != shape:
-        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {shape}")
-    nd = len(shape)
-    ep = e.reshape((1,) * (nd - e.ndim) + e.shape)
-    k = nd
-    while k > 0 and ep.shape[k - 1] == 1:
-        k -= 1
-    lead = ep[(Ellipsis,) + (0,) * (nd - k)] if k < nd else ep
-    ev = np.ascontiguousarray(np.broadcast_to(lead, shape[:k])).reshape(-1)
-    return ev, math.prod(shape[k:])
+_exponent_runs = exponent_runs  # the CPU backend's layout of decode/encode exponents
 
 
 class CudaBackend:

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..arith import drop_order
-from ..basis import centered, drop_extend_schedule, mrc_order
+from ..basis import centered, drop_extend_schedule, mrc_digit_coeffs, mrc_order
 
 __all__ = [
     "centered",
@@ -96,23 +96,8 @@ def encode_tables(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
 
 
 def mrc_coeffs(order: Sequence[int]) -> np.ndarray:
-    """``C`` of the one-reduction mixed-radix digits (float32, ``(m, max(m, 1))``).
-
-    ``d_i = [C[i, i] x_i + sum_{k<i} C[i, k] d_k]_{q_i}`` with ``W_i = q_0 ... q_{i-1}``,
-    ``C[i, i] = [W_i^{-1}]_{q_i}`` and ``C[i, k] = [-W_k W_i^{-1}]_{q_i}``.
-    """
-    m = len(order)
-    C = np.zeros((m, max(m, 1)), np.float32)
-    W = 1
-    for i, q in enumerate(order):
-        wi = pow(W % q, -1, q)
-        C[i, i] = centered(wi, q)
-        w = 1
-        for k in range(i):
-            C[i, k] = centered(-w * wi, q)
-            w *= order[k]
-        W *= q
-    return C
+    """``C`` of the one-reduction mixed-radix digits (float32, ``(m, max(m, 1))``): :func:`rnstensor.basis.mrc_digit_coeffs`."""
+    return mrc_digit_coeffs(tuple(int(q) for q in order))
 
 
 class _Packer:
