@@ -64,6 +64,21 @@ def product_layout(op_shape, planes_shape, L: int, axis: int, what: str = "produ
     return axis, n_out, n_in, pre, post, shape[:axis] + (n_out,) + shape[axis + 1 :]
 
 
+def elementwise_shape(a_shape, b_shape, L: int, mode: int, what: str) -> tuple[int, ...]:
+    """Checked result shape (without the plane axis) of an elementwise call on planes ``(L, ...)``.
+
+    ``mode`` 0 (product) broadcasts both operands; sums and differences need
+    ``b`` to broadcast to ``a``'s shape.
+    """
+    if len(a_shape) < 1 or len(b_shape) < 1 or a_shape[0] != L or b_shape[0] != L:
+        raise ValueError(f"{what}: planes must have L = {L} leading planes; got {tuple(a_shape)} and {tuple(b_shape)}")
+    sa, sb = tuple(a_shape[1:]), tuple(b_shape[1:])
+    shape = np.broadcast_shapes(sa, sb)
+    if mode != 0 and shape != sa:
+        raise ValueError(f"{what}: b of shape {tuple(b_shape)} does not broadcast to a's shape {tuple(a_shape)}")
+    return shape
+
+
 def exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
     """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]`` (int64, host).
 

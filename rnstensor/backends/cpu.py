@@ -18,7 +18,7 @@ from numba.np.arrayobj import populate_array
 
 from .. import arith
 from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order
-from . import exponent_runs, product_layout
+from . import elementwise_shape, exponent_runs, product_layout
 
 __all__ = ["CpuBackend"]
 
@@ -1279,12 +1279,8 @@ class CpuBackend:
         b = np.asarray(b)
         if a.dtype != np.int8 or b.dtype != np.int8:
             raise TypeError(f"{what}: residue planes must be int8; got {a.dtype} and {b.dtype}")
-        if a.ndim < 1 or b.ndim < 1 or a.shape[0] != L or b.shape[0] != L:
-            raise ValueError(f"{what}: planes must have L = {L} leading planes; got {a.shape} and {b.shape}")
+        shape = elementwise_shape(a.shape, b.shape, L, mode, what)
         sa, sb = a.shape[1:], b.shape[1:]
-        shape = np.broadcast_shapes(sa, sb)
-        if mode != 0 and shape != sa:
-            raise ValueError(f"{what}: b of shape {b.shape} does not broadcast to a's shape {a.shape}")
         out = np.empty((L,) + shape, np.int8)
         if out.size == 0:
             return out

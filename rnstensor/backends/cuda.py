@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import arith
 from ..basis import Basis
-from . import exponent_runs, product_layout
+from . import elementwise_shape, exponent_runs, product_layout
 from ..kernels import build, tables
 
 __all__ = ["CudaBackend", "cuda_available", "device_info", "describe"]
@@ -367,12 +367,8 @@ class CudaBackend:
         (a, b), host = self._in(a, b)
         if a.dtype != cp.int8 or b.dtype != cp.int8:
             raise TypeError(f"{what}: residue planes must be int8; got {a.dtype} and {b.dtype}")
-        if a.ndim < 1 or b.ndim < 1 or a.shape[0] != L or b.shape[0] != L:
-            raise ValueError(f"{what}: planes must have L = {L} leading planes; got {a.shape} and {b.shape}")
+        shape = elementwise_shape(a.shape, b.shape, L, mode, what)
         sa, sb = a.shape[1:], b.shape[1:]
-        shape = np.broadcast_shapes(sa, sb)
-        if mode != 0 and shape != sa:
-            raise ValueError(f"{what}: b of shape {b.shape} does not broadcast to a's shape {a.shape}")
         out = cp.empty((L,) + shape, cp.int8)
         if out.size == 0:
             return self._out(out, host)
