@@ -980,6 +980,7 @@ def einsum(
     bits: Optional[int] = None,
     backend: Optional[str] = None,
     min_bits: int = 32,
+    out: Optional[np.ndarray] = None,
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -1014,6 +1015,9 @@ def einsum(
     backend : str, optional
     min_bits : int
         See :func:`contract_expression`.
+    out : ndarray, optional
+        Where to write the result (numpy's ``out``): the result's shape, and
+        float64 or complex128 as the result (complex128 also takes a real result).
 
     Returns
     -------
@@ -1060,7 +1064,20 @@ def einsum(
     expr = _cached_expression(
         tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits
     )
-    return expr(*arrays)
+    res = expr(*arrays)
+    if out is None:
+        return res
+    if isinstance(res, RNSTensor):
+        raise ValueError("einsum: out= needs a decoded result (decode='fp64' or 'exact')")
+    res = np.asarray(res)
+    if not isinstance(out, np.ndarray) or out.shape != res.shape or not np.can_cast(res.dtype, out.dtype, "safe") \
+            or out.dtype not in (np.float64, np.complex128):
+        raise ValueError(
+            f"einsum: out must be a float64/complex128 ndarray of shape {res.shape} that holds {res.dtype}; "
+            f"got {type(out).__name__} {getattr(out, 'shape', '')} {getattr(out, 'dtype', '')}"
+        )
+    out[...] = res
+    return out
 
 
 def _shape_of(x) -> tuple:

@@ -156,6 +156,18 @@ def test_interleaved_form_and_implicit_output():
     assert got2.shape == np.einsum(a, [0, 1], b, [1, 2]).shape
 
 
+def test_out_argument_like_numpy():
+    r = np.random.default_rng(9)
+    a, b = r.uniform(-1, 1, (3, 4)), r.uniform(-1, 1, (4, 2))
+    out = np.empty((3, 2))
+    assert rt.einsum("ij,jk->ik", a, b, out=out) is out
+    assert np.array_equal(out, rt.einsum("ij,jk->ik", a, b))
+    with pytest.raises(ValueError, match="out must be"):
+        rt.einsum("ij,jk->ik", a, b, out=np.empty((2, 3)))
+    with pytest.raises(ValueError, match="out must be"):
+        rt.einsum("ij,jk->ik", a + 1j, b, out=np.empty((3, 2)))
+
+
 def test_scalar_result_is_a_numpy_scalar_like_numpy():
     x = np.arange(1.0, 4.0)
     got = rt.einsum("i,i", x, x)
