@@ -17,6 +17,7 @@ __all__ = [
     "MrcTables",
     "DropExtendSchedule",
     "mrc_digit_coeffs",
+    "pow2_cycle",
     "drop_extend_schedule",
 ]
 
@@ -342,3 +343,26 @@ def mrc_digit_coeffs(order: tuple[int, ...]) -> np.ndarray:
         W *= q
     C.setflags(write=False)
     return C
+
+
+@lru_cache(maxsize=None)
+def pow2_cycle(p: int) -> tuple[int, int]:
+    """``(a, t)``: ``2**a`` divides ``p`` exactly and ``t`` is the period of 2 modulo the odd part ``p >> a``.
+
+    Then ``[2^k]_p = [2^(a + (k - a) % t)]_p`` for every ``k >= a``: the
+    residues of huge powers of two come from a table of ``a + t`` entries.
+
+    Examples
+    --------
+    >>> pow2_cycle(256), pow2_cycle(255), pow2_cycle(7)
+    ((8, 1), (0, 8), (0, 3))
+    """
+    a = (p & -p).bit_length() - 1
+    o = p >> a
+    t = 1
+    if o > 1:
+        x = 2 % o
+        while x != 1:
+            x = (x * 2) % o
+            t += 1
+    return a, t

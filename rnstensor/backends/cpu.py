@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 from .. import arith
-from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order
+from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order, pow2_cycle
 from . import elementwise_shape, exponent_runs, product_layout
 
 __all__ = ["CpuBackend"]
@@ -443,14 +443,7 @@ def _pow2_tables(moduli: tuple[int, ...], width: int):
     per = np.ones(L, np.int64)
     base = 1
     for i, p in enumerate(moduli):
-        a = (p & -p).bit_length() - 1
-        o = p >> a
-        t = 1
-        if o > 1:
-            x = 2 % o
-            while x != 1:
-                x = (x * 2) % o
-                t += 1
+        a, t = pow2_cycle(p)
         pa[i] = a
         per[i] = t
         base = max(base, a + t)

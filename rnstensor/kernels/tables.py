@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..arith import drop_order
-from ..basis import centered, drop_extend_schedule, mrc_digit_coeffs, mrc_order
+from ..basis import centered, drop_extend_schedule, mrc_digit_coeffs, mrc_order, pow2_cycle
 
 __all__ = [
     "centered",
@@ -76,15 +76,7 @@ def encode_tables(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     pa = np.zeros(L, np.int32)
     per = np.ones(L, np.int32)
     for i, p in enumerate(moduli):
-        a = (p & -p).bit_length() - 1
-        o = p >> a
-        t = 1
-        if o > 1:
-            x = 2 % o
-            while x != 1:
-                x = (x * 2) % o
-                t += 1
-        pa[i], per[i] = a, t
+        pa[i], per[i] = pow2_cycle(p)
     width = int((pa + per).max()) if L else 1
     pw = np.zeros((L, width), np.float32)
     for i, p in enumerate(moduli):
