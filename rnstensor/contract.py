@@ -754,7 +754,7 @@ class ContractExpression:
                     err[ins.slot] = (np.abs(x) + half, np.broadcast_to(half, x.shape))
             elif ins.op == "tensor":
                 i, shared, bound = a
-                v = vals[ins.slot] = _align(ops[i], shared, bound, _label_of(self.terms[i]), be)
+                v = vals[ins.slot] = _align(ops[i], shared, bound, _unique(self.terms[i]), be)
                 if track:
                     err[ins.slot] = (np.broadcast_to(float(v.bound) * _unit(v), v.planes.shape[1:]), 0.0)
             elif ins.op == "drop":
@@ -827,7 +827,10 @@ class ContractExpression:
         return _value_of(T, labels, bound)
 
     def explain(self) -> str:
-        """The contraction path and the residue-domain step of each contraction, with bounds and drops."""
+        """The contraction path and the residue-domain step of each contraction, with bounds and drops.
+
+        Shown for real non-constant operands (complex ones add a (re, im) axis and a factor 2 to some bounds).
+        """
         kinds = tuple("const" if i in self.constants else "input" for i in range(len(self.terms)))
         cplx = tuple(
             bool(np.iscomplexobj(self.constants[i])) if i in self.constants else False for i in range(len(self.terms))
@@ -838,23 +841,17 @@ class ContractExpression:
             f"(range 2^{self.basis.log2_product - 1:.1f}), decode {self.decode!r}",
             f"opt_einsum path {self.path}",
         ]
+        body, k = [], 0
+        for line in plan.lines:  # steps numbered; their drops (indented) follow them
+            if not line.startswith("  "):
+                k += 1
+                line = f"{k}. {line}"
+            body.append(line)
         tail = [f"fewest bits kept by any operand or intermediate: {plan.kept_bits:.1f}"]
-        return "\n".join(head + [f"{k + 1}. {s}" if not s.startswith("  ") else s for k, s in _numbered(plan.lines)] + tail)
+        return "\n".join(head + body + tail)
 
     def __repr__(self) -> str:
         return f"ContractExpression({self.subscripts!r}, method={self.method!r}, s={len(self.basis)})"
-
-
-def _numbered(lines):
-    k = -1
-    for s in lines:
-        if not s.startswith("  "):
-            k += 1
-        yield k, s
-
-
-def _label_of(term: str) -> str:
-    return _unique(term)
 
 
 def _leaf_array(term: str, sizes: dict, x, cplx: bool) -> np.ndarray:
