@@ -145,11 +145,52 @@ def _entry_stats(x: np.ndarray) -> np.ndarray:
     return np.stack([fin.astype(np.int64), E, lsb])
 
 
-def _group_stats(da, x, axis: int):
-    """``(finite, Emax, lsb_min)`` per row (``axis=1``) or column (``axis=0``) of a Dask matrix, as small Dask vectors."""
-    st = x.map_blocks(_entry_stats, dtype=np.int64, new_axis=0, chunks=((3,),) + x.chunks)
-    fin = st[0].min(axis=axis) > 0
-    return fin, st[1].max(axis=axis), st[2].min(axis=axis)
+def _group_stats(da, x, axis: int, need_lsb: bool):
+    """``(finite, Emax, lsb_min)`` per row (``axis=1``) or column (``axis=0``) of a Dask matrix, as small Dask vectors.
+
+    ``Emax`` is the frexp exponent of the largest finite magnitude (``NONE`` for
+    all-zero groups): one reduction of ``|x|``, since frexp is monotone. The
+    lowest set bits (``moduli='auto'`` only; else ``None``) need every entry's
+    significand.
+    """
+    mag = abs(x) if x.dtype != np.complex128 else da.maximum(abs(x.real), abs(x.imag))
+    finite = da.isfinite(x)
+    amax = da.where(finite, mag, 0.0).max(axis=axis)
+    fin = finite.all(axis=axis)
+    Emax = amax.map_blocks(lambda a: np.where(a > 0, np.frexp(a)[1].astype(np.int64), _NONE), dtype=np.int64)
+    if not need_lsb:
+        return fin, Emax, None
+    lsb = x.map_blocks(lambda b: _entry_stats(b)[2], dtype=np.int64).min(axis=axis)
+    return fin, Emax, lsb
+
+
+def _encoder(cplx: bool, s: int, t: int, axis: int, backend):
+    """Encode one block of ``op(a)`` (``axis=0``: exponents per row) or ``op(b)`` (``axis=1``: per column).
+
+    Returns planes ``(P, L, r, c)``: ``P = 1`` real; ``P = 3`` complex (real
+    part, imaginary part and their residue sum, the 3M operands). Non-finite
+    rows / columns are encoded as zeros (their results come from float64).
+    """
+    moduli = Basis.int8(s).moduli
+
+    def enc(x: np.ndarray, e: np.ndarray, fin: np.ndarray) -> np.ndarray:
+        be = get_backend(backend)
+        ex, keep = (e[:, None], fin[:, None]) if axis == 0 else (e[None, :], fin[None, :])
+        x = np.where(keep, x, 0)
+        parts = [x.real, x.imag] if cplx else [x]
+        planes = [be.encode(np.ascontiguousarray(p, dtype=np.float64), ex, moduli, t) for p in parts]
+        if cplx:
+            planes.append(be.add(planes[0], planes[1], moduli))
+        return np.stack(planes)
+
+    return enc
+
+
+def _leaves(x) -> list:
+    """The blocks blockwise hands over for contracted indices (nested lists), in order: the k chunks."""
+    if not isinstance(x, list):
+        return [x]
+    return [leaf for item in x for leaf in _leaves(item)]
 
 
 def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
@@ -157,35 +198,21 @@ def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
     moduli = basis.moduli
     kind_bound = (k << (2 * t))  # |sum_k a b| <= k 2^t 2^t
 
-    def encode_rows(x: np.ndarray, e: np.ndarray, axis: int) -> list:
+    def fn(pa_blocks, pb_blocks, ea, eb, fa, fb, *rest):
         be = get_backend(backend)
-        ex = e[:, None] if axis == 0 else e[None, :]
-        parts = [x.real, x.imag] if cplx else [x]
-        return [be.encode(np.ascontiguousarray(p, dtype=np.float64), ex, moduli, t) for p in parts]
-
-    def fn(a_blocks, b_blocks, ea, eb, fa, fb, *c):
-        be = get_backend(backend)
-        a_blocks = a_blocks if isinstance(a_blocks, list) else [a_blocks]
-        b_blocks = b_blocks if isinstance(b_blocks, list) else [b_blocks]
-        mb, nb = a_blocks[0].shape[0], b_blocks[0].shape[1]
+        pa_blocks, pb_blocks = _leaves(pa_blocks), _leaves(pb_blocks)
+        mb, nb = pa_blocks[0].shape[2], pb_blocks[0].shape[3]
         dtype = np.complex128 if cplx else np.float64
         term = np.zeros((mb, nb), dtype)
         if alpha != 0 and k > 0 and mb > 0 and nb > 0:
             acc = None
-            for A, B in zip(a_blocks, b_blocks):
-                A = np.where(fa[:, None], A, 0)
-                B = np.where(fb[None, :], B, 0)
-                pa, pb = encode_rows(A, ea, 0), encode_rows(B, eb, 1)
-                prod = lambda x, y: be.matmul(x[:, None], y[:, None], moduli)[:, 0]  # noqa: E731
-                if cplx:
-                    As, Bs = be.add(pa[0], pa[1], moduli), be.add(pb[0], pb[1], moduli)
-                    ps = [prod(pa[0], pb[0]), prod(pa[1], pb[1]), prod(As, Bs)]
-                else:
-                    ps = [prod(pa[0], pb[0])]
-                acc = ps if acc is None else [be.add(u, v, moduli) for u, v in zip(acc, ps)]
+            for pa, pb in zip(pa_blocks, pb_blocks):
+                # one batched residue GEMM per k chunk: the P products (1 real, 3 for the 3M form)
+                ps = be.matmul(pa.transpose(1, 0, 2, 3), pb.transpose(1, 0, 2, 3), moduli).transpose(1, 0, 2, 3)
+                acc = ps if acc is None else np.stack([be.add(u, v, moduli) for u, v in zip(acc, ps)])
             scale = Scale(0, 1, (-ea, -eb), None)
             if cplx:
-                P0, P1, P2 = acc
+                P0, P1, P2 = (np.ascontiguousarray(x) for x in acc)
                 re = be.add(P0, P1, moduli, True)
                 im = be.add(be.add(P2, P0, moduli, True), P1, moduli, True)
                 R = RNSTensor(re, basis, moduli, 2 * kind_bound, scale)
@@ -194,9 +221,11 @@ def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
                 term.real = _decode_scaled(R, ar, backend) - _decode_scaled(I, ai, backend) if ai else _decode_scaled(R, ar, backend)
                 term.imag = _decode_scaled(I, ar, backend) + _decode_scaled(R, ai, backend) if ai else _decode_scaled(I, ar, backend)
             else:
-                term[...] = _decode_scaled(RNSTensor(acc[0], basis, moduli, kind_bound, scale), alpha, backend)
+                Z = RNSTensor(np.ascontiguousarray(acc[0]), basis, moduli, kind_bound, scale)
+                term[...] = _decode_scaled(Z, alpha, backend)
             # rows / columns holding inf or NaN: float64 products with IEEE propagation, as in memory
             if not fa.all() or not fb.all():
+                a_blocks, b_blocks = _leaves(rest[0]), _leaves(rest[1])
                 Af, Bf = np.concatenate(a_blocks, axis=1), np.concatenate(b_blocks, axis=0)
                 with np.errstate(invalid="ignore", over="ignore"):
                     if not fa.all():
@@ -205,7 +234,7 @@ def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
                         term[:, ~fb] = alpha * (Af @ Bf[:, ~fb])
         if beta != 0:
             with np.errstate(invalid="ignore", over="ignore"):
-                term = term + (c[0] if beta == 1 else beta * c[0])
+                term = term + (rest[-1] if beta == 1 else beta * rest[-1])
         return term
 
     return fn
@@ -241,11 +270,14 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     if opb.chunks[0] != opa.chunks[1]:
         opb = opb.rechunk({0: opa.chunks[1]})
     # pass 1: per row / column exponents (and the finite masks), as in memory
-    fa, Ea, la = _group_stats(da, opa, 1)
-    fb, Eb, lb = _group_stats(da, opb, 0)
+    auto = moduli == "auto"
+    fa, Ea, la = _group_stats(da, opa, 1, auto)
+    fb, Eb, lb = _group_stats(da, opb, 0, auto)
     import dask
 
-    fa, Ea, la, fb, Eb, lb = dask.compute(fa, Ea, la, fb, Eb, lb)
+    got = dask.compute(fa, Ea, fb, Eb, *((la, lb) if auto else ()))
+    fa, Ea, fb, Eb = got[:4]
+    la, lb = got[4:] if auto else (None, None)
     kind = "complex" if cplx else "real"
     if moduli is None:
         s = moduli_for_bits(k, 53, kind=kind) if k > 0 else 2
@@ -270,8 +302,21 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     eb_d = da.from_array(eb, chunks=(opb.chunks[1],))
     fa_d = da.from_array(fa, chunks=(opa.chunks[0],))
     fb_d = da.from_array(fb, chunks=(opb.chunks[1],))
+    # every operand block is encoded once (op(a)'s block (i, k) serves every column tile j)
+    P = 3 if cplx else 1
+    L = s
+    enc_a = da.blockwise(
+        _encoder(cplx, s, t, 0, backend), "pLik", opa, "ik", ea_d, "i", fa_d, "i",
+        new_axes={"p": P, "L": L}, dtype=np.int8, meta=np.empty((0, 0, 0, 0), np.int8),
+    )
+    enc_b = da.blockwise(
+        _encoder(cplx, s, t, 1, backend), "pLkj", opb, "kj", eb_d, "j", fb_d, "j",
+        new_axes={"p": P, "L": L}, dtype=np.int8, meta=np.empty((0, 0, 0, 0), np.int8),
+    )
     fn = _tile_fn(cplx, s, t, k, alpha, beta, backend)
-    args = [opa, "ik", opb, "kj", ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
+    args = [enc_a, "pLik", enc_b, "pLkj", ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
+    if not (fa.all() and fb.all()):
+        args += [opa, "ik", opb, "kj"]
     if beta != 0:
         args += [c.rechunk((opa.chunks[0], opb.chunks[1])), "ij"]
     return da.blockwise(fn, "ij", *args, dtype=dtype, concatenate=False, meta=np.empty((0, 0), dtype))
