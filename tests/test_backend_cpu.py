@@ -491,3 +491,33 @@ def test_decode_exponent_broadcast_shapes(eshape, mode, threaded):
     # some exponents past the normal range (fp64: the slow path for those entries)
     e = rng.choice(np.array([e0, e0 - 1000, e0 - 1100, e0 + 1100, e0 - 5000, 5000]), size=eshape).astype(np.int64)
     _decode_both(X, basis.moduli, e, 3, mode)
+
+
+# ----- batched residue GEMM (einsum's pairwise step) ----------------------------------------
+
+
+def _random_planes(rng, moduli, shape, edge=None):
+    rows = []
+    for p in moduli:
+        lo, hi = -(p // 2), (p + 1) // 2 - 1
+        rows.append(np.full(shape, lo if edge == "min" else hi) if edge else rng.integers(lo, hi + 1, shape))
+    return np.stack(rows).astype(np.int8)
+
+
+@pytest.mark.parametrize("moduli", [Basis.int8(15).moduli, Basis.int8(49).moduli, (2, 3, 5, 7)], ids=["s15", "s49", "small"])
+@pytest.mark.parametrize(
+    "sa,sb,edge",
+    [
+        ((64, 8, 8), (64, 8, 8), None),  # many small matrices
+        ((64, 8, 1024), (64, 1024, 4), "min"),  # the longest exact float32 chunk, worst sums
+        ((64, 8, 1024), (64, 1024, 4), "max"),
+        ((2, 1, 3, 4), (5, 4, 6), None),  # broadcast batch axes
+        ((2, 40, 300), (2, 300, 50), None),  # BLAS path
+        ((1, 3, 1100), (1, 1100, 2), "min"),  # BLAS path, k split into exact chunks
+        ((3, 4, 0), (3, 0, 2), None),
+    ],
+)
+def test_matmul_matches_the_reference(moduli, sa, sb, edge):
+    rng = np.random.default_rng(len(moduli) + sa[-1])
+    a, b = _random_planes(rng, moduli, sa, edge), _random_planes(rng, moduli, sb, edge)
+    assert np.array_equal(CpuBackend().matmul(a, b, moduli), NumpyBackend().matmul(a, b, moduli))
