@@ -627,7 +627,7 @@ class ContractExpression:
                 self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis, self.method, self._cap()
             )
             plan = planner.run(self._info.contraction_list)
-            if plan.kept_bits < self.min_bits:
+            if plan.kept_bits < min(self.min_bits, self._cap()):  # a width the caller asked for is no loss
                 raise PlanError(
                     f"einsum: on {self.basis!r} the plan for {self.subscripts!r} keeps only {plan.kept_bits:.1f} bits "
                     f"of some operand or intermediate (min_bits={self.min_bits}); use more moduli, or lower min_bits "
@@ -924,8 +924,9 @@ def contract_expression(
     backend : str, optional
     min_bits : int
         The fewest bits an operand or intermediate may keep after the
-        planner's narrowing and drops; a plan below it raises
-        :class:`PlanError` instead of returning a poor result.
+        planner's narrowing and drops (or ``bits``, when that is smaller); a
+        plan below it raises :class:`PlanError` instead of returning a poor
+        result.
 
     Returns
     -------

@@ -311,6 +311,15 @@ def test_contract_expression_bad_calls():
         rt.contract_expression("ij,jk->ik", (2, 3), 7)
 
 
+def test_an_explicit_narrow_width_is_honoured():
+    r = np.random.default_rng(12)
+    a, b = r.uniform(-1, 1, (3, 4)), r.uniform(-1, 1, (4, 5))
+    got = rt.einsum("ij,jk", a, b, bits=20)
+    re, _, e = _exact("ij,jk", [a, b])
+    bound = rt.contract_expression("ij,jk", a.shape, b.shape, bits=20).error_bound(a, b)
+    assert (_abs_err(got, re, e) <= bound).all() and (bound > 2.0**-30).any()
+
+
 def test_too_small_basis_is_a_plan_error_not_a_wrong_answer():
     with pytest.raises(rt.PlanError, match="more moduli"):
         rt.einsum("ij,jk->ik", np.ones((2, 4096)), np.ones((4096, 2)), moduli=2)
