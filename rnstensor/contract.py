@@ -1058,6 +1058,11 @@ def einsum(
     terms, output, shapes = _parse(shaped, shapes=True)
     if len(terms) != len(arrays):
         raise ValueError(f"einsum: {len(terms)} subscript terms for {len(arrays)} operands")
+    _label_sizes(terms, shapes)  # size checks before any diagonal is taken
+    for i, x in enumerate(arrays):
+        if isinstance(x, RNSTensor) and _unique(terms[i]) != terms[i]:
+            arrays[i], terms[i] = _tensor_diagonal(x, terms[i]), _unique(terms[i])
+            shapes[i] = arrays[i].shape
     key_opt = _hashable(optimize)
     expr = _cached_expression(
         tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits
@@ -1076,6 +1081,16 @@ def einsum(
         )
     out[...] = res
     return out
+
+
+def _tensor_diagonal(T: RNSTensor, term: str) -> RNSTensor:
+    """The diagonal an RNSTensor operand's repeated indices select (residues and exponents: a pure selection)."""
+    labels = _unique(term)
+    letters = {c: chr(ord("a") + k) for k, c in enumerate(labels)}
+    src, dst = "".join(letters[c] for c in term), "".join(letters[c] for c in labels)
+    planes = np.ascontiguousarray(np.einsum(f"z{src}->z{dst}", T.residues))
+    exp = np.einsum(f"{src}->{dst}", np.broadcast_to(np.asarray(T.scale.exponent(), np.int64), T.shape))
+    return RNSTensor(planes, T.basis, T.active, T.bound, Scale(0, T.scale.factor, (None,) * len(labels), exp))
 
 
 def _shape_of(x) -> tuple:

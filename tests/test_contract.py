@@ -260,6 +260,16 @@ def test_rnstensor_operand_with_varying_exponents_along_a_summed_axis_is_aligned
     assert np.abs(got - ref).max() < 1e-15
 
 
+def test_rnstensor_operand_with_repeated_indices():
+    r = np.random.default_rng(13)
+    X = r.uniform(-1, 1, (4, 4, 3))
+    T = rt.encode(X, 15, shared_axes=(0, 1))
+    assert np.array_equal(rt.decode(rt.einsum("iij->ij", T), "exact"), np.einsum("iij->ij", rt.decode(T, "exact")))
+    got = rt.einsum("iij,j->i", T, np.ones(3), decode="exact")
+    re, _, e = _exact("iij,j->i", [rt.decode(T, "exact"), np.ones(3)])
+    assert np.array_equal(got, _round(re, e))
+
+
 def test_rnstensor_operand_that_cannot_be_aligned_is_a_range_error():
     A = np.array([[1.0, 2.0**-100], [1.0, 1.0]])
     At = rt.encode(A, 15, bits=53, shared_axes=())  # every entry its own exponent: 100 bits apart along j
