@@ -665,6 +665,8 @@ class ContractExpression:
             if tuple(shape) != self.shapes[i]:
                 raise ValueError(f"operand {i} has shape {tuple(shape)}; this expression was built for {self.shapes[i]}")
             if k == "tensor":
+                if _unique(self.terms[i]) != self.terms[i]:
+                    x = _tensor_diagonal(x, self.terms[i])  # repeated indices: take the diagonal first
                 tensors[i] = x
             else:
                 x = np.asarray(x)
@@ -1058,11 +1060,6 @@ def einsum(
     terms, output, shapes = _parse(shaped, shapes=True)
     if len(terms) != len(arrays):
         raise ValueError(f"einsum: {len(terms)} subscript terms for {len(arrays)} operands")
-    _label_sizes(terms, shapes)  # size checks before any diagonal is taken
-    for i, x in enumerate(arrays):
-        if isinstance(x, RNSTensor) and _unique(terms[i]) != terms[i]:
-            arrays[i], terms[i] = _tensor_diagonal(x, terms[i]), _unique(terms[i])
-            shapes[i] = arrays[i].shape
     key_opt = _hashable(optimize)
     expr = _cached_expression(
         tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits

@@ -265,6 +265,8 @@ def test_rnstensor_operand_with_repeated_indices():
     X = r.uniform(-1, 1, (4, 4, 3))
     T = rt.encode(X, 15, shared_axes=(0, 1))
     assert np.array_equal(rt.decode(rt.einsum("iij->ij", T), "exact"), np.einsum("iij->ij", rt.decode(T, "exact")))
+    expr = rt.contract_expression("iij,j->i", T.shape, (3,), decode="exact")
+    assert np.array_equal(expr(T, np.ones(3)), rt.einsum("iij,j->i", T, np.ones(3), decode="exact"))
     got = rt.einsum("iij,j->i", T, np.ones(3), decode="exact")
     re, _, e = _exact("iij,j->i", [rt.decode(T, "exact"), np.ones(3)])
     assert np.array_equal(got, _round(re, e))
