@@ -64,6 +64,16 @@ def product_layout(op_shape, planes_shape, L: int, axis: int, what: str = "produ
     return axis, n_out, n_in, pre, post, shape[:axis] + (n_out,) + shape[axis + 1 :]
 
 
+def matmul_shape(a_shape, b_shape, L: int) -> tuple[tuple[int, ...], int, int, int]:
+    """Checked ``(batch, M, K, N)`` of a batched residue matmul ``(L, ..., M, K) @ (L, ..., K, N)``."""
+    if len(a_shape) < 3 or len(b_shape) < 3 or a_shape[0] != L or b_shape[0] != L or a_shape[-1] != b_shape[-2]:
+        raise ValueError(
+            f"matmul: need (L, ..., M, K) and (L, ..., K, N) planes with L = {L}; got {tuple(a_shape)} and {tuple(b_shape)}"
+        )
+    batch = np.broadcast_shapes(tuple(a_shape[1:-2]), tuple(b_shape[1:-2]))
+    return batch, int(a_shape[-2]), int(a_shape[-1]), int(b_shape[-1])
+
+
 def elementwise_shape(a_shape, b_shape, L: int, mode: int, what: str) -> tuple[int, ...]:
     """Checked result shape (without the plane axis) of an elementwise call on planes ``(L, ...)``.
 

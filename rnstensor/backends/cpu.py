@@ -18,7 +18,7 @@ from numba.np.arrayobj import populate_array
 
 from .. import arith
 from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order, pow2_cycle
-from . import elementwise_shape, exponent_runs, product_layout
+from . import elementwise_shape, exponent_runs, matmul_shape, product_layout
 
 __all__ = ["CpuBackend"]
 
@@ -92,6 +92,17 @@ def _launch(kernel, ntasks: int, work: int, *args) -> None:
 # ----- scalar helpers -----------------------------------------------------------------------
 
 
+def _borrowed_view(context, builder, sig, args):
+    """Codegen of the same array data, shape and strides with a NULL owner (type from ``sig``)."""
+    src = context.make_array(sig.args[0])(context, builder, value=args[0])
+    dst = context.make_array(sig.return_type)(context, builder)
+    for name in ("nitems", "itemsize", "data", "shape", "strides"):
+        setattr(dst, name, getattr(src, name))
+    dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
+    dst.parent = cgutils.get_null_value(dst.parent.type)
+    return dst._getvalue()
+
+
 @intrinsic
 def _borrow(typingctx, arr):
     """The same array without its NRT owner (meminfo NULL): a borrowed reference.
@@ -104,17 +115,7 @@ def _borrow(typingctx, arr):
     _launch first borrows its array arguments: refcount operations on a NULL
     owner are no-ops, and the caller keeps the arrays alive for the call.
     """
-
-    def codegen(context, builder, sig, args):
-        src = context.make_array(sig.args[0])(context, builder, value=args[0])
-        dst = context.make_array(sig.return_type)(context, builder)
-        for name in ("nitems", "itemsize", "data", "shape", "strides"):
-            setattr(dst, name, getattr(src, name))
-        dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
-        dst.parent = cgutils.get_null_value(dst.parent.type)
-        return dst._getvalue()
-
-    return arr(arr), codegen
+    return arr(arr), _borrowed_view
 
 
 @intrinsic
@@ -148,18 +149,7 @@ def _readonly(typingctx, arr):
     """The same array typed read-only (borrowed): one specialization of a helper serves both."""
     if not isinstance(arr, types.Array):
         return None
-    ret = arr.copy(readonly=True)
-
-    def codegen(context, builder, sig, args):
-        src = context.make_array(sig.args[0])(context, builder, value=args[0])
-        dst = context.make_array(sig.return_type)(context, builder)
-        for name in ("nitems", "itemsize", "data", "shape", "strides"):
-            setattr(dst, name, getattr(src, name))
-        dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
-        dst.parent = cgutils.get_null_value(dst.parent.type)
-        return dst._getvalue()
-
-    return ret(arr), codegen
+    return arr.copy(readonly=True)(arr), _borrowed_view
 
 
 
@@ -1238,12 +1228,7 @@ class CpuBackend:
         a, b = np.asarray(a_planes), np.asarray(b_planes)
         if a.dtype != np.int8 or b.dtype != np.int8:
             raise TypeError(f"matmul: planes must be int8; got {a.dtype} and {b.dtype}")
-        if a.ndim < 3 or b.ndim < 3 or a.shape[0] != L or b.shape[0] != L or a.shape[-1] != b.shape[-2]:
-            raise ValueError(
-                f"matmul: need (L, ..., M, K) and (L, ..., K, N) planes with L = {L}; got {a.shape} and {b.shape}"
-            )
-        batch = np.broadcast_shapes(a.shape[1:-2], b.shape[1:-2])
-        M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch, M, K, N = matmul_shape(a.shape, b.shape, L)
         out = np.empty((L,) + batch + (M, N), np.int8)
         if out.size == 0:
             return out

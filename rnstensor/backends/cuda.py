@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import arith
 from ..basis import Basis
-from . import elementwise_shape, exponent_runs, product_layout
+from . import elementwise_shape, exponent_runs, matmul_shape, product_layout
 from ..kernels import build, tables
 
 __all__ = ["CudaBackend", "cuda_available", "device_info", "describe"]
@@ -347,10 +347,9 @@ class CudaBackend:
         (a, b), host = self._in(a_planes, b_planes)
         if a.dtype != cp.int8 or b.dtype != cp.int8:
             raise TypeError(f"matmul: planes must be int8; got {a.dtype} and {b.dtype}")
-        if a.ndim < 3 or b.ndim < 3 or a.shape[0] != L or b.shape[0] != L or a.shape[-1] != b.shape[-2]:
-            raise ValueError(f"matmul: need (L, ..., M, K) and (L, ..., K, N) planes with L = {L}; got {a.shape} and {b.shape}")
-        if a.shape[-1] >= 1 << 39:
-            raise ValueError(f"matmul: k = {a.shape[-1]} exceeds the exact float64 accumulation limit 2**39")
+        _, _, K, _ = matmul_shape(a.shape, b.shape, L)
+        if K >= 1 << 39:
+            raise ValueError(f"matmul: k = {K} exceeds the exact float64 accumulation limit 2**39")
         acc = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
         p = cp.asarray(np.array(mods, np.float64)).reshape((L,) + (1,) * (acc.ndim - 1))
         r = cp.fmod(acc, p)
