@@ -123,12 +123,16 @@ class ChainPlan:
             raise ValueError("the composed method decodes after every product; call the plan on a float array")
         batch = T.ndim - self.ndim
         extend = self.method == "rescale_be"
-        for op, ax, st in zip(self._encoded, self.axes, self._schedule.steps):
+        for op, ax, dropped in self.executed_steps():
             T, _ = strip_pending(T, batch + ax)  # the plan folded it into this operator
             T = mode_product(T, op, batch + ax, backend=backend)
-            if st.dropped:
-                T = drop(T, moduli=st.dropped, extend=extend, backend=backend)
+            if dropped:
+                T = drop(T, moduli=dropped, extend=extend, backend=backend)
         return T
+
+    def executed_steps(self) -> tuple[tuple[RNSTensor, int, tuple[int, ...]], ...]:
+        """``(encoded operator, tensor axis, moduli dropped after it)`` for every product, in order."""
+        return tuple(zip(self._encoded, self.axes, (st.dropped for st in self._schedule.steps)))
 
     def _run_composed(self, x: np.ndarray, batch: int, mode: str, backend) -> np.ndarray:
         last = len(self.axes) - 1

@@ -40,6 +40,7 @@ __all__ = [
     "arch_for_capability",
     "host_library",
     "simt_library",
+    "chain_simt_library",
     "cached_cubin",
 ]
 
@@ -50,6 +51,7 @@ ARCHS: tuple[str, ...] = ("sm_80", "sm_89", "sm_90a")
 MODULES: dict[str, str] = {
     "product": "product.cu",
     "entry": "entry.cu",
+    "chain": "chain.cu",
 }
 
 #: kernels whose ptxas report must show no local memory (spills or stack)
@@ -65,6 +67,7 @@ HOT_KERNELS: tuple[str, ...] = (
     "rns_encode",
     "rns_drop_extend",
     "rns_decode_fp64",
+    "rns_chain_fused",
 )
 
 _OPTIONS: tuple[str, ...] = ("-std=c++17", "-lineinfo")
@@ -326,6 +329,12 @@ def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Pat
     flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
              "-DRNS_FOLD_STEPS=2"]
     return _host_build("simt_host.cpp", flags, cache, cxx)
+
+
+def chain_simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
+    """Build ``chain_host.cpp``: the fused chain kernel (``chain.cu``) run on CPU threads (C++20); cached."""
+    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
+    return _host_build("chain_host.cpp", flags, cache, cxx)
 
 
 # ----- inspection ---------------------------------------------------------------------------

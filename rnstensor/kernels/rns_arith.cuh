@@ -95,6 +95,18 @@ RNS_HD rns_u64 rns_double_to_bits(double d) {
 #endif
 }
 
+// ----- four int8 products in one instruction ------------------------------------------------
+
+// c + sum_i a_i b_i over the four signed bytes of a and b (dp4a); exact while the int32 sum is.
+RNS_HD rns_i32 rns_dp4a(rns_i32 a, rns_i32 b, rns_i32 c) {
+#if defined(__CUDA_ARCH__)
+    return __dp4a(a, b, c);
+#else
+    for (int i = 0; i < 4; ++i) c += (rns_i32)(rns_i8)(a >> (8 * i)) * (rns_i32)(rns_i8)(b >> (8 * i));
+    return c;
+#endif
+}
+
 // ----- centered modular reduction -------------------------------------------------------------
 
 // [t]_p for an integer-valued float32 with |t| + p < 2^22 (see the header).

@@ -1,0 +1,52 @@
+// The CUDA execution model on CPU threads, for the host builds that run kernel sources as written.
+//
+// One std::thread per CUDA thread of a block; the blocks of a grid run one
+// after another (so a kernel's __shared__ arrays can be static), separated by
+// a barrier; __syncthreads is a block barrier. Enough of the CUDA spelling is
+// defined for a kernel file to compile unchanged with a host C++20 compiler.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <thread>
+#include <vector>
+
+struct rns_dim3 {
+    unsigned x, y, z;
+};
+static thread_local rns_dim3 threadIdx;
+static thread_local rns_dim3 blockIdx;
+static rns_dim3 blockDim, gridDim;
+static std::barrier<>* rns_block_barrier = nullptr;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+static inline void __syncthreads() { rns_block_barrier->arrive_and_wait(); }
+using std::max;
+using std::min;
+
+// Run body() as every thread of every block of the grid (blocks in order).
+template <class F>
+static void rns_simt_launch(rns_dim3 grid, unsigned block, F body) {
+    gridDim = grid;
+    blockDim = rns_dim3{block, 1, 1};
+    std::barrier<> bb((std::ptrdiff_t)block);
+    rns_block_barrier = &bb;
+    std::vector<std::thread> th;
+    th.reserve(block);
+    for (unsigned t = 0; t < block; ++t)
+        th.emplace_back([=] {
+            threadIdx = rns_dim3{t, 0, 0};
+            for (unsigned z = 0; z < grid.z; ++z)
+                for (unsigned y = 0; y < grid.y; ++y)
+                    for (unsigned x = 0; x < grid.x; ++x) {
+                        blockIdx = rns_dim3{x, y, z};
+                        body();
+                        rns_block_barrier->arrive_and_wait();
+                    }
+        });
+    for (auto& h : th) h.join();
+}

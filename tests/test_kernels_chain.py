@@ -1,0 +1,152 @@
+"""The fused chain kernel (chain.cu) run on CPU threads (chain_host.cpp) against the plans' own execution.
+
+Every plan is run through ``rns_chain_fused`` as written — encode from the IEEE
+bits, dp4a products in shared memory, drops and extensions, both decodes —
+with the host program of ``rnstensor.kernels.fused``, and compared bit for bit
+with ``plan.run`` on the CPU backend (which the chain tests check against
+exact rationals). Shared memory starts filled with two different byte
+patterns: a kernel reading bytes it never wrote would not match both times.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import rnstensor as rt
+from rnstensor.kernels import build, fused
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    try:
+        return ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("chain"))))
+    except build.KernelBuildError as exc:  # pragma: no cover - CI images have g++ >= 11
+        pytest.skip(f"no C++20 host compiler for the SIMT build of chain.cu: {exc}")
+
+
+def _p(a):
+    return np.asarray(a).ctypes.data_as(ctypes.c_void_p)
+
+
+def run_fused(emu, plan, X, decode="fp64", fill=0xA5):
+    """``plan.run(X)`` through the emulated fused kernel."""
+    x = np.ascontiguousarray(X, np.float64)
+    batch = x.shape[: x.ndim - plan.ndim]
+    prog = fused.chain_program(plan, x.shape[len(batch):])
+    B = int(np.prod(batch, dtype=np.int64))
+    Y = np.full((B,) + prog.out_shape, np.nan)
+    flags = np.zeros(1, np.int32)
+    exact = decode == "exact"
+    if exact and prog.F is None:
+        pytest.skip("factor too wide for the kernel's limbs")
+    F = prog.F if exact else np.zeros(1, np.uint32)
+    dexp = prog.dexp_exact if exact else prog.dexp_fp64
+    rc = emu.emu_chain(
+        _p(x.view(np.uint64)), ctypes.c_int64(B), _p(Y), _p(prog.ints), _p(prog.floats), _p(prog.qd), _p(prog.ops),
+        _p(dexp), int(exact), ctypes.c_double(prog.f), _p(F), int(F.size), int(prog.fneg), _p(flags),
+        ctypes.c_int64(prog.shared_bytes), fill,
+    )
+    assert rc == 0
+    return Y.reshape(batch + prog.out_shape), int(flags[0])
+
+
+def _same(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint64), b.view(np.uint64))
+
+
+def _ops(rng, shapes, kind="uniform"):
+    out = []
+    for n_out, n_in in shapes:
+        if kind == "wide":  # rows spanning many binades: pending row exponents and folding
+            A = rng.uniform(-1, 1, (n_out, n_in)) * np.ldexp(1.0, rng.integers(-30, 30, (n_out, 1)))
+        else:
+            A = rng.uniform(-1, 1, (n_out, n_in))
+        out.append(A)
+    return out
+
+
+CASES = [
+    # (tensor shape, operator shapes, axes, method, batch)
+    ((8, 8, 8), [(8, 8)] * 3, (0, 1, 2), "rescale_be", (5,)),
+    ((4, 4, 4), [(4, 4)] * 3, (2, 1, 0), "rescale_be", (37,)),  # many tensors per block, a partial last block
+    ((5, 6, 7), [(3, 5), (9, 6), (7, 7)], (0, 1, 2), "rescale_be", (3,)),  # padding, n_out != n_in
+    ((16, 16), [(16, 16), (12, 16)], (1, 0), "rescale", (2,)),  # drops without extension
+    ((6, 6, 6), [(6, 6)] * 3, (1, 2, 0), "norescale", (2, 2)),  # no drops; two batch axes
+    ((3, 4, 2, 5), [(3, 3), (4, 4), (2, 2), (5, 5)], (0, 1, 2, 3), "rescale_be", (4,)),  # d = 4
+    ((8, 8, 8), [(8, 8)] * 6, (0, 1, 2, 0, 1, 2), "rescale_be", (2,)),  # each axis twice (the layout cycles)
+    ((33, 2), [(20, 33)], (0,), "rescale_be", (3,)),  # one product, 9 words a row, an untouched axis
+    ((13,), [(13, 13)] * 3, (0, 0, 0), "rescale_be", (6,)),  # one axis, three times
+]
+
+
+@pytest.mark.parametrize("shape, opshapes, axes, method, batch", CASES)
+def test_fused_kernel_matches_plan(emu, shape, opshapes, axes, method, batch):
+    rng = np.random.default_rng(sum(shape) * 7 + len(axes))
+    ops = _ops(rng, opshapes, "wide" if method == "rescale_be" else "uniform")
+    plan = rt.plan_chain(ops, axes, ndim=len(shape), method=method, moduli=15)
+    X = rng.uniform(-1, 1, batch + shape)
+    # tensors of very different scales, an all-zero one, signed zeros and subnormals
+    X[(0,) * len(batch)] *= 2.0**-1060
+    if X.shape[0] > 1:
+        X[(1,) + (0,) * (len(batch) - 1)] = 0.0
+    X.reshape(-1)[-1] = -0.0
+    X.reshape(-1)[-2] *= 1e300
+    for decode in ("fp64", "exact"):
+        want = plan.run(X, decode=decode, backend="cpu")
+        got, flags = run_fused(emu, plan, X, decode)
+        assert flags == 0
+        assert _same(got, want), (decode, np.argwhere(got != want)[:5])
+
+
+def test_fused_kernel_ignores_stale_shared_memory(emu):
+    rng = np.random.default_rng(3)
+    plan = rt.plan_chain(_ops(rng, [(5, 5)] * 3), (0, 1, 2), moduli=12)
+    X = rng.normal(size=(9, 5, 5, 5))
+    a, _ = run_fused(emu, plan, X, fill=0x00)
+    b, _ = run_fused(emu, plan, X, fill=0x7F)
+    assert _same(a, b) and _same(a, plan.run(X, backend="cpu"))
+
+
+def test_fused_kernel_flags_non_finite_input(emu):
+    rng = np.random.default_rng(4)
+    plan = rt.plan_chain(_ops(rng, [(4, 4)] * 2), (0, 1))
+    X = rng.normal(size=(3, 4, 4))
+    _, flags = run_fused(emu, plan, X)
+    assert flags == 0
+    X[2, 1, 3] = np.inf
+    _, flags = run_fused(emu, plan, X)
+    assert flags == 1
+
+
+def test_fusable_says_why_not():
+    rng = np.random.default_rng(5)
+    A = rng.uniform(-1, 1, (8, 8))
+    assert fused.fusable(rt.plan_chain([A, A, A], (0, 1, 2))) is None
+    assert "composed" in fused.fusable(rt.plan_chain([A, A], (0, 1), method="composed"))
+    twice = rt.plan_chain([A, A], (0, 0), ndim=2)
+    assert "never contracted" in fused.fusable(twice)  # axis 1's length comes from the input
+    assert "transpose" in fused.fusable(twice, (8, 3))  # (1, 0) -> (0, 1): axis 0 is not inside again
+    wide = rng.uniform(-1, 1, (4, 80))
+    assert "columns" in fused.fusable(rt.plan_chain([wide], (0,), ndim=1))
+    with pytest.raises(ValueError, match="fused"):
+        fused.chain_program(twice, (8, 3))
+
+
+def test_program_layout_and_tables():
+    """The host program: a block batch within budget, operators padded with zero columns, tables in place."""
+    rng = np.random.default_rng(6)
+    plan = rt.plan_chain(_ops(rng, [(7, 5), (5, 5), (5, 5)]), (0, 1, 2), moduli=15)
+    prog = fused.chain_program(plan)
+    assert prog.in_shape == (5, 5, 5) and prog.out_shape == (7, 5, 5)
+    assert prog.nb >= 1 and prog.shared_bytes <= fused.SHARED_BUDGET
+    assert prog.ints[0] == 3 and prog.ints[1] == 3 and prog.ints[4] == prog.nb
+    # first product: 5 columns padded to 8 bytes; its planes are the operator's residues on every modulus
+    L = len(plan.basis)
+    op0 = prog.ops[: L * 7 * 8].reshape(L, 7, 8)
+    assert not op0[:, :, 5:].any()
+    enc = plan.encoded_operators[0]
+    assert np.array_equal(op0[:, :, :5], np.asarray(enc.residues))
+    assert fused.chain_program(plan) is prog  # cached per plan
