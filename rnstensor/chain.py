@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from fractions import Fraction
 from typing import Optional, Sequence, Union
@@ -10,6 +11,7 @@ import numpy as np
 
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode
+from .backends import get_backend
 from .encode import group_exponents
 from .planner import Schedule, plan_schedule
 from .planner.bounds import composed_bound, fraction_up, operator_norms, persistent_coefficients
@@ -76,27 +78,63 @@ class ChainPlan:
 
     # ----- execution ----------------------------------------------------------------------
 
+    def _check_shape(self, shape: tuple) -> int:
+        """The number of batch axes of an input of this shape (a ``ValueError`` if its tensor axes do not fit)."""
+        if len(shape) < self.ndim:
+            raise ValueError(f"X must have at least {self.ndim} axes (the tensor); got shape {shape}")
+        batch = len(shape) - self.ndim
+        for a, n_in in self._lengths.items():
+            if shape[batch + a] != n_in:
+                raise ValueError(
+                    f"axis {a} of the tensor has length {shape[batch + a]} but the plan's first operator on it "
+                    f"has {n_in} columns (X.shape={shape}, tensor axes start at {batch})"
+                )
+        return batch
+
     def _check_input(self, X) -> np.ndarray:
         x = check_float_array(X, "X")
-        if x.ndim < self.ndim:
-            raise ValueError(f"X must have at least {self.ndim} axes (the tensor); got shape {x.shape}")
-        batch = x.ndim - self.ndim
-        for a, n_in in self._lengths.items():
-            if x.shape[batch + a] != n_in:
-                raise ValueError(
-                    f"axis {a} of the tensor has length {x.shape[batch + a]} but the plan's first operator on it "
-                    f"has {n_in} columns (X.shape={x.shape}, tensor axes start at {batch})"
-                )
+        self._check_shape(x.shape)
         return x
 
     def __call__(self, X, decode: str = "fp64") -> np.ndarray:
         """Run the chain on ``X`` (``(*batch, *tensor)``) and decode (``'fp64'`` or ``'exact'``)."""
         return self.run(X, decode=decode)
 
-    def run(self, X, decode: str = "fp64", *, backend: Optional[str] = None) -> np.ndarray:
-        """Run the chain; the same as calling the plan, with an optional backend name."""
+    def run(self, X, decode: str = "fp64", *, backend: Optional[str] = None, fused: Optional[bool] = None):
+        """Run the chain; the same as calling the plan, with a backend and the fused kernel to choose.
+
+        Parameters
+        ----------
+        X : array, ``(*batch, *tensor)``
+            NumPy, or CuPy (which runs on the ``'cuda'`` backend and returns CuPy).
+        decode : {'fp64', 'exact'}
+        backend : str, optional
+            ``'cpu'``, ``'numpy'`` or ``'cuda'`` (default: the current backend; ``'cuda'`` for CuPy input).
+        fused : bool, optional
+            On ``'cuda'``: run the whole chain as one kernel (``rnstensor/kernels/chain.cu``),
+            each tensor kept in shared memory from load to store. ``None`` (default) fuses
+            where the plan allows it (:func:`rnstensor.kernels.fused.fusable`); ``True``
+            raises where it does not; ``False`` runs one kernel per step. Results are
+            bitwise the same either way.
+        """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        on_device = type(X).__module__.split(".")[0] == "cupy"
+        if on_device and backend is None:
+            backend = "cuda"
+        be = get_backend(backend)
+        if on_device and be.name != "cuda":
+            raise ValueError(f"X is a CuPy array but backend={be.name!r}: use backend='cuda' or pass cupy.asnumpy(X)")
+        if fused and be.name != "cuda":
+            raise ValueError(f"fused=True runs on the 'cuda' backend; backend is {be.name!r}")
+        if be.name == "cuda" and fused is not False and self.method != "composed":
+            done = self._run_fused(X, decode, be, on_device, required=bool(fused))
+            if done is not None:
+                return done
+        if on_device:  # the step-by-step kernels take host arrays at each step: move once, explicitly
+            import cupy
+
+            return cupy.asarray(self.run(cupy.asnumpy(X), decode, backend=backend, fused=False))
         x = self._check_input(X)
         batch = x.ndim - self.ndim
         if self.method == "composed":
@@ -104,6 +142,37 @@ class ChainPlan:
         T = self.encode_input(x, backend=backend)
         T = self.apply(T, backend=backend)
         return _decode(T, decode, backend)
+
+    def _run_fused(self, X, decode: str, be, on_device: bool, required: bool):
+        """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``required``)."""
+        from .kernels import fused as _fused
+
+        if on_device:
+            if X.dtype.kind != "f" or X.dtype.itemsize > 8:
+                raise TypeError(f"X must be a real floating-point array (float16/32/64); got dtype {X.dtype}")
+            if X.size == 0:
+                raise ValueError(f"X is empty (shape {X.shape}): there is nothing to encode")
+            x = X
+        else:
+            x = self._check_input(X)
+        batch = self._check_shape(tuple(x.shape))
+        shape = tuple(x.shape[batch:])
+        why = _fused.fusable(self, shape)
+        prog = None
+        if why is None:
+            try:
+                prog = _fused.chain_program(self, shape)
+            except ValueError as exc:
+                why = str(exc)
+        if prog is not None and decode == "exact" and prog.F is None:
+            why, prog = "the exact decode's factor is wider than the kernel's limbs", None
+        if prog is None:
+            if required:
+                raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")
+            return None
+        B = math.prod(x.shape[:batch])
+        out = be.chain(prog, x.reshape((B,) + shape), decode)
+        return out.reshape(tuple(x.shape[:batch]) + prog.out_shape)
 
     def encode_input(self, X, *, backend: Optional[str] = None) -> RNSTensor:
         """``X`` encoded as the persistent methods need: one exponent per tensor, ``input_bits`` wide.

@@ -424,6 +424,52 @@ class CudaBackend:
         )
         return self._out(out.reshape((len(out_active),) + shape), host), tuple(out_active)
 
+    # ----- the fused chain --------------------------------------------------------------------
+
+    def chain(self, program, x, decode: str):
+        """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.
+
+        ``program`` is :func:`rnstensor.kernels.fused.chain_program` of a plan;
+        the result is bitwise ``plan.run(x, decode)`` on any backend. CuPy in,
+        CuPy out; a non-finite input raises ``ValueError`` after the launch
+        (the kernel flags it while it loads; reading the flag synchronizes).
+        """
+        cp = self._cp
+        if decode not in ("fp64", "exact"):
+            raise ValueError(f"decode must be 'fp64' or 'exact'; got {decode!r}")
+        exact = decode == "exact"
+        if exact and program.F is None:
+            raise ValueError("this program's factor is too wide for the exact decode's limbs; run the plan unfused")
+        (xd,), host = self._in(x)
+        xd = self._contig(xd, cp.float64)
+        if tuple(xd.shape[1:]) != tuple(program.in_shape):
+            raise ValueError(f"x must have shape (B, *{program.in_shape}); got {xd.shape}")
+        B = xd.shape[0]
+        out = cp.empty((B,) + tuple(program.out_shape), cp.float64)
+        if B == 0:
+            return self._out(out, host)
+        pi, pf, qd, ops, dexp = self._dev(
+            ("chain", program, decode),
+            lambda: (program.ints, program.floats, program.qd, program.ops,
+                     program.dexp_exact if exact else program.dexp_fp64),
+        )
+        flags = cp.zeros(1, cp.int32)
+        grid = -(-B // program.nb)
+        name = "rns_chain_fused_exact" if exact else "rns_chain_fused"
+        fn = self._fn("chain", name)
+        if program.shared_bytes > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = program.shared_bytes
+        xb = xd.reshape(-1).view(cp.uint64)
+        if exact:
+            (F,) = self._dev(("flimbs", program), lambda: (program.F,))
+            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, F, np.int32(F.size), np.int32(program.fneg), flags)
+        else:
+            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, np.float64(program.f), flags)
+        fn((grid,), (program.threads,), args, shared_mem=program.shared_bytes)
+        if int(flags.get()[0]):
+            raise ValueError("X has non-finite entries (NaN or inf); residues hold finite values only")
+        return self._out(out, host)
+
     # ----- decode -------------------------------------------------------------------------
 
     def decode(self, planes, active: Sequence[int], exponent, factor: int, mode: str):

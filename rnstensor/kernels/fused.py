@@ -55,7 +55,7 @@ def _width(n_in: int) -> Optional[int]:
     return w if w in WIDTHS else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a device cache key
 class ChainProgram:
     """Everything one launch of ``rns_chain_fused`` needs for a plan.
 

@@ -18,12 +18,13 @@ def same(a, b):
 
 @pytest.mark.parametrize("method", ["rescale_be", "rescale", "norescale", "composed"])
 @pytest.mark.parametrize("decode", ["fp64", "exact"])
-def test_chain(method, decode):
+@pytest.mark.parametrize("fused", [None, False])  # the fused kernel where it applies, and step by step
+def test_chain(method, decode, fused):
     rng = np.random.default_rng(1)
     ops = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)]
     plan = rt.plan_chain(ops, [0, 1, 2], method=method)
     X = rng.uniform(-1, 1, (16, 8, 8, 8))
-    same(plan.run(X, decode, backend="cuda"), plan.run(X, decode, backend="cpu"))
+    same(plan.run(X, decode, backend="cuda", fused=fused), plan.run(X, decode, backend="cpu"))
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (17, 33, 9), (64, 300, 48), (128, 2048, 64)])

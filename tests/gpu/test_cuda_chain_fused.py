@@ -1,0 +1,73 @@
+"""The fused chain kernel on the GPU: bitwise plan.run on the CPU backend, CuPy in and out, its errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnstensor as rt
+from rnstensor.kernels import fused
+
+cp = pytest.importorskip("cupy")
+
+from test_kernels_chain import CASES, _ops  # noqa: E402  (the same plans the host run checks)
+
+
+def same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), np.argwhere(a != b)[:5]
+
+
+def _inputs(rng, batch, shape):
+    X = rng.uniform(-1, 1, batch + shape)
+    X[(0,) * len(batch)] *= 2.0**-1060  # subnormal tensor
+    X.reshape(-1)[-1] = -0.0
+    X.reshape(-1)[-2] *= 1e300
+    return X
+
+
+@pytest.mark.parametrize("shape, opshapes, axes, method, batch", CASES)
+@pytest.mark.parametrize("decode", ["fp64", "exact"])
+def test_fused_equals_cpu(shape, opshapes, axes, method, batch, decode):
+    rng = np.random.default_rng(sum(shape) + len(axes))
+    plan = rt.plan_chain(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15)
+    X = _inputs(rng, batch, shape)
+    want = plan.run(X, decode, backend="cpu")
+    same(plan.run(X, decode, backend="cuda", fused=True), want)
+    got = plan.run(cp.asarray(X), decode, fused=True)  # CuPy in: the cuda backend, CuPy out
+    assert isinstance(got, cp.ndarray)
+    same(cp.asnumpy(got), want)
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_fused_large_batches(n):
+    rng = np.random.default_rng(n)
+    plan = rt.plan_chain([rng.uniform(-1, 1, (n, n)) for _ in range(3)], (0, 1, 2))
+    X = rng.standard_normal((3001, n, n, n)) * np.exp2(rng.integers(-40, 40, (3001, 1, 1, 1)))
+    same(plan.run(cp.asarray(X), backend="cuda").get(), plan.run(X, backend="cpu"))
+
+
+def test_fused_float32_cupy_input_is_widened():
+    rng = np.random.default_rng(2)
+    plan = rt.plan_chain([rng.uniform(-1, 1, (8, 8)) for _ in range(3)], (0, 1, 2))
+    X = rng.standard_normal((5, 8, 8, 8)).astype(np.float32)
+    same(plan.run(cp.asarray(X)).get(), plan.run(X, backend="cpu"))
+
+
+def test_fused_errors():
+    rng = np.random.default_rng(3)
+    A = rng.uniform(-1, 1, (8, 8))
+    plan = rt.plan_chain([A, A, A], (0, 1, 2))
+    X = cp.asarray(rng.standard_normal((4, 8, 8, 8)))
+    X[1, 2, 3, 4] = cp.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        plan.run(X)
+    with pytest.raises(ValueError, match="CuPy array"):
+        plan.run(X, backend="cpu")
+    twice = rt.plan_chain([A, A], (0, 0), ndim=2)
+    with pytest.raises(ValueError, match="cannot run as one kernel"):
+        twice.run(np.ones((2, 8, 3)), backend="cuda", fused=True)
+    # not fusable, not required: the step-by-step kernels, the same numbers
+    same(twice.run(np.ones((2, 8, 3)), backend="cuda"), twice.run(np.ones((2, 8, 3)), backend="cpu"))
+    assert fused.fusable(plan) is None
