@@ -30,7 +30,7 @@ extern "C" __global__ void __launch_bounds__(256) rns_elementwise(
         const int l = (int)(i / n);
         const float x = (float)a[i], y = (float)b[i];
         const float t = mode == 0 ? x * y : (mode == 1 ? x + y : x - y);
-        out[i] = (rns_i8)(int)rns_reduce_f32(t, P[l], IP[l], H[l]);
+        out[i] = rns_to_i8(rns_reduce_f32(t, P[l], IP[l], H[l]));
     }
 }
 

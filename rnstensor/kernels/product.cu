@@ -252,7 +252,7 @@ __device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, c
                     const int j = j0 + nt * 8 + 2 * tq + c;
                     if (j < n_out) {
                         float r = rns_reduce_acc(acc[mt][nt][2 * half + c], small, p, ip, h, c16);
-                        dst[(rns_i64)j * post] = (rns_i8)(int)r;
+                        dst[(rns_i64)j * post] = rns_to_i8(r);
                     }
                 }
             }
@@ -322,8 +322,8 @@ __device__ __forceinline__ void rns_product3m_body(
                         const int q = 2 * half + c;
                         const float a = t1[mt][nt][q], b = t2[mt][nt][q];
                         const float t3 = rns_reduce_acc(acc[mt][nt][q], small, p, ip, h, c16);
-                        dre[(rns_i64)j * post] = (rns_i8)(int)rns_reduce_f32(a - b, p, ip, h);
-                        dim[(rns_i64)j * post] = (rns_i8)(int)rns_reduce_f32(t3 - a - b, p, ip, h);
+                        dre[(rns_i64)j * post] = rns_to_i8(rns_reduce_f32(a - b, p, ip, h));
+                        dim[(rns_i64)j * post] = rns_to_i8(rns_reduce_f32(t3 - a - b, p, ip, h));
                     }
                 }
             }
@@ -369,6 +369,6 @@ extern "C" __global__ void __launch_bounds__(256) rns_reduce_i32(const rns_i32* 
     const rns_i64 total = n * L;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (rns_i64)gridDim.x * blockDim.x) {
         const int l = (int)(i / n);
-        out[i] = (rns_i8)(int)rns_reduce_i32(acc[i], P[l], IP[l], H[l], C16[l]);
+        out[i] = rns_to_i8(rns_reduce_i32(acc[i], P[l], IP[l], H[l], C16[l]));
     }
 }

@@ -9,17 +9,20 @@
 // Exactness (moduli 2 <= p <= 256, centered residues in [h - p, h - 1] with
 // h = ceil(p/2)):
 //
-// rns_reduce_f32(t) for an integer-valued float t with |t| + p < 2^22 returns
-// [t]_p as  c = t - q p,  q = floor((t + k) ip),  k = p - h + 1/2,  ip = fl(1/p)
-// (float32, computed on the host). u = t + k is a half-integer below 2^22, so
-// exact; x = u/p is at least 1/(2p) away from every integer and fl(u ip) is
-// within |x| 2^-23 (1 + 2^-25) < 1/(2p) of it, so floor() gives floor(u/p);
-// then q p and t - q p are exact integers (with or without FMA) and
-// t - q p = (m mod p) - (p - h) with m = t + p - h: the centered residue. This
-// is the CPU backend's _cr32, so both backends compute the same digits.
-// The add and the multiply of u ip are kept separate (no contraction: it would
-// change nothing here, but is written out with round-to-nearest intrinsics on
-// the device so no compiler may fuse or reorder them).
+// rns_reduce_f32(t) for an integer-valued float t with |t| < 2^22 - 1 returns
+// [t]_p as  c = t - q p,  q = rint((t + d) ip),  d = 1/2 for an even p and 0 for
+// an odd one,  ip = fl(1/p) (float32, computed on the host). For an odd p,
+// t - p rint(t/p) lies in [-(p-1)/2, (p-1)/2] = [h - p, h - 1]; for an even p,
+// (t + 1/2) - q p lies in (-p/2, p/2), so t - q p is in [-p/2, p/2 - 1]: the
+// centered residue either way. x = (t + d)/p is never a half-integer and is at
+// least 1/(2p) away from every one (its numerator and the half-integer's
+// multiple of p differ by a nonzero multiple of 1/2), while the exact product
+// (t + d) ip differs from x by |t + d| |ip - 1/p| <= 2^22 2^-24 / p = 1/(4p):
+// both round to the same integer. The rounding is one FMA against the magic
+// number 1.5 2^23 (ulp 1 on [2^23, 2^24)), so it takes no conversion unit
+// instruction (floorf and F2I do); t + d, the magic subtraction and t - q p are
+// all exact. Every digit is the same as the CPU backend's _cr32 (a floor-based
+// formula): the centered residue is unique.
 //
 // rns_reduce_i32(a) covers every int32: a = hi 2^16 + lo with hi = a >> 16
 // (|hi| <= 2^15) and 0 <= lo < 2^16, then [a]_p = [[hi]_p c16 + lo]_p with
@@ -109,12 +112,48 @@ RNS_HD rns_i32 rns_dp4a(rns_i32 a, rns_i32 b, rns_i32 c) {
 
 // ----- centered modular reduction -------------------------------------------------------------
 
-// [t]_p for an integer-valued float32 with |t| + p < 2^22 (see the header).
-RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) {
-    float u = rns_fadd(t, (p - h) + 0.5f);
-    float q = floorf(rns_fmul(u, ip));
-    return t - q * p;
+#define RNS_MAGIC 12582912.0f  // 1.5 2^23: x + RNS_MAGIC rounds x to an integer, |x| < 2^22
+
+RNS_HD float rns_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(a, b, c);
+#else
+    return fmaf(a, b, c);  // correctly rounded in glibc, as on the device
+#endif
 }
+
+RNS_HD rns_i32 rns_float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_int(x);
+#else
+    rns_i32 b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+#endif
+}
+
+RNS_HD float rns_bits_float(rns_i32 b) {
+#if defined(__CUDA_ARCH__)
+    return __int_as_float(b);
+#else
+    float x;
+    memcpy(&x, &b, sizeof x);
+    return x;
+#endif
+}
+
+// [t]_p for an integer-valued float32 with |t| < 2^22 - 1 (see the header).
+RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) {
+    const float d = rns_fma(-0.5f, p, rns_fadd(p - h, 0.5f));  // (p - h) + 1/2 - p/2: 1/2 if p is even, else 0
+    const float q = rns_fadd(rns_fma(rns_fadd(t, d), ip, RNS_MAGIC), -RNS_MAGIC);
+    return rns_fma(-q, p, t);
+}
+
+// The int8 of an integer-valued float with |r| <= 128: the low byte of r + 1.5 2^23 (no F2I).
+RNS_HD rns_i8 rns_to_i8(float r) { return (rns_i8)rns_float_bits(rns_fadd(r, RNS_MAGIC)); }
+
+// The float of an int32 with |a| < 2^22: the bits of 1.5 2^23 + a, minus 1.5 2^23 (no I2F).
+RNS_HD float rns_small_to_f32(rns_i32 a) { return rns_fadd(rns_bits_float(0x4B400000 + a), -RNS_MAGIC); }
 
 // [a]_p for every int32 a; c16 = [2^16]_p centered (0 for p = 256).
 RNS_HD float rns_reduce_i32(rns_i32 a, float p, float ip, float h, float c16) {
@@ -194,7 +233,7 @@ RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTabl
             for (int i = 0; i < tb.m; ++i) acc += Wt[i] * D[i * ds];
             r = rns_reduce_f32(acc, tb.tP[t], tb.tIP[t], tb.tH[t]);
         }
-        out[(rns_i64)t * os] = (rns_i8)(int)r;
+        out[(rns_i64)t * os] = rns_to_i8(r);
     }
 }
 
@@ -326,7 +365,7 @@ RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, con
     const RnsSplit s = rns_encode_split(bits, e);
     for (int l = 0; l < L; ++l) {
         float r = rns_encode_residue(s, P[l], IP[l], H[l], C18[l], C36[l], pw + (rns_i64)l * ldpw, pa[l], per[l]);
-        out[(rns_i64)l * os] = (rns_i8)(int)r;
+        out[(rns_i64)l * os] = rns_to_i8(r);
     }
 }
 
