@@ -150,3 +150,44 @@ def test_program_layout_and_tables():
     enc = plan.encoded_operators[0]
     assert np.array_equal(op0[:, :, :5], np.asarray(enc.residues))
     assert fused.chain_program(plan) is prog  # cached per plan
+
+
+@pytest.mark.parametrize("case", [0, 3, 6])
+def test_specialized_kernel_matches_plan(tmp_path_factory, case):
+    """A plan compiled into the kernel (RNS_SPEC: constexpr program, unrolled loops, register digits)."""
+    shape, opshapes, axes, method, batch = CASES[case]
+    rng = np.random.default_rng(case)
+    plan = rt.plan_chain(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15)
+    prog = fused.chain_program(plan, shape)
+    try:
+        lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec"),
+                                                       headers=fused.spec_header(prog),
+                                                       options=fused.SPEC_OPTIONS)))
+    except build.KernelBuildError as exc:  # pragma: no cover
+        pytest.skip(f"no C++20 host compiler: {exc}")
+    X = rng.uniform(-1, 1, batch + shape) * np.exp2(rng.integers(-60, 60, batch + (1,) * len(shape)))
+    X.reshape(-1)[0] = 0.0
+    for decode in ("fp64", "exact"):
+        got, flags = run_fused(lib, plan, X, decode)
+        assert flags == 0 and _same(got, plan.run(X, decode=decode, backend="cpu"))
+
+
+def test_spec_header_has_exact_literals():
+    """The specialized program's arrays are written exactly (hex floats) and parse back to the program."""
+    import re
+
+    rng = np.random.default_rng(8)
+    plan = rt.plan_chain(_ops(rng, [(6, 6)] * 2), (0, 1), moduli=13)
+    prog = fused.chain_program(plan, (6, 6))
+    (text,) = fused.spec_header(prog).values()
+    assert "namespace rns_spec {" in text
+
+    def array(name):
+        return re.search(rf"\b{name}\[\]=\{{([^}}]*)\}}", text).group(1).split(",")
+
+    assert [int(v) for v in array("PI")] == prog.ints.tolist()
+    pf = np.array([float.fromhex(v.rstrip("f")) for v in array("PF")], np.float32)
+    assert np.array_equal(pf.view(np.uint32), prog.floats.view(np.uint32))
+    assert [float.fromhex(v) for v in array("QD")] == prog.qd.tolist()
+    words = np.array([int(v) for v in array("OPW")], "<i4")
+    assert words.tobytes() == prog.ops.tobytes()

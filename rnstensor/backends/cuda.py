@@ -112,11 +112,16 @@ class CudaBackend:
         a separate reduction kernel where the layout allows it (contracting
         the last axis with ``n_in % 4 == 0``, or the first axis of a 2-D
         tensor), the fused kernel elsewhere; the baseline for large shapes.
+    specialize_chains : bool
+        ``True`` (default): the fused chain kernel is compiled once per plan
+        with the plan as compile-time constants (unrolled loops, tables as
+        immediates, digits in registers; :func:`rnstensor.kernels.fused.spec_header`),
+        cached on disk. ``False``: one generic kernel reads every plan from memory.
     """
 
     name = "cuda"
 
-    def __init__(self, product_engine: str = "mma"):
+    def __init__(self, product_engine: str = "mma", specialize_chains: bool = True):
         if product_engine not in ("mma", "cublas"):
             raise ValueError(f"product_engine must be 'mma' or 'cublas'; got {product_engine!r}")
         cp = _cupy()
@@ -129,15 +134,18 @@ class CudaBackend:
         self.arch = info["arch"]
         self._modules: dict = {}
         self._dev_tables: dict = {}
+        self.specialize_chains = specialize_chains
+        self._spec_modules: dict = {}
 
     # ----- plumbing ---------------------------------------------------------------------------
 
-    def _module(self, name: str):
-        mod = self._modules.get(name)
+    def _module(self, name: str, options: tuple = (), headers: dict | None = None):
+        key = (name, options, tuple(sorted((headers or {}).items())))
+        mod = self._modules.get(key)
         if mod is None:
-            built = build.compile_module(name, self.arch)
+            built = build.compile_module(name, self.arch, options, headers=headers)
             mod = self._cp.RawModule(path=str(built.path))
-            self._modules[name] = mod
+            self._modules[key] = mod
         return mod
 
     def _fn(self, module: str, name: str):
@@ -426,6 +434,19 @@ class CudaBackend:
 
     # ----- the fused chain --------------------------------------------------------------------
 
+    def _chain_module(self, program):
+        """The module of ``program``'s kernel: its own specialized build, or the generic one."""
+        if not self.specialize_chains:
+            return self._module("chain")
+        from ..kernels import fused
+
+        hit = self._spec_modules.get(program)
+        if hit is None:
+            if len(self._spec_modules) > 64:
+                self._spec_modules.clear()
+            hit = self._spec_modules[program] = self._module("chain", fused.SPEC_OPTIONS, fused.spec_header(program))
+        return hit
+
     def chain(self, program, x, decode: str):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.
 
@@ -456,7 +477,7 @@ class CudaBackend:
         flags = cp.zeros(1, cp.int32)
         grid = -(-B // program.nb)
         name = "rns_chain_fused_exact" if exact else "rns_chain_fused"
-        fn = self._fn("chain", name)
+        fn = self._chain_module(program).get_function(name)
         if program.shared_bytes > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = program.shared_bytes
         xb = xd.reshape(-1).view(cp.uint64)

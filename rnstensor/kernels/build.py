@@ -91,7 +91,8 @@ def _read_with_headers(path: Path, seen: set | None = None) -> list[tuple[str, s
     out = [(path.name, text)]
     seen.add(path.name)
     for inc in _INCLUDE.findall(text):
-        if inc not in seen:
+        # a generated header (a plan's rns_chain_spec.h) is not a file here: the caller passes it
+        if inc not in seen and (path.parent / inc).exists():
             out += _read_with_headers(path.parent / inc, seen)
     return out
 
@@ -159,9 +160,9 @@ def _log(nv, prog) -> str:
     return buf.rstrip(b"\x00 ").decode(errors="replace")
 
 
-def _nvrtc_compile(name: str, arch: str, options: Sequence[str]) -> tuple[bytes, str]:
+def _nvrtc_compile(name: str, arch: str, options: Sequence[str], extra: dict | None = None) -> tuple[bytes, str]:
     nv = _nvrtc()
-    files = _read_with_headers(source_dir() / MODULES[name])
+    files = _read_with_headers(source_dir() / MODULES[name]) + sorted((extra or {}).items())
     main_name, main_src = files[0]
     headers = [t.encode() for _, t in files[1:]]
     includes = [n.encode() for n, _ in files[1:]]
@@ -183,9 +184,9 @@ def _nvrtc_compile(name: str, arch: str, options: Sequence[str]) -> tuple[bytes,
         nv.nvrtcDestroyProgram(prog)
 
 
-def _key(name: str, arch: str, options: Sequence[str]) -> str:
+def _key(name: str, arch: str, options: Sequence[str], extra: dict | None = None) -> str:
     h = hashlib.sha256()
-    for fname, text in _read_with_headers(source_dir() / MODULES[name]):
+    for fname, text in _read_with_headers(source_dir() / MODULES[name]) + sorted((extra or {}).items()):
         h.update(fname.encode() + b"\0" + text.encode() + b"\0")
     h.update(arch.encode() + b"\0" + "\0".join((*_OPTIONS, *options)).encode())
     h.update(repr(nvrtc_version()).encode())
@@ -223,7 +224,9 @@ class Built:
         return self.path.read_bytes()
 
 
-def compile_module(name: str, arch: str, options: Sequence[str] = (), cache: Path | str | None = None) -> Built:
+def compile_module(
+    name: str, arch: str, options: Sequence[str] = (), cache: Path | str | None = None, headers: dict | None = None
+) -> Built:
     """Compile kernel module ``name`` for ``arch`` to a cubin (cached on disk; see the module docstring).
 
     Parameters
@@ -236,6 +239,9 @@ def compile_module(name: str, arch: str, options: Sequence[str] = (), cache: Pat
         Extra NVRTC options (part of the cache key).
     cache : path, optional
         Cache directory (default :func:`cache_dir`).
+    headers : dict, optional
+        Generated headers ``{file name: text}`` the source may include (part of the cache key),
+        e.g. a plan's ``rns_chain_spec.h`` (:func:`rnstensor.kernels.fused.spec_header`).
 
     Returns
     -------
@@ -247,12 +253,12 @@ def compile_module(name: str, arch: str, options: Sequence[str] = (), cache: Pat
     _check_arch(arch)
     options = tuple(options)
     root = Path(cache) if cache is not None else cache_dir()
-    key = _key(name, arch, options)
+    key = _key(name, arch, options, headers)
     path = root / f"{name}.{arch}.{key}.cubin"
     logpath = root / f"{name}.{arch}.{key}.log"
     if path.exists():
         return Built(name, arch, path, logpath.read_text() if logpath.exists() else "")
-    cubin, log = _nvrtc_compile(name, arch, options)
+    cubin, log = _nvrtc_compile(name, arch, options, headers)
     _atomic_write(logpath, log.encode())
     _atomic_write(path, cubin)
     return Built(name, arch, path, log)
@@ -276,11 +282,11 @@ def build_all(arch: str, out: Path | str | None = None, options: Sequence[str] =
     return built
 
 
-def _host_build(source: str, flags: Sequence[str], cache, cxx) -> Path:
+def _host_build(source: str, flags: Sequence[str], cache, cxx, headers: dict | None = None) -> Path:
     compiler = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         raise KernelBuildError(f"no C++ compiler found for the host build of {source} (set CXX)")
-    files = _read_with_headers(source_dir() / source)
+    files = _read_with_headers(source_dir() / source) + sorted((headers or {}).items())
     h = hashlib.sha256()
     for fname, text in files:
         h.update(fname.encode() + b"\0" + text.encode() + b"\0")
@@ -293,9 +299,12 @@ def _host_build(source: str, flags: Sequence[str], cache, cxx) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=stem + ".", suffix=".so", dir=root)
     os.close(fd)
+    gen = tempfile.mkdtemp(prefix=stem + ".", dir=root)  # the generated headers, next to nothing else
+    for fname, text in (headers or {}).items():
+        Path(gen, fname).write_text(text)
     try:
         res = subprocess.run(
-            [compiler, *flags, "-I", str(source_dir()), "-o", tmp, str(source_dir() / source)],
+            [compiler, *flags, "-I", gen, "-I", str(source_dir()), "-o", tmp, str(source_dir() / source)],
             capture_output=True, text=True,
         )
         if res.returncode != 0:
@@ -304,6 +313,7 @@ def _host_build(source: str, flags: Sequence[str], cache, cxx) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        shutil.rmtree(gen, ignore_errors=True)
     return path
 
 
@@ -315,6 +325,16 @@ def host_library(cache: Path | str | None = None, cxx: str | None = None) -> Pat
     """
     flags = ["-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
     return _host_build("host_check.cpp", flags, cache, cxx)
+
+
+def chain_simt_library(cache: Path | str | None = None, cxx: str | None = None, headers: dict | None = None,
+                       options: Sequence[str] = ()) -> Path:
+    """Build ``chain_host.cpp``: the fused chain kernel (``chain.cu``) run on CPU threads (C++20); cached.
+
+    ``headers``/``options``: a plan's specialization (:func:`rnstensor.kernels.fused.spec_header`, ``-DRNS_SPEC_INCLUDE``).
+    """
+    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", *options]
+    return _host_build("chain_host.cpp", flags, cache, cxx, headers)
 
 
 def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
@@ -329,12 +349,6 @@ def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Pat
     flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
              "-DRNS_FOLD_STEPS=2"]
     return _host_build("simt_host.cpp", flags, cache, cxx)
-
-
-def chain_simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
-    """Build ``chain_host.cpp``: the fused chain kernel (``chain.cu``) run on CPU threads (C++20); cached."""
-    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
-    return _host_build("chain_host.cpp", flags, cache, cxx)
 
 
 # ----- inspection ---------------------------------------------------------------------------

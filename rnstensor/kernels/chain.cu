@@ -27,6 +27,16 @@
 // rnstensor.kernels.fused; floats, float64s and the operators' int8 residues
 // sit in three more arrays. The operators are copied to shared memory once per
 // block; the tables are read through the cache (every thread reads the same entry).
+// A plan's specialized build includes its program as constexpr arrays (rns_spec::PI / PF / QD and
+// the operators as int32 words OPW; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
+// The body then reads them instead of its pointer arguments, so every size, offset and table entry
+// is a compile-time constant: the loops over planes, digits and operator rows unroll completely,
+// tables become instruction immediates and the digits stay in registers.
+#if defined(RNS_SPEC_INCLUDE)
+#include "rns_chain_spec.h"
+#define RNS_SPEC 1
+#define RNS_SPEC_MAXM 49  // digits of at most the whole pool: register arrays, only the used ones survive
+#endif
 #include "rns_arith.cuh"
 
 // program header (int32 slots)
@@ -70,6 +80,12 @@
 #define RS_SIZE 17
 
 #define RNS_CHAIN_THREADS 256
+
+#if defined(RNS_SPEC) && defined(__CUDACC__)
+#define RNS_SPEC_UNROLL _Pragma("unroll")
+#else
+#define RNS_SPEC_UNROLL
+#endif
 
 #if defined(__CUDA_ARCH__)
 extern __shared__ __align__(16) unsigned char rns_chain_smem[];
@@ -115,13 +131,18 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* st, const rns_i
     const int L = st[RS_L], M = st[RS_M], MT = st[RS_MT], n_out = st[RS_NOUT];
     const int nlast = st[RS_NLAST], nlastpad = st[RS_NLASTPAD], osb = st[RS_OSB];
     const int jstride = (MT / nlast) * nlastpad;
+#if defined(RNS_SPEC)
+    const rns_i32* A = rns_spec::OPW + st[RS_OP] / 4;  // immediates once unrolled
+#else
     const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + st[RS_OP]);
+#endif
     const float* P = pf + st[RS_RED];
     const float* IP = P + L;
     const float* H = IP + L;
     for (int r = threadIdx.x; r < M; r += blockDim.x) {
         const int b = r / MT, rt = r - b * MT;
         const int o = b * osb + (rt / nlast) * nlastpad + rt % nlast;
+        RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
             const rns_i32* xr = reinterpret_cast<const rns_i32*>(src + (rns_i64)l * cap) + (rns_i64)r * W;
             rns_i32 x[W];
@@ -130,6 +151,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* st, const rns_i
             const float p = P[l], ip = IP[l], h = H[l];
             const rns_i32* Al = A + (rns_i64)l * n_out * W;
             rns_i8* out = dst + (rns_i64)l * cap + o;
+            RNS_SPEC_UNROLL
             for (int j = 0; j < n_out; ++j) {
                 rns_i32 acc = 0;
 #pragma unroll
@@ -139,6 +161,62 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* st, const rns_i
         }
     }
 }
+
+// One product and the drops (and extension) after it; st: the step's record.
+__device__ __forceinline__ void rns_chain_step(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf, rns_i8* buf0,
+                                               rns_i8* buf1, const rns_i8* ops, int cap, float* scratch) {
+    const rns_i8* src = st[RS_SRC] ? buf1 : buf0;
+    rns_i8* dst = st[RS_DST] ? buf1 : buf0;
+    switch (st[RS_W]) {
+        case 1: rns_chain_product<1>(st, src, dst, ops, cap, pf); break;
+        case 2: rns_chain_product<2>(st, src, dst, ops, cap, pf); break;
+        case 3: rns_chain_product<3>(st, src, dst, ops, cap, pf); break;
+        case 4: rns_chain_product<4>(st, src, dst, ops, cap, pf); break;
+        case 5: rns_chain_product<5>(st, src, dst, ops, cap, pf); break;
+        case 6: rns_chain_product<6>(st, src, dst, ops, cap, pf); break;
+        case 7: rns_chain_product<7>(st, src, dst, ops, cap, pf); break;
+        case 8: rns_chain_product<8>(st, src, dst, ops, cap, pf); break;
+        case 9: rns_chain_product<9>(st, src, dst, ops, cap, pf); break;
+        case 10: rns_chain_product<10>(st, src, dst, ops, cap, pf); break;
+        case 11: rns_chain_product<11>(st, src, dst, ops, cap, pf); break;
+        case 12: rns_chain_product<12>(st, src, dst, ops, cap, pf); break;
+        case 13: rns_chain_product<13>(st, src, dst, ops, cap, pf); break;
+        case 14: rns_chain_product<14>(st, src, dst, ops, cap, pf); break;
+        case 15: rns_chain_product<15>(st, src, dst, ops, cap, pf); break;
+        case 16: rns_chain_product<16>(st, src, dst, ops, cap, pf); break;
+        default: break;  // the host only builds programs with these widths
+    }
+    __syncthreads();
+    if (st[RS_DROP]) {
+        const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
+        rns_i8* ddst = st[RS_DROP_DST] ? buf1 : buf0;
+        const int slots = st[RS_SLOTS];
+#if defined(RNS_SPEC)
+        float D[RNS_SPEC_MAXM], Yd[RNS_SPEC_MAXM];  // registers once unrolled
+        for (int q = threadIdx.x; q < slots; q += blockDim.x)
+            rns_drop_extend_entry(dst + q, cap, tb, D, Yd, 1, ddst + q, cap);
+#else
+        const int nd = max(max(tb.g, tb.m), 1);
+        float* D = scratch + threadIdx.x;
+        float* Yd = scratch + nd * blockDim.x + threadIdx.x;
+        for (int q = threadIdx.x; q < slots; q += blockDim.x)
+            rns_drop_extend_entry(dst + q, cap, tb, D, Yd, blockDim.x, ddst + q, cap);
+#endif
+        __syncthreads();
+    }
+}
+
+#if defined(RNS_SPEC)
+// The steps of a specialized program one by one at compile time: every record is a constant.
+template <int S>
+__device__ __forceinline__ void rns_spec_steps(const float* __restrict__ pf, rns_i8* buf0, rns_i8* buf1,
+                                               const rns_i8* ops, int cap, float* scratch) {
+    if constexpr (S < rns_spec::PI[RC_STEPS]) {
+        rns_chain_step(rns_spec::PI, rns_spec::PI + RC_STEP0 + S * RS_SIZE, pf, buf0, buf1, ops, cap, scratch);
+        rns_spec_steps<S + 1>(pf, buf0, buf1, ops, cap, scratch);
+    }
+}
+#endif
 
 // X (B, N_in) float64 -> Y (B, N_out) float64 through the program; EXACT: the correctly rounded decode.
 // dexp (N_out): the exponent of every output entry for a tensor with e = 0 (the plan's scale
@@ -151,6 +229,11 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
                                                const rns_i32* __restrict__ dexp, double f,
                                                const rns_u32* __restrict__ F, int nf, int fneg,
                                                int* __restrict__ flags) {
+#if defined(RNS_SPEC)
+    pi = rns_spec::PI;
+    pf = rns_spec::PF;
+    qd = rns_spec::QD;
+#endif
     unsigned char* sm = RNS_CHAIN_SMEM;
     const int ndim = pi[RC_NDIM], K = pi[RC_STEPS], nb = pi[RC_NB], L0 = pi[RC_L0], bits = pi[RC_BITS];
     const rns_i64 nin = pi[RC_NIN], nout = pi[RC_NOUT];
@@ -164,8 +247,10 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
     const int nt = (int)(B - t0 < nb ? B - t0 : nb);  // tensors of this block
 
     // 1. the operators into shared memory; the largest magnitude of each tensor
+#if !defined(RNS_SPEC)
     for (int i = threadIdx.x; i < opbytes / 4; i += blockDim.x)
         reinterpret_cast<rns_i32*>(ops)[i] = reinterpret_cast<const rns_i32*>(gops)[i];
+#endif
     for (int b = threadIdx.x; b < nb; b += blockDim.x) amax[b] = 0;
     __syncthreads();
     int bad = 0;
@@ -196,59 +281,34 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
     __syncthreads();
 
     // 3, 4. the products, each followed by its drops and extension
-    for (int s = 0; s < K; ++s) {
-        const rns_i32* st = pi + RC_STEP0 + s * RS_SIZE;
-        const rns_i8* src = st[RS_SRC] ? buf1 : buf0;
-        rns_i8* dst = st[RS_DST] ? buf1 : buf0;
-        switch (st[RS_W]) {
-            case 1: rns_chain_product<1>(st, src, dst, ops, cap, pf); break;
-            case 2: rns_chain_product<2>(st, src, dst, ops, cap, pf); break;
-            case 3: rns_chain_product<3>(st, src, dst, ops, cap, pf); break;
-            case 4: rns_chain_product<4>(st, src, dst, ops, cap, pf); break;
-            case 5: rns_chain_product<5>(st, src, dst, ops, cap, pf); break;
-            case 6: rns_chain_product<6>(st, src, dst, ops, cap, pf); break;
-            case 7: rns_chain_product<7>(st, src, dst, ops, cap, pf); break;
-            case 8: rns_chain_product<8>(st, src, dst, ops, cap, pf); break;
-            case 9: rns_chain_product<9>(st, src, dst, ops, cap, pf); break;
-            case 10: rns_chain_product<10>(st, src, dst, ops, cap, pf); break;
-            case 11: rns_chain_product<11>(st, src, dst, ops, cap, pf); break;
-            case 12: rns_chain_product<12>(st, src, dst, ops, cap, pf); break;
-            case 13: rns_chain_product<13>(st, src, dst, ops, cap, pf); break;
-            case 14: rns_chain_product<14>(st, src, dst, ops, cap, pf); break;
-            case 15: rns_chain_product<15>(st, src, dst, ops, cap, pf); break;
-            case 16: rns_chain_product<16>(st, src, dst, ops, cap, pf); break;
-            default: break;  // the host only builds programs with these widths
-        }
-        __syncthreads();
-        if (st[RS_DROP]) {
-            const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
-            const int nd = max(max(tb.g, tb.m), 1);
-            float* D = scratch + threadIdx.x;
-            float* Yd = scratch + nd * blockDim.x + threadIdx.x;
-            rns_i8* ddst = st[RS_DROP_DST] ? buf1 : buf0;
-            const int slots = st[RS_SLOTS];
-            for (int q = threadIdx.x; q < slots; q += blockDim.x)
-                rns_drop_extend_entry(dst + q, cap, tb, D, Yd, blockDim.x, ddst + q, cap);
-            __syncthreads();
-        }
-    }
+#if defined(RNS_SPEC)
+    rns_spec_steps<0>(pf, buf0, buf1, ops, cap, scratch);
+#else
+    for (int s = 0; s < K; ++s) rns_chain_step(pi, pi + RC_STEP0 + s * RS_SIZE, pf, buf0, buf1, ops, cap, scratch);
+#endif
 
     // 5. decode in logical order
     {
         const RnsDecodeTables tb = rns_decode_tables(pi + pi[RC_DEC_I], pf + pi[RC_DEC_F]);
         const rns_i32* map = pi + pi[RC_DEC_MAP];
         const rns_i8* fin = pi[RC_DEC_BUF] ? buf1 : buf0;
+#if defined(RNS_SPEC)
+        float d[RNS_SPEC_MAXM];  // registers: every index is a constant once the digit loops unroll
+        const int ds = 1;
+#else
         float* d = scratch + threadIdx.x;
+        const int ds = blockDim.x;
+#endif
         for (rns_i64 i = threadIdx.x; i < nt * nout; i += blockDim.x) {
             const int b = (int)(i / nout);
             const rns_i64 q = i - b * nout;
             const rns_i8* x = fin + rns_chain_place(map, ndim, q, b);
             const rns_i64 e = (rns_i64)dexp[q] - (rns_i64)amax[b];
             if (EXACT)
-                Y[t0 * nout + i] = rns_decode_exact_entry(x, cap, tb, qd, F, nf, fneg != 0, e, d, blockDim.x);
+                Y[t0 * nout + i] = rns_decode_exact_entry(x, cap, tb, qd, F, nf, fneg != 0, e, d, ds);
             else
                 Y[t0 * nout + i] = rns_decode_fp64_entry(x, cap, tb.perm, tb.m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, qd, d,
-                                                         blockDim.x, f, rns_clip_exponent(e));
+                                                         ds, f, rns_clip_exponent(e));
         }
     }
 }

@@ -31,10 +31,22 @@
 
 #if defined(__CUDACC__)
 #define RNS_HD __host__ __device__ __forceinline__
+// Loops over planes and digits: completely unrolled where their trip counts are compile-time
+// constants (a plan's specialized chain kernel), left alone where they are not.
+#define RNS_UNROLL _Pragma("unroll")
 #else
+#define RNS_UNROLL
 #include <math.h>
 #include <string.h>
 #define RNS_HD static inline
+#endif
+
+// for (k = 0; k < i; ++k) inside a loop over i < n: a specialized kernel (RNS_SPEC) runs k to the
+// compile-time n with the test inside, so the inner loop unrolls before the outer one does.
+#if defined(RNS_SPEC)
+#define RNS_FOR_BELOW(k, i, n) RNS_UNROLL for (int k = 0; k < (n); ++k) if (k < (i))
+#else
+#define RNS_FOR_BELOW(k, i, n) for (int k = 0; k < (i); ++k)
 #endif
 
 typedef signed char rns_i8;
@@ -181,11 +193,12 @@ RNS_HD float rns_reduce_acc(rns_i32 a, bool small, float p, float ip, float h, f
 template <typename T>
 RNS_HD void rns_mrc_digits(const T* x, rns_i64 xs, const rns_i32* perm, int m, const float* C, int ldc,
                            const float* P, const float* IP, const float* H, float* d, int ds) {
+    RNS_UNROLL
     for (int i = 0; i < m; ++i) {
         const float* Ci = C + (rns_i64)i * ldc;
         float cx = Ci[i];
         float acc = (cx == 0.0f) ? 0.0f : (float)x[(rns_i64)perm[i] * xs] * cx + 0.0f;
-        for (int k = 0; k < i; ++k) acc += Ci[k] * d[k * ds];
+        RNS_FOR_BELOW(k, i, m) acc += Ci[k] * d[k * ds];
         d[i * ds] = rns_reduce_f32(acc, P[i], IP[i], H[i]);
     }
 }
@@ -209,6 +222,7 @@ struct RnsDropTables {
 RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTables& tb, float* D, float* Y, int ds,
                                   rns_i8* out, rns_i64 os) {
     rns_mrc_digits(x, xs, tb.dperm, tb.g, tb.A, tb.ldA, tb.dP, tb.dIP, tb.dH, D, ds);
+    RNS_UNROLL
     for (int j = 0; j < tb.nr; ++j) {
         float xv = (float)x[(rns_i64)tb.rsrc[j] * xs];
         if (tb.g == 0) {
@@ -218,10 +232,12 @@ RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTabl
         float c = tb.Bc[j];
         const float* Ej = tb.E + (rns_i64)j * tb.ldE;
         float acc = (c == 0.0f) ? 0.0f : xv * c + 0.0f;
+        RNS_UNROLL
         for (int i = 0; i < tb.g; ++i) acc += Ej[i] * D[i * ds];
         Y[j * ds] = rns_reduce_f32(acc, tb.rP[j], tb.rIP[j], tb.rH[j]);
     }
     if (tb.m > 0) rns_mrc_digits(Y, (rns_i64)ds, tb.mperm, tb.m, tb.Cm, tb.ldC, tb.mP, tb.mIP, tb.mH, D, ds);
+    RNS_UNROLL
     for (int t = 0; t < tb.T; ++t) {
         int s = tb.tsrc[t];
         float r;
@@ -230,6 +246,7 @@ RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTabl
         } else {
             const float* Wt = tb.Tw + (rns_i64)t * tb.ldT;
             float acc = 0.0f;
+            RNS_UNROLL
             for (int i = 0; i < tb.m; ++i) acc += Wt[i] * D[i * ds];
             r = rns_reduce_f32(acc, tb.tP[t], tb.tIP[t], tb.tH[t]);
         }
@@ -319,6 +336,7 @@ RNS_HD double rns_decode_fp64_entry(const rns_i8* x, rns_i64 xs, const rns_i32* 
                                     int ds, double f, rns_i64 e) {
     rns_mrc_digits(x, xs, perm, m, C, ldc, P, IP, H, d, ds);
     double v = (double)d[(m - 1) * ds];
+    RNS_UNROLL
     for (int j = m - 2; j >= 0; --j) v = rns_dadd(rns_dmul(qd[j], v), (double)d[j * ds]);
     return rns_ldexp(rns_dmul(v, f), e);
 }
@@ -363,6 +381,7 @@ RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, con
                              const float* C18, const float* C36, const float* pw, int ldpw, const rns_i32* pa,
                              const rns_i32* per, rns_i8* out, rns_i64 os) {
     const RnsSplit s = rns_encode_split(bits, e);
+    RNS_UNROLL
     for (int l = 0; l < L; ++l) {
         float r = rns_encode_residue(s, P[l], IP[l], H[l], C18[l], C36[l], pw + (rns_i64)l * ldpw, pa[l], per[l]);
         out[(rns_i64)l * os] = rns_to_i8(r);
