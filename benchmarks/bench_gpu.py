@@ -1,0 +1,801 @@
+"""GPU benchmarks of issue 8: chain throughput, the two ceilings, DGEMM/ZGEMM, accuracy on phi = 4 data.
+
+Run on a CUDA device (CuPy): ``python benchmarks/bench_gpu.py [--out DIR] [--budget 200] [--scale 1]``,
+or ``main(outdir, budget_s)`` from ``benchmarks/device_check.sh``. Writes
+``DIR/bench_gpu.json`` and prints a short table. Every speed is a ratio
+against a baseline timed in the same process on the same device:
+
+* **ceilings** -- a device-to-device copy (``cudaMemcpyAsync``, bytes read plus
+  written), a cuBLAS INT8 GEMM (``cublasGemmEx``, TN, int32 out, random
+  residues), and the FP32 / INT32 issue rates of three tiny kernels (independent
+  FFMA, IMAD and LOP3+IADD3 chains); ``benchmarks/perf_model.py`` builds its
+  floors and predictions from these numbers.
+* **chain** -- GDoF/s for n in {4, 8, 16, 32, 64, 128}, d = 3 (axes 0, 1, 2),
+  s = 15, 2^24 DoFs (times ``--scale``): the fused whole-chain kernel
+  (``plan.run(X, backend='cuda', fused=True)``, n <= 16), the unfused RescaleBE
+  (``fused=False``), the same steps as raw backend calls on device arrays with a
+  per-kernel breakdown, Composed, and CuPy float64 einsum of the same chain
+  (the baseline); each variant's normwise error against the float64 result;
+  the floor of each (bytes / copy rate, INT8 work / INT8 rate; the instruction
+  floor is added by perf_model.py, which reads the per-entry instruction counts).
+* **dgemm / zgemm** -- effective TFLOP/s (2N^3, 8N^3 for ZGEMM) for
+  N in {4096, 8192, 16384}, s in {8, 12, 14, 16} on the device pipeline
+  (encode, residue GEMMs, fp64 decode, every array on the device, CUDA events
+  per phase) and through the public ``rnstensor.dgemm(..., backend='cuda')``,
+  against CuPy float64 / complex128 matmul.
+* **accuracy** -- phi = 4 data (``rnstensor.gemm_accuracy.gemm_dataset('phi4')``)
+  of a smaller shape: the device pipeline, the public API and CuPy float64
+  against the exact product (``ExactReference``: Python integers).
+
+Timing: CUDA events around each call, warm-ups first, the median of several
+repetitions (fewer when one call is long). A budget in seconds drops sizes
+(recorded as skipped), never a correctness check. Missing pieces (the fused
+kernel, CuPy input to the public API, another product engine) only skip their
+row, with the error recorded. ``--probe`` runs one small n = 8 chain (for
+``ncu``'s instruction counts; see device_check.sh) and exits.
+
+``--cpu-smoke`` runs the same code with NumPy and the CPU backend at a tiny
+scale (no GPU): it checks this script's shapes and arithmetic, not speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+CHAIN_SIZES = (8, 4, 16, 32, 64, 128)  # n = 8 (the issue's target) first: a short budget drops the others
+CHAIN_DOFS = 1 << 24
+FUSED_MAX_N = 16
+GEMM_SIZES = (4096, 8192, 16384)
+GEMM_MODULI = (8, 12, 14, 16)
+ZGEMM_MODULI = (14,)
+PROBE_DOFS = 1 << 20  # the --probe chain: 2^20 DoFs at n = 8 (ncu divides its counts by this)
+
+# ----- the environment: CuPy + CUDA backend, or NumPy + CPU backend for --cpu-smoke -------------
+
+
+class Env:
+    """Array module, backends, synchronisation and timers of one run (GPU or the CPU smoke run)."""
+
+    def __init__(self, cpu_smoke: bool = False):
+        self.cpu = cpu_smoke
+        if cpu_smoke:
+            from rnstensor.backends.cpu import CpuBackend
+
+            self.xp = np
+            self.backend_name = "cpu"
+            self._engines = {"mma": CpuBackend()}
+        else:
+            import cupy as cp
+
+            self.xp = cp
+            self.backend_name = "cuda"
+            from rnstensor.backends.cuda import CudaBackend
+
+            self._engines = {"mma": CudaBackend("mma")}
+            for eng in ("cublas", "wgmma"):
+                try:
+                    self._engines[eng] = CudaBackend(eng)
+                except Exception as exc:  # an engine that does not exist (yet) is skipped
+                    self._engines.setdefault("_missing", {})[eng] = f"{type(exc).__name__}: {exc}"
+
+    def engine(self, name="mma"):
+        return self._engines.get(name)
+
+    @property
+    def engines(self):
+        return [k for k in self._engines if not k.startswith("_")]
+
+    def sync(self):
+        if not self.cpu:
+            self.xp.cuda.Device().synchronize()
+
+    def asnumpy(self, a):
+        return a if self.cpu else self.xp.asnumpy(a)
+
+    def free(self):
+        if not self.cpu:
+            self.xp.get_default_memory_pool().free_all_blocks()
+
+    # events: a marker object and the seconds between two
+    def mark(self):
+        if self.cpu:
+            return time.perf_counter()
+        ev = self.xp.cuda.Event()
+        ev.record()
+        return ev
+
+    def between(self, a, b) -> float:
+        if self.cpu:
+            return b - a
+        b.synchronize()
+        return self.xp.cuda.get_elapsed_time(a, b) / 1e3
+
+    def time(self, fn, reps: int = 5, warm: int = 1, max_s: float = 3.0) -> dict:
+        """Median seconds of ``fn()`` over up to ``reps`` timed calls after ``warm`` untimed ones (CUDA events)."""
+        t0 = time.perf_counter()
+        for _ in range(warm):
+            fn()
+        self.sync()
+        first = time.perf_counter() - t0
+        ts = []
+        for i in range(reps):
+            a = self.mark()
+            fn()
+            b = self.mark()
+            ts.append(self.between(a, b))
+            if sum(ts) + first > max_s and len(ts) >= 2:
+                break
+        return {"median_s": float(statistics.median(ts)), "min_s": float(min(ts)), "runs": len(ts)}
+
+
+def _scale() -> float:
+    return float(os.environ.get("RNSTENSOR_CHECK_SCALE", "1"))
+
+
+class Budget:
+    """Wall-clock budget: a section deadline and a check before each size."""
+
+    def __init__(self, total_s: float):
+        self.t0 = time.perf_counter()
+        self.total = float(total_s)
+
+    def left(self) -> float:
+        return self.total - (time.perf_counter() - self.t0)
+
+    def deadline(self, share: float) -> float:
+        """A section's deadline: ``share`` of what is left now."""
+        return time.perf_counter() + share * max(self.left(), 0.0)
+
+
+# ----- ceilings ---------------------------------------------------------------------------------
+
+_MICRO = r"""
+extern "C" __global__ void ffma_rate(float* out, float a, float b, int iters) {
+    float x[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = threadIdx.x * 1e-3f + j;
+    for (int i = 0; i < iters; ++i) {
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = fmaf(x[j], a, b);
+        }
+    }
+    float s = 0.f;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) s += x[j];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+extern "C" __global__ void imad_rate(int* out, int a, int b, int iters) {
+    int x[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = threadIdx.x + j;
+    for (int i = 0; i < iters; ++i) {
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = x[j] * a + b;
+        }
+    }
+    int s = 0;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) s ^= x[j];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+extern "C" __global__ void alu_rate(int* out, int a, int b, int iters) {
+    int x[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = threadIdx.x + j;
+    for (int i = 0; i < iters; ++i) {
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = (x[j] ^ a) + b;
+        }
+    }
+    int s = 0;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) s ^= x[j];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+"""
+
+
+def ceilings(env: Env, res: dict, rows: list, scale: float) -> None:
+    """Copy bandwidth, cuBLAS INT8 GEMM rate and FP32 / INT32 thread-instruction rates, measured now."""
+    cp = env.xp
+    out: dict = {}
+    res["ceilings"] = out
+    if env.cpu:
+        out["note"] = "cpu smoke run: no ceilings measured"
+        return
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    sms = int(props["multiProcessorCount"])
+    out["sms"] = sms
+    out["clock_khz_max"] = int(props.get("clockRate", 0))
+    out["l2_bytes"] = int(props.get("l2CacheSize", 0))
+    # copy: 2 GiB (scaled), bytes read + bytes written
+    nbytes = max(1 << 24, int((2 << 30) * scale)) // 16 * 16
+    src = cp.random.random(nbytes // 8)
+    dst = cp.empty_like(src)
+    t = env.time(lambda: dst.data.copy_from_device_async(src.data, nbytes), reps=10, warm=2)
+    t2 = env.time(lambda: cp.copyto(dst, src), reps=10, warm=2)
+    best = min(t["median_s"], t2["median_s"])
+    out["copy"] = {"bytes": nbytes, "memcpy_s": t["median_s"], "copyto_s": t2["median_s"],
+                   "Bps": 2 * nbytes / best, "equal": bool((dst == src).all())}
+    del src, dst
+    env.free()
+    rows.append(("ceiling: D2D copy", f"{2 * nbytes / best / 1e12:8.2f} TB/s", f"{nbytes / 2**30:.2f} GiB, read+write"))
+    # cuBLAS INT8 GEMM, TN, int32 out: the INT8 ceiling (random residues in [-128, 127])
+    from cupy_backends.cuda.libs import cublas
+
+    for N in sorted({max(256, int(8192 * scale ** (1 / 3)) // 256 * 256), max(256, int(16384 * scale ** (1 / 3)) // 256 * 256)}):
+        A = cp.random.randint(-128, 128, (N, N), dtype=cp.int8)
+        B = cp.random.randint(-128, 128, (N, N), dtype=cp.int8)
+        C = cp.empty((N, N), cp.int32)
+        one, zero = np.array(1, np.int32), np.array(0, np.int32)
+        h = cp.cuda.device.get_cublas_handle()
+        if hasattr(cublas, "setPointerMode"):
+            cublas.setPointerMode(h, getattr(cublas, "CUBLAS_POINTER_MODE_HOST", 0))
+        R8I = getattr(cp.cuda.runtime, "CUDA_R_8I", 3)
+        R32I = getattr(cp.cuda.runtime, "CUDA_R_32I", 10)
+        C32I = getattr(cublas, "CUBLAS_COMPUTE_32I", 72)
+
+        def gemm():
+            # C (col-major N x N) = A^T B with A, B K-contiguous (row-major N x K): the TN layout
+            cublas.gemmEx(h, 1, 0, N, N, N, one.ctypes.data, A.data.ptr, R8I, N, B.data.ptr, R8I, N,
+                          zero.ctypes.data, C.data.ptr, R32I, N, C32I, -1)
+
+        t = env.time(gemm, reps=10, warm=2)
+        # spot check: 64 entries against an int64 product on the host
+        rng = np.random.default_rng(1)
+        ii, jj = rng.integers(0, N, 64), rng.integers(0, N, 64)
+        Ah, Bh, Ch = cp.asnumpy(A).astype(np.int64), cp.asnumpy(B).astype(np.int64), cp.asnumpy(C)
+        ok = bool(all(Ch[j, i] == int(Ah[i] @ Bh[j]) for i, j in zip(ii, jj)))  # C[j, i] (row-major view) = A_i . B_j
+        ops = 2.0 * N**3
+        out.setdefault("int8_gemm", []).append({"N": N, "s": t["median_s"], "ops_per_s": ops / t["median_s"], "correct": ok})
+        rows.append((f"ceiling: cuBLAS INT8 GEMM N={N}", f"{ops / t['median_s'] / 1e12:8.1f} TOP/s", f"spot check {'ok' if ok else 'WRONG'}"))
+        del A, B, C
+        env.free()
+    out["int8_ops_per_s"] = max(r["ops_per_s"] for r in out["int8_gemm"])
+    # issue rates: independent chains, 64 ops per thread per iteration
+    mod = cp.RawModule(code=_MICRO)
+    threads, blocks, iters = 256, sms * 8, 2048
+    buf = cp.empty(threads * blocks, cp.float32)
+    for name, a, b in (("ffma_rate", np.float32(0.999), np.float32(1e-3)), ("imad_rate", np.int32(3), np.int32(7)),
+                       ("alu_rate", np.int32(0x5a5a), np.int32(13))):
+        fn = mod.get_function(name)
+        t = env.time(lambda: fn((blocks,), (threads,), (buf, a, b, np.int32(iters))), reps=5, warm=1)
+        rate = threads * blocks * iters * 64 / t["median_s"]
+        out[name] = {"thread_ops_per_s": rate, "s": t["median_s"],
+                     "ops_per_sm_per_clk_at_max_clock": rate / sms / (out["clock_khz_max"] * 1e3) if out["clock_khz_max"] else None}
+    ffma = out["ffma_rate"]["thread_ops_per_s"]
+    out["issue_warp_inst_per_s"] = ffma / 32  # FFMA issues one warp instruction per clock per SMSP on sm_80..sm_90
+    out["clock_hz_from_ffma"] = ffma / (sms * 128)
+    rows.append(("ceiling: FFMA / IMAD / LOP3+IADD3", f"{ffma / 1e12:8.1f} Tops/s",
+                 f"{out['imad_rate']['thread_ops_per_s'] / 1e12:.1f} / {out['alu_rate']['thread_ops_per_s'] / 1e12:.1f}; clock {out['clock_hz_from_ffma'] / 1e9:.2f} GHz"))
+    del buf
+
+
+# ----- chain ------------------------------------------------------------------------------------
+
+
+def _chain_bytes_ops(plan, n: int, dofs: int) -> dict:
+    """Bytes each kernel of the unfused RescaleBE chain moves at least, and the useful INT8 work (per run)."""
+    s = len(plan.basis)
+    L = s
+    by = {"encode": dofs * (8 + L)}
+    ops = 0.0
+    prod_bytes = 0
+    drop_bytes = 0
+    for i, st in enumerate(plan.schedule.steps):
+        prod_bytes += dofs * 2 * L  # L planes in, L out (square operators: DoF count unchanged)
+        ops += 2.0 * n * L * dofs
+        if st.dropped:
+            out_L = s  # RescaleBE restores the basis
+            drop_bytes += dofs * (L + out_L)
+            L = out_L
+    by["products"] = prod_bytes
+    by["drop_extend"] = drop_bytes
+    by["decode"] = dofs * (L + 8)
+    return {"bytes": by, "bytes_total": sum(by.values()), "bytes_fused": 16 * dofs, "int8_ops": ops,
+            "drops": [len(st.dropped) for st in plan.schedule.steps]}
+
+
+def _chain_steps(env: Env, plan, X, n: int):
+    """The RescaleBE chain as raw backend calls on device arrays: returns a callable and its event list.
+
+    Timing only: the decode applies no scale (the kernels do the same work), so
+    its output is not compared. Same calls as ChainPlan.apply.
+    """
+    be = env.engine("mma")
+    basis, bits = plan.basis, plan.input_bits
+    xp = env.xp
+    Xh = env.asnumpy(X)
+    E = X.shape[0]
+    e = (bits - np.frexp(np.abs(Xh).reshape(E, -1).max(axis=1))[1]).astype(np.int64).reshape(E, 1, 1, 1)
+    ops = [xp.asarray(np.asarray(op.residues)) for op in plan.encoded_operators]
+    steps = plan.schedule.steps
+    zero_e = np.zeros((E, 1, 1, 1), np.int64)
+    marks: list = []
+
+    def run(record: bool = False):
+        if record:
+            marks.clear()
+            marks.append(("start", env.mark()))
+        T = be.encode(X, e, basis.moduli, bits)
+        if record:
+            marks.append(("encode", env.mark()))
+        active = basis.moduli
+        for i, (A, st) in enumerate(zip(ops, steps)):
+            idx = [basis.moduli.index(p) for p in active]
+            T = be.product(A[idx] if len(idx) != len(basis) else A, T, active, i + 1)
+            if record:
+                marks.append((f"product{i}", env.mark()))
+            if st.dropped:
+                T, active = be.drop_extend(T, active, basis, tuple(st.dropped), True)
+                if record:
+                    marks.append((f"drop_extend{i}", env.mark()))
+        y = be.decode(T, active, zero_e, 1, "fp64")
+        if record:
+            marks.append(("decode", env.mark()))
+        return y
+
+    def breakdown():
+        run(record=True)
+        env.sync()
+        return {name: env.between(marks[i - 1][1], marks[i][1]) for i, (name, _) in enumerate(marks) if i > 0}
+
+    return run, breakdown
+
+
+def _run_api(env: Env, plan, X, fused):
+    """``plan.run`` on the device array (CuPy in -> CuPy out) if the API takes it, else on a NumPy copy.
+
+    ``fused=None`` passes no keyword; ``fused=False`` falls back to a plain
+    ``plan.run`` when the API has no ``fused`` keyword yet (that is the unfused
+    step-by-step path); ``fused=True`` without the keyword raises (recorded).
+    Returns ``(callable, io, result)`` with io 'device' or 'numpy'.
+    """
+    kw = {} if fused is None else {"fused": fused}
+
+    def call(x, kw):
+        return plan.run(x, decode="fp64", backend=env.backend_name, **kw)
+
+    def attempt(x):
+        nonlocal kw
+        try:
+            return call(x, kw)
+        except TypeError as exc:
+            if "fused" in str(exc) and kw:
+                if fused:
+                    raise
+                kw = {}
+                return call(x, kw)
+            raise
+
+    try:
+        y = attempt(X)
+        if env.cpu or isinstance(y, env.xp.ndarray):
+            k = dict(kw)
+            return (lambda: call(X, k)), "device", y
+    except TypeError as exc:
+        if "fused" in str(exc):
+            raise
+    except Exception:
+        pass
+    Xh = env.asnumpy(X)
+    y = attempt(Xh)
+    k = dict(kw)
+    return (lambda: call(Xh, k)), "numpy", y
+
+
+def _relerr(env, y, ref) -> float:
+    y = env.xp.asarray(y)
+    return float(env.xp.linalg.norm((y - ref).ravel()) / env.xp.linalg.norm(ref.ravel()))
+
+
+def bench_chain(env: Env, res: dict, rows: list, scale: float, deadline: float) -> None:
+    import rnstensor as rt
+
+    xp = env.xp
+    out: list = []
+    res["chain"] = out
+    dofs_target = max(1, int(CHAIN_DOFS * scale))
+    ceil = res.get("ceilings", {})
+    bw = (ceil.get("copy") or {}).get("Bps")
+    r8 = ceil.get("int8_ops_per_s")
+    rng = np.random.default_rng(8)
+    for n in CHAIN_SIZES:
+        if time.perf_counter() > deadline:
+            out.append({"n": n, "skipped": "budget"})
+            continue
+        E = max(1, dofs_target // n**3)
+        dofs = E * n**3
+        row: dict = {"n": n, "E": E, "dofs": dofs, "d": 3, "s": 15}
+        out.append(row)
+        try:
+            ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
+            basis = rt.Basis.int8(15)
+            plan = rt.plan_chain(ops, [0, 1, 2], moduli=basis, method="rescale_be")
+            planc = rt.plan_chain(ops, [0, 1, 2], moduli=basis, method="composed")
+            row.update(drops=list(plan.drops), bits=plan.bits)
+            row.update(_chain_bytes_ops(plan, n, dofs))
+            X = xp.asarray(rng.uniform(-1, 1, (E, n, n, n)))
+            O = [xp.asarray(o) for o in ops]
+
+            def f64():
+                Y = xp.einsum("ai,eijk->eajk", O[0], X)
+                Y = xp.einsum("bj,eajk->eabk", O[1], Y)
+                return xp.einsum("ck,eabk->eabc", O[2], Y)
+
+            ref = f64()
+            t = env.time(f64)
+            row["f64_einsum"] = {**t, "gdofs": dofs / t["median_s"] / 1e9}
+            variants = [("unfused", plan, False), ("composed", planc, None)]
+            if n <= FUSED_MAX_N:
+                variants.insert(0, ("fused", plan, True))
+            results = {}
+            for name, p, fused in variants:
+                try:
+                    fn, io, y = _run_api(env, p, X, fused)
+                    results[name] = y
+                    t = env.time(fn, reps=5, max_s=4.0)
+                    row[name] = {**t, "io": io, "gdofs": dofs / t["median_s"] / 1e9, "relerr_vs_f64": _relerr(env, y, ref),
+                                 "vs_f64": row["f64_einsum"]["median_s"] / t["median_s"]}
+                except Exception as exc:
+                    row[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            if "fused" in results and "unfused" in results:
+                a, b = env.asnumpy(results["fused"]), env.asnumpy(results["unfused"])
+                row["fused"]["bitwise_equal_unfused"] = bool(np.array_equal(np.asarray(a).view(np.uint64), np.asarray(b).view(np.uint64)))
+            # the unfused steps as raw backend calls (device arrays, no API overhead) + per-kernel times
+            try:
+                run, breakdown = _chain_steps(env, plan, X, n)
+                t = env.time(run, reps=5, max_s=3.0)
+                parts = [breakdown() for _ in range(3)]
+                row["steps"] = {**t, "gdofs": dofs / t["median_s"] / 1e9,
+                                "kernels_s": {k: float(statistics.median(p[k] for p in parts)) for k in parts[0]}}
+            except Exception as exc:
+                row["steps"] = {"error": f"{type(exc).__name__}: {exc}"}
+            # floors from the two ceilings (the instruction floor: perf_model.py)
+            if bw and r8:
+                row["floor_bytes_s"] = {"fused": row["bytes_fused"] / bw, "unfused": row["bytes_total"] / bw}
+                row["floor_int8_s"] = row["int8_ops"] / r8
+            del X, O, ref, results
+            env.free()
+        except Exception as exc:
+            traceback.print_exc()
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        cells = []
+        for v in ("fused", "unfused", "steps", "composed", "f64_einsum"):
+            r = row.get(v)
+            if isinstance(r, dict) and "gdofs" in r:
+                cells.append(f"{v} {r['gdofs']:.2f}")
+            elif isinstance(r, dict) and "error" in r:
+                cells.append(f"{v} ERR")
+        rows.append((f"chain n={n} ({dofs / 2**20:.0f} Mi DoF)", "GDoF/s", ", ".join(cells)))
+
+
+# ----- DGEMM / ZGEMM --------------------------------------------------------------------------
+
+
+def _gemm_sizes(scale: float) -> list[int]:
+    f = scale ** (1 / 3)
+    # largest first (N = 16384 is the issue's target): a short budget drops the small sizes
+    return sorted({max(128, int(N * f) // 64 * 64) for N in GEMM_SIZES}, reverse=True)
+
+
+def _row_exponents(xp, a, t):
+    """Per row of ``a`` (real, or the max of |re|, |im|): ``t - E`` with ``2^(E-1) <= max|row| < 2^E`` (0 rows: t)."""
+    m = xp.abs(a).max(axis=1, keepdims=True) if not xp.iscomplexobj(a) else xp.maximum(
+        xp.abs(a.real).max(axis=1, keepdims=True), xp.abs(a.imag).max(axis=1, keepdims=True))
+    return (t - xp.frexp(m)[1]).astype(xp.int64)
+
+
+def dgemm_pipeline(env: Env, be, a, b, s: int, phases: dict | None = None):
+    """``a @ b`` by encode -> s residue GEMMs -> fp64 decode, every array on the device; phases timed with events.
+
+    C^T = B^T A^T with both operands K-contiguous (the TN layout of INT8 tensor
+    cores): rows of ``a`` and columns of ``b`` each get one exponent.
+    """
+    import rnstensor as rt
+    from rnstensor.gemm import gemm_width
+
+    xp = env.xp
+    basis = rt.Basis.int8(s)
+    N, K = a.shape
+    t = gemm_width(s, K)
+    m0 = env.mark()
+    bt = xp.ascontiguousarray(b.T)
+    ea = _row_exponents(xp, a, t)
+    eb = _row_exponents(xp, bt, t)
+    A = be.encode(a, ea, basis.moduli, t)  # (L, M, K)
+    Bt = be.encode(bt, eb, basis.moduli, t)  # (L, N, K)
+    m1 = env.mark()
+    Zt = be.product(A, Bt, basis.moduli, 1)  # (L, N, M)
+    m2 = env.mark()
+    ct = be.decode(Zt, basis.moduli, -eb, 1, "fp64")
+    c = (ct * xp.ldexp(xp.ones((1, a.shape[0])), (-ea).reshape(1, -1).astype(xp.int32))).T
+    m3 = env.mark()
+    if phases is not None:
+        phases["encode"] = env.between(m0, m1)
+        phases["products"] = env.between(m1, m2)
+        phases["decode"] = env.between(m2, m3)
+    return c
+
+
+def zgemm_pipeline(env: Env, be, a, b, s: int, phases: dict | None = None):
+    """Complex ``a @ b`` by the exact 3M form: shared row / column exponents, ``product_3m``, two fp64 decodes."""
+    import rnstensor as rt
+    from rnstensor.gemm import gemm_width
+
+    xp = env.xp
+    basis = rt.Basis.int8(s)
+    mods = basis.moduli
+    N, K = a.shape
+    t = gemm_width(s, K, "complex")
+    m0 = env.mark()
+    bt = xp.ascontiguousarray(b.T)
+    ea = _row_exponents(xp, a, t)
+    eb = _row_exponents(xp, bt, t)
+    Ar, Ai = be.encode(xp.ascontiguousarray(a.real), ea, mods, t), be.encode(xp.ascontiguousarray(a.imag), ea, mods, t)
+    Br, Bi = be.encode(xp.ascontiguousarray(bt.real), eb, mods, t), be.encode(xp.ascontiguousarray(bt.imag), eb, mods, t)
+    m1 = env.mark()
+    if hasattr(be, "product_3m"):
+        re, im = be.product_3m(Ar, Ai, Br, Bi, mods, 1)
+    else:  # the CPU backend: the same 3M combination from separate calls
+        P0, P1 = be.product(Ar, Br, mods, 1), be.product(Ai, Bi, mods, 1)
+        P2 = be.product(be.add(Ar, Ai, mods), be.add(Br, Bi, mods), mods, 1)
+        re = be.add(P0, P1, mods, subtract=True)
+        im = be.add(be.add(P2, P0, mods, subtract=True), P1, mods, subtract=True)
+    m2 = env.mark()
+    scale = xp.ldexp(xp.ones((1, a.shape[0])), (-ea).reshape(1, -1).astype(xp.int32))
+    cr = be.decode(re, mods, -eb, 1, "fp64") * scale
+    ci = be.decode(im, mods, -eb, 1, "fp64") * scale
+    c = (cr + 1j * ci).T
+    m3 = env.mark()
+    if phases is not None:
+        phases["encode"] = env.between(m0, m1)
+        phases["products"] = env.between(m1, m2)
+        phases["decode"] = env.between(m2, m3)
+    return c
+
+
+def _time_phases(env: Env, fn, reps: int, max_s: float) -> dict:
+    fn(None)
+    env.sync()
+    runs = []
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ph: dict = {}
+        fn(ph)
+        runs.append(ph)
+        if time.perf_counter() - t0 > max_s and len(runs) >= 2:
+            break
+    tot = [sum(r.values()) for r in runs]
+    k = int(np.argsort(tot)[len(tot) // 2])  # the median run, with its own phases
+    return {"median_s": float(tot[k]), "min_s": float(min(tot)), "runs": len(runs), "phases_s": runs[k]}
+
+
+def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, cplx: bool) -> None:
+    import rnstensor as rt
+
+    xp = env.xp
+    key = "zgemm" if cplx else "dgemm"
+    out: list = []
+    res[key] = out
+    rng = np.random.default_rng(16)
+    moduli = ZGEMM_MODULI if cplx else GEMM_MODULI
+    flops_per = 8.0 if cplx else 2.0
+    for N in _gemm_sizes(scale):
+        if time.perf_counter() > deadline:
+            out.append({"N": N, "skipped": "budget"})
+            continue
+        if cplx:
+            a = xp.asarray(rng.standard_normal((N, N)) + 1j * rng.standard_normal((N, N)))
+            b = xp.asarray(rng.standard_normal((N, N)) + 1j * rng.standard_normal((N, N)))
+        else:
+            a = xp.asarray(rng.standard_normal((N, N)))
+            b = xp.asarray(rng.standard_normal((N, N)))
+        fl = flops_per * N**3
+        t64 = env.time(lambda: a @ b, reps=5, max_s=3.0)
+        ref = a @ b
+        base = {"N": N, "f64": {**t64, "tflops": fl / t64["median_s"] / 1e12}}
+        for s in moduli:
+            if time.perf_counter() > deadline:
+                out.append({**base, "s": s, "skipped": "budget"})
+                continue
+            row = {**base, "s": s}
+            out.append(row)
+            for eng in env.engines:
+                if eng != "mma" and s != 14:
+                    continue  # other engines at s = 14 only (the issue's headline point)
+                be = env.engine(eng)
+                pipe = zgemm_pipeline if cplx else dgemm_pipeline
+                try:
+                    t = _time_phases(env, lambda ph: pipe(env, be, a, b, s, ph), reps=3, max_s=3.0)
+                    c = pipe(env, be, a, b, s)
+                    row[eng] = {**t, "tflops": fl / t["median_s"] / 1e12, "vs_f64": t64["median_s"] / t["median_s"],
+                                "relerr_vs_f64": _relerr(env, c, ref),
+                                "int8_ops": (3.0 if cplx else 1.0) * 2.0 * s * N**3}
+                    del c
+                except Exception as exc:
+                    traceback.print_exc()
+                    row[eng] = {"error": f"{type(exc).__name__}: {exc}"}
+                env.free()
+            m = row.get("mma", {})
+            if "tflops" in m:
+                ph = m["phases_s"]
+                rows.append((f"{key.upper()} N={N} s={s} (device pipeline)", f"{m['tflops']:8.2f} TFLOP/s",
+                             f"{m['vs_f64']:.2f}x CuPy f64 ({base['f64']['tflops']:.1f}); enc/prod/dec "
+                             f"{ph['encode'] * 1e3:.1f}/{ph['products'] * 1e3:.1f}/{ph['decode'] * 1e3:.1f} ms"))
+            for eng in env.engines:
+                if eng != "mma" and "tflops" in row.get(eng, {}):
+                    rows.append((f"{key.upper()} N={N} s={s} ({eng})", f"{row[eng]['tflops']:8.2f} TFLOP/s",
+                                 f"{row[eng]['vs_f64']:.2f}x CuPy f64"))
+        # the public API at s = 14, the smaller sizes (NumPy or CuPy in; phases from rnstensor.gemm.PHASES)
+        if N <= sorted(_gemm_sizes(scale))[min(1, len(GEMM_SIZES) - 1)] and time.perf_counter() < deadline:
+            row = {**base, "s": 14, "api": True}
+            out.append(row)
+            import rnstensor.gemm as G
+
+            fn = rt.zgemm if cplx else rt.dgemm
+            for io, (aa, bb) in (("device", (a, b)), ("numpy", (env.asnumpy(a), env.asnumpy(b)))):
+                try:
+                    c = fn(aa, bb, moduli=14, backend=env.backend_name)
+                    t = env.time(lambda: fn(aa, bb, moduli=14, backend=env.backend_name), reps=2, max_s=6.0)
+                    G.PHASES = {}
+                    try:
+                        fn(aa, bb, moduli=14, backend=env.backend_name)
+                        env.sync()
+                        phases = dict(G.PHASES)
+                    finally:
+                        G.PHASES = None
+                    row[io] = {**t, "tflops": fl / t["median_s"] / 1e12, "vs_f64": t64["median_s"] / t["median_s"],
+                               "relerr_vs_f64": _relerr(env, c, ref), "phases_wall_s": phases}
+                    rows.append((f"{key.upper()} N={N} s=14 (public API, {io} in)", f"{row[io]['tflops']:8.2f} TFLOP/s",
+                                 f"{row[io]['vs_f64']:.2f}x CuPy f64"))
+                    break  # device input worked: the NumPy round trip is not the interesting number
+                except Exception as exc:
+                    row[io] = {"error": f"{type(exc).__name__}: {exc}"}
+        del a, b, ref
+        env.free()
+        rows.append((f"{key.upper()} N={N} CuPy {'complex128' if cplx else 'float64'}", f"{base['f64']['tflops']:8.2f} TFLOP/s", "baseline"))
+
+
+def bench_accuracy(env: Env, res: dict, rows: list, scale: float, deadline: float) -> None:
+    """phi = 4 data: the device pipeline (s in GEMM_MODULI), the public API (default s) and CuPy f64 vs exact."""
+    import rnstensor as rt
+    from rnstensor.gemm_accuracy import ExactReference, gemm_dataset
+
+    m = n = 256 if scale >= 0.05 else 32
+    k = 4096 if scale >= 0.05 else 256
+    A, B = gemm_dataset("phi4", m, k, n, seed=4)
+    t0 = time.perf_counter()
+    ref = ExactReference.of(A, B)
+    out: dict = {"m": m, "k": k, "n": n, "dataset": "phi4", "reference_s": time.perf_counter() - t0}
+    res["accuracy_phi4"] = out
+    xp = env.xp
+    a, b = xp.asarray(A), xp.asarray(B)
+    out["cupy_f64"] = ref.metrics(env.asnumpy(a @ b))
+    rows.append((f"accuracy phi=4 {m}x{k}x{n} CuPy f64", f"{out['cupy_f64']['normwise']:.1e}", f"max ulp {out['cupy_f64']['max_ulp']:.3g}"))
+    for s in GEMM_MODULI + (20,):
+        if time.perf_counter() > deadline:
+            out[f"pipeline_s{s}"] = {"skipped": "budget"}
+            continue
+        c = dgemm_pipeline(env, env.engine("mma"), a, b, s)
+        out[f"pipeline_s{s}"] = met = ref.metrics(env.asnumpy(c))
+        rows.append((f"accuracy phi=4 pipeline s={s}", f"{met['normwise']:.1e}", f"max ulp {met['max_ulp']:.3g}, CR {met['cr_percent']:.1f}%"))
+    for label, kw in (("api_default", {}), ("api_s14", {"moduli": 14})):
+        if time.perf_counter() > deadline:
+            break
+        try:
+            c = rt.dgemm(A, B, backend=env.backend_name, **kw)
+            out[label] = met = ref.metrics(np.asarray(env.asnumpy(c)))
+            rows.append((f"accuracy phi=4 rt.dgemm {kw or 'default s'}", f"{met['normwise']:.1e}", f"max ulp {met['max_ulp']:.3g}, CR {met['cr_percent']:.1f}%"))
+        except Exception as exc:
+            out[label] = {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# ----- the probe for ncu --------------------------------------------------------------------------
+
+
+def probe(env: Env) -> dict:
+    """One small n = 8 chain (PROBE_DOFS DoFs): the steps path, then the fused API; for ncu's counters."""
+    import rnstensor as rt
+
+    n = 8
+    E = PROBE_DOFS // n**3
+    rng = np.random.default_rng(0)
+    ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
+    plan = rt.plan_chain(ops, [0, 1, 2], moduli=rt.Basis.int8(15), method="rescale_be")
+    X = env.xp.asarray(rng.uniform(-1, 1, (E, n, n, n)))
+    run, _ = _chain_steps(env, plan, X, n)
+    run()
+    info = {"n": n, "dofs": E * n**3, "drops": list(plan.drops)}
+    try:
+        plan.run(X, decode="fp64", backend=env.backend_name, fused=True)
+        info["fused"] = True
+    except Exception as exc:
+        info["fused"] = f"{type(exc).__name__}: {exc}"
+    env.sync()
+    return info
+
+
+# ----- main ---------------------------------------------------------------------------------------
+
+
+def _device(env: Env) -> dict:
+    if env.cpu:
+        return {"name": "cpu smoke run (NumPy + CPU backend)"}
+    from rnstensor.backends.cuda import device_info
+
+    return device_info()
+
+
+def main(outdir: str = "benchmarks/results", budget_s: float = 200.0, scale: float | None = None,
+         cpu_smoke: bool = False) -> dict:
+    scale = _scale() if scale is None else float(scale)
+    os.makedirs(outdir, exist_ok=True)
+    env = Env(cpu_smoke)
+    budget = Budget(budget_s)
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": _device(env), "scale": scale,
+                 "budget_s": budget_s, "engines": env.engines, "engines_missing": env._engines.get("_missing", {})}
+    rows: list = []
+    sections = (
+        ("ceilings", 0.10, lambda dl: ceilings(env, res, rows, scale)),
+        ("chain", 0.45, lambda dl: bench_chain(env, res, rows, scale, dl)),
+        ("dgemm", 0.55, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=False)),
+        ("zgemm", 0.45, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=True)),
+        ("accuracy", 0.95, lambda dl: bench_accuracy(env, res, rows, scale, dl)),
+    )
+    timings = res.setdefault("section_s", {})
+    for name, share, body in sections:
+        t0 = time.perf_counter()
+        if budget.left() <= 1.0:
+            res[name + "_skipped"] = "budget"
+            continue
+        try:
+            body(budget.deadline(share))
+        except Exception as exc:  # every section reports what it could
+            traceback.print_exc()
+            res[name + "_error"] = f"{type(exc).__name__}: {exc}"
+        timings[name] = time.perf_counter() - t0
+        print(f"-- {name}: {timings[name]:.1f} s", flush=True)
+        with open(os.path.join(outdir, "bench_gpu.json"), "w") as f:  # after each section: a kill keeps the rest
+            json.dump(res, f, indent=1, default=str)
+    print()
+    print(f"device: {res['device']}   scale {scale}   engines {env.engines}")
+    for r in rows:
+        print(f"{r[0]:<44} {r[1]:>18}   {r[2]}")
+    for k, v in res.items():
+        if k.endswith("_error"):
+            print(f"{k}: {v}")
+    return res
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--budget", type=float, default=200.0)
+    ap.add_argument("--scale", type=float, default=None, help="problem-size factor (default $RNSTENSOR_CHECK_SCALE or 1)")
+    ap.add_argument("--cpu-smoke", action="store_true", help="NumPy + CPU backend, tiny sizes: checks the script, no GPU")
+    ap.add_argument("--probe", action="store_true", help="one n = 8 chain of 2^20 DoFs for ncu, then exit")
+    args = ap.parse_args()
+    if args.probe:
+        print(json.dumps(probe(Env(args.cpu_smoke))))
+    else:
+        main(args.out, args.budget, args.scale if args.scale is not None else (2e-4 if args.cpu_smoke else None), args.cpu_smoke)
