@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import rnstensor as rt
+from rnstensor.backends.cuda import cuda_available
 
 da = pytest.importorskip("dask.array")
 rd = pytest.importorskip("rnstensor.dask")
@@ -176,3 +177,119 @@ def test_apply_fem_operators_bitwise(chunk):
         assert np.array_equal(rd.apply(op, U).compute(), op.apply(u))
     with pytest.raises(ValueError, match="elements"):
         rd.apply(MassOperator(basis, mesh.qdata[:5]), U)
+
+
+# ----- NumPy or CuPy chunks: the dispatch, checked without CuPy -----------------------------------
+
+class _FakeDeviceArray(np.ndarray):
+    """A NumPy array whose type claims to live in CuPy: drives the chunk-type dispatch without a GPU."""
+
+
+_FakeDeviceArray.__module__ = "cupy._fake"
+
+
+class _FakeOtherArray(np.ndarray):
+    pass
+
+
+_FakeOtherArray.__module__ = "sparse._fake"
+
+
+def _fake(x, cls=_FakeDeviceArray, chunks=4):
+    return da.from_array(np.asarray(x).view(cls), chunks=chunks)
+
+
+def test_chunk_module_reads_the_meta():
+    A, _ = _gemm_case()
+    assert rd.chunk_module(da.from_array(A, chunks=4)) == "numpy"
+    assert rd.chunk_module(A) == "numpy"
+    assert rd.chunk_module(_fake(A)) == "cupy"
+    assert rd.chunk_module(_fake(A, _FakeOtherArray)) == "sparse"
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the refusal on a machine without a GPU")
+def test_backend_cuda_is_refused_without_a_device():
+    A, B = _gemm_case()
+    X, ops = _chain_case()
+    plan = rt.plan_chain(ops, [0, 1, 2], ndim=3)
+    D = da.from_array(X, chunks=(5, 4, 4, 4))
+    msg = r"the 'cuda' backend (needs CuPy|found no CUDA device)"
+    with pytest.raises(RuntimeError, match=msg):
+        rd.dgemm(da.from_array(A, chunks=4), da.from_array(B, chunks=4), backend="cuda")
+    with pytest.raises(RuntimeError, match=msg):
+        rd.matmul(da.from_array(A, chunks=4), da.from_array(B, chunks=4), backend="cuda")
+    with pytest.raises(RuntimeError, match=msg):
+        rd.apply(plan, D, backend="cuda")
+    # CuPy chunks mean backend 'cuda': refused the same way, when the graph is built
+    with pytest.raises(RuntimeError, match=msg):
+        rd.dgemm(_fake(A), _fake(B))
+    with pytest.raises(RuntimeError, match=msg):
+        rd.zgemm(_fake(A.astype(complex)), _fake(B.astype(complex)))
+    with pytest.raises(RuntimeError, match=msg):
+        rd.apply(plan, _fake(X, chunks=(5, 4, 4, 4)))
+
+
+def test_device_chunks_refuse_a_host_backend_and_mixing():
+    A, B = _gemm_case()
+    with pytest.raises(ValueError, match=r"CuPy chunks run on backend='cuda'.*got backend='cpu'"):
+        rd.dgemm(_fake(A), _fake(B), backend="cpu")
+    with pytest.raises(TypeError, match=r"a has CuPy chunks, b has NumPy chunks.*move one explicitly"):
+        rd.dgemm(_fake(A), da.from_array(B, chunks=4))
+    with pytest.raises(TypeError, match=r"a has NumPy chunks, b has CuPy chunks"):
+        rd.matmul(da.from_array(A, chunks=4), _fake(B))
+    C = np.zeros((13, 11))
+    with pytest.raises(TypeError, match=r"c has CuPy chunks"):
+        rd.dgemm(da.from_array(A, chunks=4), da.from_array(B, chunks=4), _fake(C), beta=1.0)
+    with pytest.raises(TypeError, match=r"NumPy or CuPy chunks"):
+        rd.dgemm(_fake(A, _FakeOtherArray), _fake(B, _FakeOtherArray))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        rd.dgemm(da.from_array(A, chunks=4), da.from_array(B, chunks=4), backend="tpu")
+
+
+def test_results_keep_numpy_meta():
+    A, B = _gemm_case()
+    X, ops = _chain_case()
+    plan = rt.plan_chain(ops, [0, 1, 2], ndim=3)
+    for r in (
+        rd.dgemm(da.from_array(A, chunks=4), da.from_array(B, chunks=4)),
+        rd.matmul(da.from_array(np.stack([A, A]), chunks=4), da.from_array(B, chunks=4)),
+        rd.apply(plan, da.from_array(X, chunks=(5, 4, 4, 4))),
+    ):
+        assert type(r._meta) is np.ndarray and r._meta.dtype == np.float64
+
+
+@pytest.mark.parametrize("moduli", [None, "auto", 12])
+@pytest.mark.parametrize("cplx", [False, True])
+def test_device_matmul_block_logic_on_the_host(moduli, cplx):
+    """The per-block GEMM the CuPy path of batched matmul runs, on NumPy blocks: rt.matmul bit for bit."""
+    from rnstensor.dask import _matmul_block
+
+    A, B = _gemm_case(m=9, k=21, n=7, seed=7, cplx=cplx)
+    S = np.stack([A, -2.0 * A, A[::-1]])
+    S[1, 4, 3] = np.inf
+    T = B.copy()
+    T[5, 2] = np.nan
+    St = S.transpose(0, 2, 1).copy()  # (3, 21, 9)
+    cases = ((S, B), (S, T), (A, np.stack([B, T])), (S, B[:, 0]), (A[0], St), (S[:, None], np.stack([B, -B])))
+    for x, y in cases:
+        got = _matmul_block(x, y, cplx, moduli, "cpu")
+        ref = rt.matmul(x, y, moduli=moduli)
+        assert got.shape == ref.shape
+        assert np.array_equal(got, ref, equal_nan=True)
+    assert _matmul_block(S[:, :, :0], B[:0], cplx, moduli, "cpu").shape == (3, 9, 7)
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_explicit_backend_is_passed_to_every_block(cplx):
+    """backend='numpy' (the reference backend) reaches every block: the same bits as the default."""
+    A, B = _gemm_case(m=7, k=11, n=5, seed=8, cplx=cplx)
+    f = rd.zgemm if cplx else rd.dgemm
+    ref = (rt.zgemm if cplx else rt.dgemm)(A, B)
+    got = f(da.from_array(A, chunks=(3, 4)), da.from_array(B, chunks=(5, 2)), backend="numpy")
+    assert np.array_equal(got.compute(), ref)
+    X, ops = _chain_case(nelem=7, n=3)
+    plan = rt.plan_chain(ops, [0, 1, 2], ndim=3)
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3])
+    D = da.from_array(X, chunks=(3, 3, 3, 3))
+    assert np.array_equal(rd.apply(plan, D, backend="numpy").compute(), plan(X))
+    assert np.array_equal(rd.apply(expr, D, backend="numpy").compute(), expr(X))
