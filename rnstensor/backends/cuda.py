@@ -89,8 +89,9 @@ def describe() -> list[str]:
         major, minor = build.nvrtc_version()
         lines.append(f"nvrtc: {major}.{minor}; kernel cache: {build.cache_dir()}")
         for arch in archs:
-            built = [m for m in build.MODULES if build.cached_cubin(m, arch) is not None]
-            missing = [m for m in build.MODULES if m not in built]
+            mods = build.modules_for(arch)  # arch-specific modules (the sm_90a wgmma kernels) only where they exist
+            built = [m for m in mods if build.cached_cubin(m, arch) is not None]
+            missing = [m for m in mods if m not in built]
             state = f"built: {', '.join(built) or 'none'}" + (f"; not yet: {', '.join(missing)}" if missing else "")
             lines.append(f"kernels {arch}: {state}")
     except build.KernelBuildError as exc:
@@ -145,7 +146,7 @@ class CudaBackend:
 
     def built_kernels(self) -> dict[str, str]:
         """``{module: cubin path}`` of the modules built for this device (compiling them if needed)."""
-        return {m: str(build.compile_module(m, self.arch).path) for m in build.MODULES}
+        return {m: str(build.compile_module(m, self.arch).path) for m in build.modules_for(self.arch)}
 
     def _dev(self, key, make):
         """A device copy of host tables ``make()`` (a tuple of arrays), cached under ``key``."""
