@@ -229,3 +229,37 @@ def test_lazy_mode_catches_a_broken_pipeline(emu):
     ref = reference(X, A, moduli)
     assert np.array_equal(run_wgmma(emu, 64, X, A, moduli, EAGER, skew=1), ref)  # eager copies hide it
     assert not np.array_equal(run_wgmma(emu, 64, X, A, moduli, LAZY, skew=1), ref)
+
+
+# ----- the dispatch rule (CudaBackend product_engine='auto'; no CuPy needed) -------------------------
+
+
+def test_choose_product_engine():
+    import math
+
+    from rnstensor.backends.cuda import PRODUCT_THRESHOLDS, choose_product_engine, cublas_fits, wgmma_fits
+
+    big = dict(pre=16384, n_in=16384, post=1, n_out=16384, L=15)
+    assert choose_product_engine("sm_90a", **big) == "wgmma"
+    assert choose_product_engine("sm_89", **big) == "cublas"  # no wgmma off Hopper
+    assert choose_product_engine("sm_90", **big) == "cublas"  # plain sm_90 has no wgmma either
+    assert choose_product_engine("sm_90a", **{**big, "n_in": 16376}) == "cublas"  # n_in % 16 != 0, % 4 == 0
+    assert choose_product_engine("sm_90a", **{**big, "n_in": 16383}) == "mma"  # neither layout
+    assert choose_product_engine("sm_90a", **{**big, "post": 2}) == "mma"  # a middle axis
+    assert choose_product_engine("sm_90a", pre=1000, n_in=8, post=1, n_out=8, L=15) == "mma"  # tiny operator
+    # overrides: math.inf switches an engine off; lowered thresholds switch it on
+    assert choose_product_engine("sm_90a", **big, thresholds={"wgmma_min_macs": math.inf}) == "cublas"
+    assert choose_product_engine("sm_90a", pre=256, n_in=64, post=1, n_out=64, L=1,
+                                 thresholds={"wgmma_min_macs": 0, "wgmma_min_k": 0}) == "wgmma"
+    with pytest.raises(ValueError, match="unknown keys"):
+        choose_product_engine("sm_90a", **big, thresholds={"min_macs": 1})
+    assert set(PRODUCT_THRESHOLDS) == {f"{e}_min_{w}" for e in ("wgmma", "cublas") for w in ("macs", "n_out", "k")}
+    assert wgmma_fits("sm_90a", 1, 16, 1, 1, 1) and not wgmma_fits("sm_90a", 1, 16, 1, 1, 70000)
+    assert cublas_fits(1, 8, 12, 5) and not cublas_fits(2, 8, 12, 5) and not cublas_fits(3, 131072, 1, 5)
+
+
+def test_thresholds_are_marked_unmeasured():
+    # the table must say it is a guess until the GPU benchmark replaces it
+    src = (build.source_dir().parent / "backends" / "cuda.py").read_text()
+    i = src.index("PRODUCT_THRESHOLDS: dict")
+    assert "TO BE MEASURED ON THE GPU" in src[i - 1200 : i]
