@@ -263,3 +263,24 @@ def test_thresholds_are_marked_unmeasured():
     src = (build.source_dir().parent / "backends" / "cuda.py").read_text()
     i = src.index("PRODUCT_THRESHOLDS: dict")
     assert "TO BE MEASURED ON THE GPU" in src[i - 1200 : i]
+
+
+# ----- the GPU benchmark script imports and plans without a GPU ----------------------------------------
+
+
+def test_bench_gpu_product_imports_without_gpu():
+    import importlib.util
+
+    path = build.source_dir().parents[1] / "benchmarks" / "bench_gpu_product.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu_product", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # no CuPy import at module level
+    assert callable(mod.main)
+    shapes = mod.plan_shapes()
+    assert [s.floor_s() for s in shapes] == sorted(s.floor_s() for s in shapes)  # cheapest first (the budget)
+    labels = {s.label for s in shapes}
+    assert {"gemm 1024", "gemm 16384", "mode n=8", "mode n=128"} <= labels
+    assert all(s.L == 15 for s in shapes)
+    row = dict(shapes[0].as_dict(), floor_s=1e-3, mma=dict(s=2e-3, tops=1.0, of_floor=0.5, equal_mma=True), wgmma=None)
+    text = mod._table({"device": {"name": "x", "arch": "sm_90a"}, "shapes": [row], "skipped": []})
+    assert "n/a" in text and "50.0%" in text and "ok" in text
