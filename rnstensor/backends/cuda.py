@@ -91,8 +91,9 @@ def wgmma_fits(arch: str, pre: int, n_in: int, post: int, n_out: int, L: int) ->
     (The kernel reads K-major int8 tiles in 16-byte cp.async chunks; plane and row counts fit its grid.)
     The operand pointers must also be 16-byte aligned (checked at launch).
     """
-    return (arch == "sm_90a" and post == 1 and n_in > 0 and n_in % 16 == 0 and 0 < pre <= _INT31
-            and 0 < n_out <= _INT31 and n_in <= _INT31 and 0 < L <= 65535 and -(-n_out // 64) <= 65535)
+    # rows and operator rows index in int32 inside the kernel (m0 + 127): the same limit as the mma.sync columns
+    return (arch == "sm_90a" and post == 1 and n_in > 0 and n_in % 16 == 0 and 0 < pre <= _MAX_COLS
+            and 0 < n_out <= _MAX_COLS and n_in <= _INT31 and 0 < L <= 65535 and -(-n_out // 64) <= 65535)
 
 
 def cublas_fits(pre: int, n_in: int, post: int, n_out: int) -> bool:
