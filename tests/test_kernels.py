@@ -46,13 +46,15 @@ def kernel_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cubins(kernel_cache):
-    """Every module for every arch, compiled once per test session."""
-    return {(m, a): build.compile_module(m, a, cache=kernel_cache) for m in build.MODULES for a in build.ARCHS}
+    """Every module for every arch it exists for (``build.modules_for``), compiled once per test session."""
+    return {(m, a): build.compile_module(m, a, cache=kernel_cache) for a in build.ARCHS for m in build.modules_for(a)}
+
+
+BUILT_PAIRS = [(m, a) for a in build.ARCHS for m in sorted(build.modules_for(a))]
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("arch", build.ARCHS)
-@pytest.mark.parametrize("module", sorted(build.MODULES))
+@pytest.mark.parametrize("module, arch", BUILT_PAIRS)
 def test_module_compiles(cubins, module, arch):
     built = cubins[(module, arch)]
     data = built.cubin
@@ -64,7 +66,7 @@ def test_module_compiles(cubins, module, arch):
 @needs_nvrtc
 @pytest.mark.parametrize("arch", build.ARCHS)
 def test_ptxas_reports_no_spills(cubins, arch):
-    for module in build.MODULES:
+    for module in build.modules_for(arch):
         log = cubins[(module, arch)].log
         lines = [ln for ln in log.splitlines() if "spill" in ln]
         assert lines, f"no ptxas resource report for {module} on {arch}"
@@ -91,9 +93,9 @@ def test_product_sass_uses_int8_tensor_cores(cubins, arch):
 @pytest.mark.parametrize("arch", build.ARCHS)
 def test_hot_kernels_use_no_local_memory(cubins, arch):
     found = {}
-    for module in build.MODULES:
+    for module in build.modules_for(arch):
         found.update(build.resource_usage(cubins[(module, arch)].path))
-    for k in build.HOT_KERNELS:
+    for k in build.hot_kernels(arch):
         assert k in found, f"{k} not in any module for {arch}"
         r = found[k]
         assert r.local == 0 and r.stack == 0, f"{k} on {arch}: {r}"
@@ -118,6 +120,11 @@ def test_bad_names():
         build.compile_module("nope", "sm_80")
     with pytest.raises(ValueError, match="arch must look like"):
         build.compile_module("entry", "ampere")
+    # an arch-specific module names the archs it exists for
+    with pytest.raises(ValueError, match="built for sm_90a only"):
+        build.compile_module("product_wgmma", "sm_80")
+    assert "product_wgmma" not in build.modules_for("sm_89") and "product_wgmma" in build.modules_for("sm_90a")
+    assert set(build.modules_for("sm_80")) == {m for m in build.MODULES if build.module_archs(m) is None}
     assert build.arch_for_capability(9, 0) == "sm_90a"
     assert build.arch_for_capability(8, 9) == "sm_89"
 
@@ -131,8 +138,9 @@ def test_cli_build_writes_cubins(tmp_path, kernel_cache):
         capture_output=True, text=True, env=env,
     )
     assert res.returncode == 0, res.stderr
-    for m in build.MODULES:
+    for m in build.modules_for("sm_89"):
         assert (out / f"{m}.sm_89.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert not (out / "product_wgmma.sm_89.cubin").exists()  # sm_90a only
 
 
 @needs_nvrtc

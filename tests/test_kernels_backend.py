@@ -41,6 +41,10 @@ class DevArray(np.ndarray):
             return memptr
         return np.zeros(shape, dtype).view(cls)
 
+    @property
+    def data(self):  # cupy.ndarray.data is a MemoryPointer: the backend reads .ptr (alignment, cuBLAS)
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
     def set(self, arr):
         self[...] = arr
 
@@ -58,6 +62,7 @@ def _ptr(a):
 
 class FakeModule:
     simt = None  # the SIMT build of product.cu (ctypes), set by the fixture when it builds
+    wgmma = None  # the SIMT build of product_wgmma.cu (wgmma_host.cpp), likewise
 
     def __init__(self, path, lib, launches):
         data = open(path, "rb").read(4)
@@ -152,6 +157,28 @@ class FakeModule:
             Ore[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(t1 - t2, p).reshape(-1)
             Oim[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(t3 - t1 - t2, p).reshape(-1)
 
+    def _rns_gemm_wgmma(self, grid, block, args, smem, name):
+        X, A, out, M, N, K, xplane, aplane, oplane, P, IP, H, C16 = args
+        bn = int(name.rsplit("n", 1)[1])
+        assert block == (256,) and smem == 0 and K % 16 == 0
+        assert grid[0] * 128 >= M and grid[1] * bn >= N and grid[2] == A.shape[0]
+        assert X.dtype == A.dtype == out.dtype == np.int8 and X.flags.c_contiguous and A.flags.c_contiguous
+        assert X.ctypes.data % 16 == 0 and A.ctypes.data % 16 == 0
+        assert xplane == M * K and aplane == N * K and oplane == M * N and X.size >= grid[2] * xplane
+        if self.wgmma is not None:
+            u = ctypes.c_uint
+            assert self.wgmma.emu_gemm_wgmma(bn, 1, 0, u(grid[0]), u(grid[1]), u(grid[2]), _ptr(X), _ptr(A), _ptr(out),
+                                             int(M), int(N), int(K), ctypes.c_int64(xplane), ctypes.c_int64(aplane),
+                                             ctypes.c_int64(oplane), *map(_ptr, args[9:])) == 0
+            return
+        for l in range(grid[2]):
+            Xl = np.asarray(X).reshape(-1)[l * xplane : (l + 1) * xplane].reshape(M, K).astype(np.int64)
+            acc = Xl @ np.asarray(A[l]).astype(np.int64).reshape(N, K).T
+            np.asarray(out).reshape(-1)[l * oplane : (l + 1) * oplane] = arith.centered_mod(acc, int(P[l])).reshape(-1)
+
+    _rns_gemm_wgmma_n64 = _rns_gemm_wgmma
+    _rns_gemm_wgmma_n128 = _rns_gemm_wgmma
+
     def _rns_product(self, grid, block, args, smem, name):
         X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16 = args
         bn = int(name.rsplit("n", 1)[1])
@@ -188,6 +215,10 @@ def fake(tmp_path_factory):
         FakeModule.simt = ctypes.CDLL(str(build.simt_library(cache=tmp_path_factory.mktemp("simt-lib"))))
     except build.KernelBuildError:  # pragma: no cover - no C++20 compiler: the numpy model of the kernel
         FakeModule.simt = None
+    try:
+        FakeModule.wgmma = ctypes.CDLL(str(build.wgmma_library(cache=tmp_path_factory.mktemp("wgmma-lib"))))
+    except build.KernelBuildError:  # pragma: no cover
+        FakeModule.wgmma = None
     launches: list[str] = []
     cp = types.ModuleType("cupy")
     cp.ndarray = DevArray
@@ -272,6 +303,64 @@ def test_product(fake, axis, n_in, n_out):
     same(got, CPU.product(A, X, moduli, axis))
     bn = next((b for b in (8, 16, 32, 64) if b >= n_out), 64)
     assert launches[-1] == f"rns_product_n{bn}"
+
+
+@pytest.mark.parametrize("n_in, n_out, kernel", [(16, 5, "rns_gemm_wgmma_n64"), (48, 64, "rns_gemm_wgmma_n64"),
+                                                 (80, 65, "rns_gemm_wgmma_n128"), (272, 130, "rns_gemm_wgmma_n128")])
+def test_product_wgmma(fake, n_in, n_out, kernel):
+    # product_engine='wgmma' on the (fake) sm_90a device: the last axis with n_in % 16 == 0 runs the wgmma
+    # kernel (product_wgmma.cu through its SIMT build), every other product the mma.sync kernel
+    from rnstensor.backends.cuda import CudaBackend
+
+    _, launches = fake
+    be = CudaBackend(product_engine="wgmma")
+    rng = np.random.default_rng(n_in + n_out)
+    moduli = POOL[:3]
+    X = planes(rng, moduli, (3, 50, n_in))
+    A = planes(rng, moduli, (n_out, n_in))
+    same(be.product(dev(A), dev(X), moduli, 2), CPU.product(A, X, moduli, 2))
+    assert launches[-1] == kernel
+    Xm = X.transpose(0, 1, 3, 2).copy()  # (L, 3, n_in, 50)
+    same(be.product(dev(A), dev(Xm), moduli, 1), CPU.product(A, Xm, moduli, 1))
+    assert launches[-1].startswith("rns_product_n")  # a middle axis: mma.sync
+    Xo = planes(rng, moduli, (3, 50, n_in + 4))
+    Ao = planes(rng, moduli, (n_out, n_in + 4))
+    same(be.product(dev(Ao), dev(Xo), moduli, 2), CPU.product(Ao, Xo, moduli, 2))
+    assert launches[-1].startswith("rns_product_n")  # n_in % 16 != 0: mma.sync
+    # a view 1 byte into a buffer: not 16-byte aligned, so mma.sync
+    buf = dev(np.zeros(X.size + 1, np.int8))
+    Xv = buf[1:].reshape(X.shape)
+    Xv[...] = X
+    same(be.product(dev(A), Xv, moduli, 2), CPU.product(A, X, moduli, 2))
+    assert launches[-1].startswith("rns_product_n")
+
+
+def test_product_auto_dispatch(fake, monkeypatch):
+    from rnstensor.backends import cuda as cuda_mod
+
+    be, launches = fake
+    assert be.product_engine == "auto"
+    rng = np.random.default_rng(4)
+    moduli = POOL[:2]
+    X = planes(rng, moduli, (300, 64))
+    A = planes(rng, moduli, (64, 64))
+    # the default thresholds keep this small product on mma.sync
+    assert be.product_engine_for(300, 64, 1, 64, 2) == "mma"
+    same(be.product(dev(A), dev(X), moduli, 1), CPU.product(A, X, moduli, 1))
+    assert launches[-1] == "rns_product_n64"
+    # lowered thresholds (an override) send it to wgmma
+    low = cuda_mod.CudaBackend(product_thresholds={"wgmma_min_macs": 0, "wgmma_min_k": 16})
+    assert low.product_engine_for(300, 64, 1, 64, 2) == "wgmma"
+    same(low.product(dev(A), dev(X), moduli, 1), CPU.product(A, X, moduli, 1))
+    assert launches[-1] == "rns_gemm_wgmma_n64"
+    # the environment forces an engine
+    monkeypatch.setenv("RNSTENSOR_PRODUCT_ENGINE", "mma")
+    assert cuda_mod.CudaBackend().product_engine_for(10**6, 4096, 1, 4096, 15) == "mma"
+    monkeypatch.setenv("RNSTENSOR_PRODUCT_ENGINE", "fast")
+    with pytest.raises(ValueError, match=r"\$RNSTENSOR_PRODUCT_ENGINE must be one of"):
+        cuda_mod.CudaBackend()
+    with pytest.raises(ValueError, match="unknown keys"):
+        cuda_mod.CudaBackend(product_engine="auto", product_thresholds={"wgmma_rows": 1})
 
 
 @pytest.mark.parametrize("axis, n_in, n_out", [(0, 8, 8), (1, 9, 40), (2, 33, 5)])

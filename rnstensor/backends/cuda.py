@@ -18,6 +18,7 @@ factor wider than the kernel's limbs (about 900 bits).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,7 +28,17 @@ from ..basis import Basis
 from . import elementwise_shape, exponent_runs, matmul_shape, product_layout
 from ..kernels import build, tables
 
-__all__ = ["CudaBackend", "cuda_available", "device_info", "describe"]
+__all__ = [
+    "CudaBackend",
+    "cuda_available",
+    "device_info",
+    "describe",
+    "PRODUCT_ENGINES",
+    "PRODUCT_THRESHOLDS",
+    "choose_product_engine",
+    "wgmma_fits",
+    "cublas_fits",
+]
 
 _BNS = (8, 16, 32, 64)
 # int32 MMA accumulation is exact for 131071 terms; cuBLAS calls stay below it
@@ -35,6 +46,80 @@ _CUBLAS_MAX_K = 131071
 _INT31 = (1 << 31) - 1
 # columns per product launch: the kernel's int32 column index m0 + 127 must not overflow
 _MAX_COLS = (1 << 31) - 256
+
+
+# ----- the product engine -------------------------------------------------------------------------
+
+#: ``product_engine`` values: 'auto' picks per shape (:func:`choose_product_engine`); the others force one
+#: engine wherever its layout allows it and fall back to the mma.sync kernel elsewhere.
+PRODUCT_ENGINES = ("auto", "mma", "wgmma", "cublas")
+
+#: Thresholds of ``product_engine='auto'``. TO BE MEASURED ON THE GPU: these are first guesses from the tile
+#: shapes and the bytes each engine moves, not measurements; benchmarks/bench_gpu_product.py measures the
+#: crossovers (write its numbers here). Override per backend with ``CudaBackend(product_thresholds={...})``
+#: (a key set to ``math.inf`` switches that engine off in 'auto'), or force one engine with
+#: ``product_engine=`` / ``$RNSTENSOR_PRODUCT_ENGINE``. "macs" counts L * pre * post * n_out * n_in.
+PRODUCT_THRESHOLDS: dict[str, float] = {
+    # wgmma (sm_90a; the last axis, n_in % 16 == 0): 128-row x 64/128-column tiles. Below these the grid
+    # cannot fill 132 SMs or the operator is too narrow for a 64-wide tile, and mma.sync does as well.
+    "wgmma_min_macs": 2.0**30,
+    "wgmma_min_n_out": 64,
+    "wgmma_min_k": 128,
+    # cuBLAS INT8 (where its layout allows): an int32 round trip and a reduction launch (9 bytes per output
+    # entry against 1) that only long contractions amortize; only where wgmma does not run (never on
+    # sm_90a when both fit).
+    "cublas_min_macs": 2.0**32,
+    "cublas_min_n_out": 256,
+    "cublas_min_k": 1024,
+}
+
+
+def _thresholds(overrides: dict | None) -> dict:
+    """:data:`PRODUCT_THRESHOLDS` with ``overrides`` applied (unknown keys are an error)."""
+    t = dict(PRODUCT_THRESHOLDS)
+    if overrides:
+        unknown = set(overrides) - set(t)
+        if unknown:
+            raise ValueError(f"product_thresholds: unknown keys {sorted(unknown)}; known: {sorted(t)}")
+        t.update({k: float(v) for k, v in overrides.items()})
+    return t
+
+
+def wgmma_fits(arch: str, pre: int, n_in: int, post: int, n_out: int, L: int) -> bool:
+    """Whether the wgmma kernel (product_wgmma.cu) can run this product: sm_90a, the last axis, ``n_in % 16 == 0``.
+
+    (The kernel reads K-major int8 tiles in 16-byte cp.async chunks; plane and row counts fit its grid.)
+    The operand pointers must also be 16-byte aligned (checked at launch).
+    """
+    # rows and operator rows index in int32 inside the kernel (m0 + 127): the same limit as the mma.sync columns
+    return (arch == "sm_90a" and post == 1 and n_in > 0 and n_in % 16 == 0 and 0 < pre <= _MAX_COLS
+            and 0 < n_out <= _MAX_COLS and n_in <= _INT31 and 0 < L <= 65535 and -(-n_out // 64) <= 65535)
+
+
+def cublas_fits(pre: int, n_in: int, post: int, n_out: int) -> bool:
+    """Whether cuBLAS INT8 GEMM + the reduction can run this product (see ``CudaBackend._product_cublas``)."""
+    if n_in > _CUBLAS_MAX_K or n_in % 4 or n_in == 0:
+        return False
+    return (post == 1 and pre <= _INT31 and n_out <= _INT31) or (pre == 1 and post % 4 == 0 and post <= _INT31)
+
+
+def choose_product_engine(arch: str, pre: int, n_in: int, post: int, n_out: int, L: int = 1,
+                          thresholds: dict | None = None) -> str:
+    """The engine ``product_engine='auto'`` uses for a product of this shape: ``'wgmma'``, ``'cublas'`` or ``'mma'``.
+
+    wgmma where it fits (:func:`wgmma_fits`) and the shape is past the ``wgmma_*`` thresholds; else cuBLAS
+    where it fits and the shape is past the ``cublas_*`` thresholds; else the mma.sync kernel, which runs
+    every shape. ``thresholds`` overrides entries of :data:`PRODUCT_THRESHOLDS`.
+    """
+    t = _thresholds(thresholds)
+    macs = float(L) * pre * post * n_out * n_in
+    if (wgmma_fits(arch, pre, n_in, post, n_out, L) and macs >= t["wgmma_min_macs"]
+            and n_out >= t["wgmma_min_n_out"] and n_in >= t["wgmma_min_k"]):
+        return "wgmma"
+    if (cublas_fits(pre, n_in, post, n_out) and macs >= t["cublas_min_macs"]
+            and n_out >= t["cublas_min_n_out"] and n_in >= t["cublas_min_k"]):
+        return "cublas"
+    return "mma"
 
 
 def _cupy():
@@ -89,8 +174,9 @@ def describe() -> list[str]:
         major, minor = build.nvrtc_version()
         lines.append(f"nvrtc: {major}.{minor}; kernel cache: {build.cache_dir()}")
         for arch in archs:
-            built = [m for m in build.MODULES if build.cached_cubin(m, arch) is not None]
-            missing = [m for m in build.MODULES if m not in built]
+            mods = build.modules_for(arch)  # arch-specific modules (the sm_90a wgmma kernels) only where they exist
+            built = [m for m in mods if build.cached_cubin(m, arch) is not None]
+            missing = [m for m in mods if m not in built]
             state = f"built: {', '.join(built) or 'none'}" + (f"; not yet: {', '.join(missing)}" if missing else "")
             lines.append(f"kernels {arch}: {state}")
     except build.KernelBuildError as exc:
@@ -106,12 +192,21 @@ class CudaBackend:
 
     Parameters
     ----------
-    product_engine : {'mma', 'cublas'}
-        ``'mma'`` (default): the fused ``mma.sync`` kernel for every product.
+    product_engine : {'auto', 'mma', 'wgmma', 'cublas'}, optional
+        Default ``$RNSTENSOR_PRODUCT_ENGINE`` or ``'mma'`` (until the engines
+        are measured on a GPU). ``'auto'``: per shape, by
+        :func:`choose_product_engine` and :data:`PRODUCT_THRESHOLDS`.
+        ``'mma'``: the fused ``mma.sync`` kernel (product.cu) for every product.
+        ``'wgmma'`` (sm_90a devices only): the fused Hopper wgmma kernel
+        (product_wgmma.cu) where it fits (the last axis, ``n_in % 16 == 0``),
+        the mma.sync kernel elsewhere.
         ``'cublas'``: ``cublasGemmStridedBatchedEx`` (INT8 in, INT32 out) plus
         a separate reduction kernel where the layout allows it (contracting
         the last axis with ``n_in % 4 == 0``, or the first axis of a 2-D
         tensor), the fused kernel elsewhere; the baseline for large shapes.
+        Every engine computes the same bits.
+    product_thresholds : dict, optional
+        Overrides of :data:`PRODUCT_THRESHOLDS` for ``'auto'``.
     specialize_chains : bool
         ``True`` (default): the fused chain kernel is compiled once per plan
         with the plan as compile-time constants (unrolled loops, tables as
@@ -121,17 +216,31 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, product_engine: str = "mma", specialize_chains: bool = True):
-        if product_engine not in ("mma", "cublas"):
-            raise ValueError(f"product_engine must be 'mma' or 'cublas'; got {product_engine!r}")
+    def __init__(
+        self, product_engine: str | None = None, product_thresholds: dict | None = None, specialize_chains: bool = True
+    ):
+        source = "product_engine"
+        if product_engine is None:
+            # 'mma' until the engines are measured on a GPU ('auto' picks by untested thresholds)
+            product_engine = os.environ.get("RNSTENSOR_PRODUCT_ENGINE") or "mma"
+            source = "$RNSTENSOR_PRODUCT_ENGINE" if os.environ.get("RNSTENSOR_PRODUCT_ENGINE") else source
+        if product_engine not in PRODUCT_ENGINES:
+            raise ValueError(f"{source} must be one of {', '.join(map(repr, PRODUCT_ENGINES))}; got {product_engine!r}")
+        _thresholds(product_thresholds)  # unknown keys fail here, not at the first product
         cp = _cupy()
         if cp.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("the 'cuda' backend found no CUDA device; use backend 'cpu'")
         self._cp = cp
-        self.product_engine = product_engine
         info = device_info()
         self.device_name = info["name"]
         self.arch = info["arch"]
+        if product_engine == "wgmma" and self.arch != "sm_90a":
+            raise ValueError(
+                f"{source}='wgmma' needs a Hopper device (sm_90a); this one ({self.device_name}) is {self.arch}: "
+                "use 'auto', 'mma' or 'cublas'"
+            )
+        self.product_engine = product_engine
+        self.product_thresholds = dict(product_thresholds or {})
         self._modules: dict = {}
         self._dev_tables: dict = {}
         self.specialize_chains = specialize_chains
@@ -153,7 +262,7 @@ class CudaBackend:
 
     def built_kernels(self) -> dict[str, str]:
         """``{module: cubin path}`` of the modules built for this device (compiling them if needed)."""
-        return {m: str(build.compile_module(m, self.arch).path) for m in build.MODULES}
+        return {m: str(build.compile_module(m, self.arch).path) for m in build.modules_for(self.arch)}
 
     def _dev(self, key, make):
         """A device copy of host tables ``make()`` (a tuple of arrays), cached under ``key``."""
@@ -230,10 +339,22 @@ class CudaBackend:
             out[...] = 0
             return self._out(out, host)
         consts = self._dev(("red", mods), lambda: tables.reduce_consts(mods))
-        if self.product_engine == "cublas" and self._product_cublas(op, X, out, pre, n_in, post, n_out, L, consts):
+        engine = self.product_engine_for(pre, n_in, post, n_out, L)
+        if engine == "wgmma" and self._product_wgmma(op, X, out, pre, n_in, post, n_out, L, consts):
+            return self._out(out, host)
+        if engine == "cublas" and self._product_cublas(op, X, out, pre, n_in, post, n_out, L, consts):
             return self._out(out, host)
         self._product_mma(op, X, out, pre, n_in, post, n_out, L, consts)
         return self._out(out, host)
+
+    def product_engine_for(self, pre: int, n_in: int, post: int, n_out: int, L: int) -> str:
+        """The engine :meth:`product` tries first for a tensor seen as ``(L, pre, n_in, post)`` and ``n_out`` rows.
+
+        ``'wgmma'`` and ``'cublas'`` still fall back to ``'mma'`` where the layout or alignment does not allow them.
+        """
+        if self.product_engine == "auto":
+            return choose_product_engine(self.arch, pre, n_in, post, n_out, L, self.product_thresholds)
+        return self.product_engine
 
     def product_3m(self, op_re, op_im, re, im, moduli: Sequence[int], axis: int):
         """The exact 3M complex mode product in one fused kernel: ``(out_re, out_im)`` residue planes.
@@ -294,10 +415,31 @@ class CudaBackend:
                (Xf[a0 * n_in * post:], op, Of[a0 * n_out * post:], np.int32(pc), np.int32(n_in), np.int32(post),
                 np.int32(n_out), np.int64(xplane), np.int64(oplane), *consts))
 
+    def _product_wgmma(self, op, X, out, pre, n_in, post, n_out, L, consts) -> bool:
+        """The Hopper wgmma kernel (product_wgmma.cu) on the last axis; False where it does not fit.
+
+        out[l, a, j] = [sum_k op[l, j, k] X[l, a, k]]_p is the kernel's C = X A^T with M = pre, N = n_out,
+        K = n_in; it wants 16-byte aligned operands (cp.async of 16 bytes) and n_in % 16 == 0.
+        """
+        if not wgmma_fits(self.arch, pre, n_in, post, n_out, L):
+            return False
+        if int(X.data.ptr) % 16 or int(op.data.ptr) % 16:
+            return False  # a view at an odd offset: the mma.sync kernel reads any alignment
+        bn = 64 if n_out <= 64 else 128
+        fn = self._fn("product_wgmma", f"rns_gemm_wgmma_n{bn}")
+        grid = (-(-pre // 128), -(-n_out // bn), L)
+        fn(grid, (256,),
+           (X, op, out, np.int32(pre), np.int32(n_out), np.int32(n_in), np.int64(pre * n_in), np.int64(n_out * n_in),
+            np.int64(pre * n_out), *consts))
+        return True
+
     def _product_cublas(self, op, X, out, pre, n_in, post, n_out, L, consts) -> bool:
         """cuBLAS INT8 GEMM (int32 out) + the reduction kernel; False where the layout does not allow it."""
         cp = self._cp
-        from cupy_backends.cuda.libs import cublas
+        try:
+            from cupy_backends.cuda.libs import cublas
+        except ImportError:  # a CuPy without its cuBLAS bindings: the fused kernel computes the same bits
+            return False
 
         if n_in > _CUBLAS_MAX_K or n_in % 4:
             return False

@@ -36,8 +36,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 for fn in sorted(res):
                     r = res[fn]
                     imma = code.get(fn, "").count("IMMA")
+                    igmma = code.get(fn, "").count("IGMMA")  # Hopper wgmma (sm_90a modules)
                     print(f"  {fn:<22} regs {r.registers:>3}  stack {r.stack:>4}  local {r.local:>4}  "
-                          f"shared {r.shared:>6}  IMMA {imma}")
+                          f"shared {r.shared:>6}  IMMA {imma}" + (f"  IGMMA {igmma}" if igmma else ""))
     except (KernelBuildError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,12 @@ from typing import Sequence
 __all__ = [
     "ARCHS",
     "MODULES",
+    "MODULE_ARCHS",
+    "module_archs",
+    "modules_for",
     "HOT_KERNELS",
+    "ARCH_HOT_KERNELS",
+    "hot_kernels",
     "KernelBuildError",
     "source_dir",
     "module_source",
@@ -41,6 +46,7 @@ __all__ = [
     "host_library",
     "simt_library",
     "chain_simt_library",
+    "wgmma_library",
     "cached_cubin",
 ]
 
@@ -52,6 +58,13 @@ MODULES: dict[str, str] = {
     "product": "product.cu",
     "entry": "entry.cu",
     "chain": "chain.cu",
+    "product_wgmma": "product_wgmma.cu",
+}
+
+#: modules built only for some archs (every other module is built for all of :data:`ARCHS`):
+#: the wgmma kernels exist on Hopper's arch-specific target alone (plain sm_90 rejects wgmma)
+MODULE_ARCHS: dict[str, tuple[str, ...]] = {
+    "product_wgmma": ("sm_90a",),
 }
 
 #: kernels whose ptxas report must show no local memory (spills or stack)
@@ -69,6 +82,11 @@ HOT_KERNELS: tuple[str, ...] = (
     "rns_decode_fp64",
     "rns_chain_fused",
 )
+
+#: hot kernels of arch-specific modules, checked on those archs only
+ARCH_HOT_KERNELS: dict[str, tuple[str, ...]] = {
+    "sm_90a": ("rns_gemm_wgmma_n64", "rns_gemm_wgmma_n128"),
+}
 
 _OPTIONS: tuple[str, ...] = ("-std=c++17", "-lineinfo")
 
@@ -95,6 +113,24 @@ def _read_with_headers(path: Path, seen: set | None = None) -> list[tuple[str, s
         if inc not in seen and (path.parent / inc).exists():
             out += _read_with_headers(path.parent / inc, seen)
     return out
+
+
+def module_archs(name: str) -> tuple[str, ...] | None:
+    """The archs module ``name`` is built for: a tuple for an arch-specific module, ``None`` for every arch."""
+    if name not in MODULES:
+        raise ValueError(f"module must be one of {sorted(MODULES)}; got {name!r}")
+    return MODULE_ARCHS.get(name)
+
+
+def modules_for(arch: str) -> list[str]:
+    """The modules that exist for ``arch`` (every module, less the arch-specific ones built for other archs)."""
+    _check_arch(arch)
+    return [m for m in MODULES if MODULE_ARCHS.get(m) is None or arch in MODULE_ARCHS[m]]
+
+
+def hot_kernels(arch: str) -> tuple[str, ...]:
+    """:data:`HOT_KERNELS` plus the hot kernels of the modules specific to ``arch``."""
+    return HOT_KERNELS + ARCH_HOT_KERNELS.get(_check_arch(arch), ())
 
 
 def module_source(name: str) -> str:
@@ -251,6 +287,9 @@ def compile_module(
     if name not in MODULES:
         raise ValueError(f"module must be one of {sorted(MODULES)}; got {name!r}")
     _check_arch(arch)
+    only = MODULE_ARCHS.get(name)
+    if only is not None and arch not in only:
+        raise ValueError(f"module {name!r} is built for {', '.join(only)} only; got arch {arch!r}")
     options = tuple(options)
     root = Path(cache) if cache is not None else cache_dir()
     key = _key(name, arch, options, headers)
@@ -272,8 +311,8 @@ def cached_cubin(name: str, arch: str, options: Sequence[str] = (), cache: Path 
 
 
 def build_all(arch: str, out: Path | str | None = None, options: Sequence[str] = ()) -> list[Built]:
-    """Compile every module for ``arch``; with ``out``, also copy each cubin there as ``<name>.<arch>.cubin``."""
-    built = [compile_module(n, arch, options) for n in MODULES]
+    """Compile every module that exists for ``arch`` (:func:`modules_for`); with ``out``, also copy each cubin there as ``<name>.<arch>.cubin``."""
+    built = [compile_module(n, arch, options) for n in modules_for(arch)]
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -349,6 +388,21 @@ def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Pat
     flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
              "-DRNS_FOLD_STEPS=2"]
     return _host_build("simt_host.cpp", flags, cache, cxx)
+
+
+def wgmma_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
+    """Build ``wgmma_host.cpp``: ``product_wgmma.cu`` itself run on CPU threads with software cp.async and wgmma (C++20); cached.
+
+    One std::thread per CUDA thread, a barrier for ``__syncthreads``; the
+    asynchronous copies and warpgroup MMAs complete either at issue or at their
+    wait (both timings are tested); the MMA decodes the kernel's shared-memory
+    descriptors and writes the PTX accumulator fragment layout. The
+    accumulators fold every 2 k-tiles (``RNS_WG_FOLD_TILES``) instead of 2047,
+    so short contractions exercise the fold.
+    """
+    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing", "-fPIC",
+             "-shared", "-DRNS_WG_FOLD_TILES=2"]
+    return _host_build("wgmma_host.cpp", flags, cache, cxx)
 
 
 # ----- inspection ---------------------------------------------------------------------------
