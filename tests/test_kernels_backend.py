@@ -63,6 +63,7 @@ def _ptr(a):
 class FakeModule:
     simt = None  # the SIMT build of product.cu (ctypes), set by the fixture when it builds
     wgmma = None  # the SIMT build of product_wgmma.cu (wgmma_host.cpp), likewise
+    chain = None  # the SIMT build of chain.cu (chain_host.cpp), likewise
 
     def __init__(self, path, lib, launches):
         data = open(path, "rb").read(4)
@@ -80,7 +81,8 @@ class FakeModule:
         def launch(grid, block, args, shared_mem=0):
             assert all(isinstance(g, (int, np.integer)) and 0 < g for g in grid), grid
             assert len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
-            assert shared_mem <= 48 * 1024
+            # above 48 KiB a kernel must have opted in (cudaFuncAttributeMaxDynamicSharedMemorySize)
+            assert shared_mem <= max(48 * 1024, getattr(launch, "max_dynamic_shared_size_bytes", 0))
             for a in args:  # every argument a device array or a sized numpy scalar
                 assert isinstance(a, (DevArray, np.integer, np.floating)), (name, type(a))
             self.launches.append(name)
@@ -121,6 +123,25 @@ class FakeModule:
         assert self.lib.h_decode_exact(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), _ptr(F),
                                        ctypes.c_int(nf), ctypes.c_int(fneg), _ptr(ev), ctypes.c_int64(inner),
                                        ctypes.c_int64(k), _ptr(out)) == 0
+
+    def _rns_chain_fused(self, grid, block, args, smem, name):
+        xb, B, out, pi, pf, qd, ops, dexp, f, flags = args
+        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 0, f, np.zeros(1, np.uint32), 0, 0, flags)
+
+    def _rns_chain_fused_exact(self, grid, block, args, smem, name):
+        xb, B, out, pi, pf, qd, ops, dexp, F, nf, fneg, flags = args
+        assert F.dtype == np.uint32 and F.size == nf
+        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 1, 1.0, F, nf, fneg, flags)
+
+    def _chain(self, grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, mode, f, F, nf, fneg, flags):
+        assert self.chain is not None, "the SIMT build of chain.cu is needed"
+        assert xb.dtype == np.uint64 and out.dtype == np.float64 and pi.dtype == np.int32 and pf.dtype == np.float32
+        assert qd.dtype == np.float64 and ops.dtype == np.int8 and dexp.dtype == np.int32 and flags.dtype == np.int32
+        nb = int(pi[4])
+        assert block[0] == 256 and grid[0] == -(-int(B) // nb) and out.shape[0] == int(B)
+        assert self.chain.emu_chain(_ptr(xb), ctypes.c_int64(B), _ptr(out), _ptr(pi), _ptr(pf), _ptr(qd), _ptr(ops),
+                                    _ptr(dexp), mode, ctypes.c_double(f), _ptr(F), int(nf), int(fneg), _ptr(flags),
+                                    ctypes.c_int64(smem), 0x5A) == 0
 
     def _rns_reduce_i32(self, grid, block, args, smem, name):
         acc, out, n, L, P, IP, H, C16 = args
@@ -219,6 +240,10 @@ def fake(tmp_path_factory):
         FakeModule.wgmma = ctypes.CDLL(str(build.wgmma_library(cache=tmp_path_factory.mktemp("wgmma-lib"))))
     except build.KernelBuildError:  # pragma: no cover
         FakeModule.wgmma = None
+    try:
+        FakeModule.chain = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("chain-lib"))))
+    except build.KernelBuildError:  # pragma: no cover
+        FakeModule.chain = None
     launches: list[str] = []
     cp = types.ModuleType("cupy")
     cp.ndarray = DevArray
@@ -338,8 +363,9 @@ def test_product_wgmma(fake, n_in, n_out, kernel):
 def test_product_auto_dispatch(fake, monkeypatch):
     from rnstensor.backends import cuda as cuda_mod
 
-    be, launches = fake
-    assert be.product_engine == "auto"
+    default, launches = fake
+    assert default.product_engine == "mma"  # until the engines are measured on a GPU
+    be = cuda_mod.CudaBackend(product_engine="auto")
     rng = np.random.default_rng(4)
     moduli = POOL[:2]
     X = planes(rng, moduli, (300, 64))
@@ -349,7 +375,7 @@ def test_product_auto_dispatch(fake, monkeypatch):
     same(be.product(dev(A), dev(X), moduli, 1), CPU.product(A, X, moduli, 1))
     assert launches[-1] == "rns_product_n64"
     # lowered thresholds (an override) send it to wgmma
-    low = cuda_mod.CudaBackend(product_thresholds={"wgmma_min_macs": 0, "wgmma_min_k": 16})
+    low = cuda_mod.CudaBackend(product_engine="auto", product_thresholds={"wgmma_min_macs": 0, "wgmma_min_k": 16})
     assert low.product_engine_for(300, 64, 1, 64, 2) == "wgmma"
     same(low.product(dev(A), dev(X), moduli, 1), CPU.product(A, X, moduli, 1))
     assert launches[-1] == "rns_gemm_wgmma_n64"
@@ -446,12 +472,27 @@ def test_chain_through_the_backend(fake, monkeypatch):
     import rnstensor as rt
     from rnstensor import backends
 
-    be, _ = fake
+    be, launches = fake
     monkeypatch.setitem(backends._BACKENDS, "cuda", be)
     rng = np.random.default_rng(2)
     plan = rt.plan_chain([rng.uniform(-1, 1, (8, 8)) for _ in range(3)], [0, 1, 2])
     X = rng.uniform(-1, 1, (3, 8, 8, 8))
     for decode in ("fp64", "exact"):
-        same(plan.run(X, decode, backend="cuda"), plan.run(X, decode, backend="cpu"))
+        want = plan.run(X, decode, backend="cpu")
+        same(plan.run(X, decode, backend="cuda", fused=False), want)  # one kernel per step
+        same(plan.run(X, decode, backend="cuda"), want)  # the fused kernel (its plan-specialized build)
+        assert launches[-1] == ("rns_chain_fused_exact" if decode == "exact" else "rns_chain_fused")
+        monkeypatch.setattr(DevArray, "__module__", "cupy")  # how ChainPlan.run recognizes CuPy input
+        got = plan.run(dev(X), decode)  # device input: the cuda backend, a device array out
+        monkeypatch.setattr(DevArray, "__module__", __name__)
+        assert isinstance(got, DevArray) and launches[-1].startswith("rns_chain_fused")
+        same(got, want)
+    be.specialize_chains = False  # the generic kernel
+    same(plan.run(X, backend="cuda", fused=True), plan.run(X, backend="cpu"))
+    X[1, 2, 3, 4] = np.nan
+    monkeypatch.setattr(DevArray, "__module__", "cupy")
+    with pytest.raises(ValueError, match="non-finite"):
+        plan.run(dev(X))
+    monkeypatch.setattr(DevArray, "__module__", __name__)
     a, b = rng.standard_normal((9, 40)), rng.standard_normal((40, 7))
     same(rt.dgemm(a, b, backend="cuda"), rt.dgemm(a, b, backend="cpu"))
