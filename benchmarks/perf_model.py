@@ -117,10 +117,10 @@ def op_costs(rep: dict) -> dict:
     """Instructions per multiply-add and per reduction, read off a kernel's innermost loops.
 
     ``mac``: the smallest (most unrolled) ``body / FFMA`` of the innermost loops
-    with FFMAs and no FRND (the dot-product loops); ``red``: the median
-    ``body / FRND`` of the innermost loops with FRND (one FRND per centered
-    reduction; the body carries the loads, the conversion and the store of that
-    digit or plane too); ``plain``: the smallest body per FFMA-free loop
+    with FFMAs and no reduction (the dot-product loops); ``red``: the median
+    ``body / reductions`` of the innermost loops with centered reductions
+    (:func:`sass_count.is_reduction`; the body carries the loads, the conversion
+    and the store of that digit or plane too); ``plain``: the smallest body per FFMA-free loop
     iteration unrolled as its loads (the fp64 Horner loop of the decode).
     """
     macs, reds, plain = [], [], []
@@ -128,8 +128,8 @@ def op_costs(rep: dict) -> dict:
         if not lp["innermost"]:
             continue
         o, tot = lp["opcodes"], lp["counts"]["total"]
-        if o.get("FRND"):
-            reds.append(tot / o["FRND"])
+        if lp.get("reductions"):
+            reds.append(tot / lp["reductions"])
         elif o.get("FFMA"):
             macs.append(tot / o["FFMA"])
         elif o.get("DFMA") or o.get("DADD") or o.get("DMUL"):

@@ -167,6 +167,12 @@ def class_counts(instrs: Iterable[Instr]) -> dict[str, int]:
     return counts
 
 
+def is_reduction(ins: Instr) -> bool:
+    """Whether ``ins`` marks one centered reduction: its rounding step, ``FRND`` (a floor) or the
+    subtraction of the magic number 1.5 * 2**23 after the rounding FMA (rns_arith.cuh)."""
+    return ins.base == "FRND" or (ins.base == "FADD" and "-12582912" in ins.operands)
+
+
 @dataclass
 class Loop:
     """A loop found from a backward branch: body ``[start, end]`` (byte addresses, inclusive), nesting depth."""
@@ -177,6 +183,7 @@ class Loop:
     counts: dict = field(default_factory=dict)
     opcodes: dict = field(default_factory=dict)
     innermost: bool = True
+    reductions: int = 0
 
     def contains(self, other: "Loop") -> bool:
         return self.start <= other.start and other.end <= self.end and (self.start, self.end) != (other.start, other.end)
@@ -204,6 +211,7 @@ def find_loops(instrs: Sequence[Instr]) -> list[Loop]:
         for i in body:
             hist[i.base] = hist.get(i.base, 0) + 1
         lp.opcodes = hist
+        lp.reductions = sum(1 for i in body if is_reduction(i))
         lp.depth = 1 + sum(1 for o in loops if o.contains(lp))
         lp.innermost = not any(lp.contains(o) for o in loops)
     return loops
@@ -221,7 +229,7 @@ def kernel_report(text: str) -> dict:
         "opcodes": dict(sorted(hist.items(), key=lambda kv: -kv[1])),
         "loops": [
             {"start": lp.start, "end": lp.end, "depth": lp.depth, "innermost": lp.innermost, "counts": lp.counts,
-             "opcodes": lp.opcodes}
+             "opcodes": lp.opcodes, "reductions": lp.reductions}
             for lp in loops
         ],
     }

@@ -125,9 +125,10 @@ class ChainPlan:
         be = get_backend(backend)
         if on_device and be.name != "cuda":
             raise ValueError(f"X is a CuPy array but backend={be.name!r}: use backend='cuda' or pass cupy.asnumpy(X)")
-        if fused and be.name != "cuda":
-            raise ValueError(f"fused=True runs on the 'cuda' backend; backend is {be.name!r}")
-        if be.name == "cuda" and fused is not False and self.method != "composed":
+        can_fuse = callable(getattr(be, "chain", None))  # a backend with the fused chain kernel
+        if fused and not can_fuse:
+            raise ValueError(f"fused=True runs on the 'cuda' backend (the fused chain kernel); backend is {be.name!r}")
+        if can_fuse and fused is not False and self.method != "composed":
             done = self._run_fused(X, decode, be, on_device, required=bool(fused))
             if done is not None:
                 return done

@@ -33,6 +33,7 @@ def lib(tmp_path_factory):
     L = ctypes.CDLL(str(path))
     L.h_reduce_f32.argtypes = [f32p, I64, F32, F32, F32, f32p]
     L.h_reduce_i32.argtypes = [i32p, I64, F32, F32, F32, F32, i8p]
+    L.h_reduce_small_i8.argtypes = [i32p, I64, F32, F32, F32, i8p]
     L.h_reduce_acc.argtypes = [i32p, I64, INT, F32, F32, F32, F32, i8p]
     L.h_encode.argtypes = [u64p, I64, i64p, I64, INT, f32p, f32p, f32p, f32p, f32p, f32p, INT, i32p, i32p, i8p]
     L.h_drop_extend.argtypes = [i8p, I64, i32p, f32p, i8p]
@@ -82,6 +83,18 @@ def test_reduce_f32_every_modulus(lib):
         lim = (1 << 22) - p
         t = np.concatenate([np.arange(-(1 << 19), 1 << 19), np.arange(-lim + 1, -lim + (1 << 15)), np.arange(lim - (1 << 15), lim)])
         _check_f32(lib, p, t.astype(np.int64))
+
+
+def test_reduce_small_i8_whole_range(lib):
+    # the chain kernel's epilogue from an int32's bits: every |a| < 2**22 - 1, both ends of the pool, even moduli
+    a = np.arange(-(1 << 22) + 2, (1 << 22) - 1, dtype=np.int64)
+    out = np.empty(a.size, np.int8)
+    for p in (256, 255, 253, 254, 6, 3, 2) + POOL[-2:]:
+        P, IP, H, _ = _consts(p)
+        lib.h_reduce_small_i8(np.ascontiguousarray(a, np.int32), a.size, P, IP, H, out)
+        ref = _ref(a, p)
+        bad = np.flatnonzero(out != ref)
+        assert bad.size == 0, f"p={p}: a={a[bad[0]]} gives {out[bad[0]]}, want {ref[bad[0]]}"
 
 
 def test_reduce_i32_every_modulus(lib):

@@ -156,7 +156,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* st, const rns_i
                 rns_i32 acc = 0;
 #pragma unroll
                 for (int w = 0; w < W; ++w) acc = rns_dp4a(Al[j * W + w], x[w], acc);
-                out[j * jstride] = rns_to_i8(rns_reduce_f32(rns_small_to_f32(acc), p, ip, h));
+                out[j * jstride] = rns_reduce_small_i8(acc, p, ip, h);
             }
         }
     }

@@ -13,6 +13,10 @@ void h_reduce_f32(const float* t, rns_i64 n, float p, float ip, float h, float* 
     for (rns_i64 i = 0; i < n; ++i) out[i] = rns_reduce_f32(t[i], p, ip, h);
 }
 
+void h_reduce_small_i8(const rns_i32* a, rns_i64 n, float p, float ip, float h, rns_i8* out) {
+    for (rns_i64 i = 0; i < n; ++i) out[i] = rns_reduce_small_i8(a[i], p, ip, h);
+}
+
 void h_reduce_i32(const rns_i32* a, rns_i64 n, float p, float ip, float h, float c16, rns_i8* out) {
     for (rns_i64 i = 0; i < n; ++i) out[i] = (rns_i8)(int)rns_reduce_i32(a[i], p, ip, h, c16);
 }

@@ -34,8 +34,10 @@
 // Loops over planes and digits: completely unrolled where their trip counts are compile-time
 // constants (a plan's specialized chain kernel), left alone where they are not.
 #define RNS_UNROLL _Pragma("unroll")
+#define RNS_NO_UNROLL _Pragma("unroll 1")
 #else
 #define RNS_UNROLL
+#define RNS_NO_UNROLL
 #include <math.h>
 #include <string.h>
 #define RNS_HD static inline
@@ -155,17 +157,28 @@ RNS_HD float rns_bits_float(rns_i32 b) {
 }
 
 // [t]_p for an integer-valued float32 with |t| < 2^22 - 1 (see the header).
-RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) {
-    const float d = rns_fma(-0.5f, p, rns_fadd(p - h, 0.5f));  // (p - h) + 1/2 - p/2: 1/2 if p is even, else 0
-    const float q = rns_fadd(rns_fma(rns_fadd(t, d), ip, RNS_MAGIC), -RNS_MAGIC);
-    return rns_fma(-q, p, t);
+// The quotient q = rint((t + d) ip) of the reduction (d == 0 for an odd p: no add, which a
+// specialized kernel's constant p turns into no instruction at all).
+RNS_HD float rns_reduce_quotient(float t, float p, float ip, float h) {
+    // (p - h) + 1/2 - p/2: 1/2 if p is even, else 0. Plain operators (every step is exact, fused
+    // or not), so a compile-time p folds it and the test below to nothing.
+    const float d = (p - h) + 0.5f - 0.5f * p;
+    return rns_fadd(rns_fma(d == 0.0f ? t : rns_fadd(t, d), ip, RNS_MAGIC), -RNS_MAGIC);
 }
+
+RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) { return rns_fma(-rns_reduce_quotient(t, p, ip, h), p, t); }
 
 // The int8 of an integer-valued float with |r| <= 128: the low byte of r + 1.5 2^23 (no F2I).
 RNS_HD rns_i8 rns_to_i8(float r) { return (rns_i8)rns_float_bits(rns_fadd(r, RNS_MAGIC)); }
 
-// The float of an int32 with |a| < 2^22: the bits of 1.5 2^23 + a, minus 1.5 2^23 (no I2F).
-RNS_HD float rns_small_to_f32(rns_i32 a) { return rns_fadd(rns_bits_float(0x4B400000 + a), -RNS_MAGIC); }
+// The int8 residue [a]_p of an int32 with |a| < 2^22 - 1, from the bits: tM = 1.5 2^23 + a is the
+// float with bits 0x4B400000 + a (no I2F), and the reduction's last FMA, tM - q p = 1.5 2^23 + [a]_p,
+// is exact and carries the residue in its low byte (no F2I).
+RNS_HD rns_i8 rns_reduce_small_i8(rns_i32 a, float p, float ip, float h) {
+    const float tM = rns_bits_float(0x4B400000 + a);
+    const float q = rns_reduce_quotient(rns_fadd(tM, -RNS_MAGIC), p, ip, h);
+    return (rns_i8)rns_float_bits(rns_fma(-q, p, tM));
+}
 
 // [a]_p for every int32 a; c16 = [2^16]_p centered (0 for p = 256).
 RNS_HD float rns_reduce_i32(rns_i32 a, float p, float ip, float h, float c16) {
@@ -292,14 +305,11 @@ RNS_HD float rns_pow2_mod(rns_i64 k, const float* pw, rns_i32 pa, rns_i32 per) {
     return pw[idx];
 }
 
-// c18 = [2^18]_p, c36 = [2^36]_p (centered); pw/pa/per as rns_pow2_mod.
-RNS_HD float rns_encode_residue(const RnsSplit& s, float p, float ip, float h, float c18, float c36, const float* pw,
-                                rns_i32 pa, rns_i32 per) {
+// [v]_p of the split v (the power of two 2^kbig not yet applied); c18 = [2^18]_p, c36 = [2^36]_p centered.
+RNS_HD float rns_encode_residue(const RnsSplit& s, float p, float ip, float h, float c18, float c36) {
     float r2 = rns_reduce_f32((float)s.a2, p, ip, h);
     float r1 = rns_reduce_f32((float)s.a1, p, ip, h);
-    float r = rns_reduce_f32(r2 * c36 + r1 * c18 + (float)s.a0, p, ip, h);
-    if (s.kbig > 0) r = rns_reduce_f32(r * rns_pow2_mod(s.kbig, pw, pa, per), p, ip, h);
-    return r + 0.0f;
+    return rns_reduce_f32(r2 * c36 + r1 * c18 + (float)s.a0, p, ip, h);
 }
 
 // ----- decode (fp64) ---------------------------------------------------------------------------
@@ -376,15 +386,21 @@ RNS_HD rns_i64 rns_entry_exponent(const rns_i64* ev, rns_i64 inner, rns_i64 i) {
     return inner == 1 ? ev[i] : ev[i / inner];
 }
 
-// Every residue of one encoded entry: out[l * os] for l < L.
+// Every residue of one encoded entry: out[l * os] for l < L. The factor 2^kbig (an entry whose
+// significand lies above the encoding's 2^-e grid: wide encodings, subnormal inputs) is a second,
+// rare pass kept out of the per-plane code; pw/pa/per as rns_pow2_mod.
 RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, const float* IP, const float* H,
                              const float* C18, const float* C36, const float* pw, int ldpw, const rns_i32* pa,
                              const rns_i32* per, rns_i8* out, rns_i64 os) {
     const RnsSplit s = rns_encode_split(bits, e);
     RNS_UNROLL
-    for (int l = 0; l < L; ++l) {
-        float r = rns_encode_residue(s, P[l], IP[l], H[l], C18[l], C36[l], pw + (rns_i64)l * ldpw, pa[l], per[l]);
-        out[(rns_i64)l * os] = rns_to_i8(r);
+    for (int l = 0; l < L; ++l) out[(rns_i64)l * os] = rns_to_i8(rns_encode_residue(s, P[l], IP[l], H[l], C18[l], C36[l]));
+    if (s.kbig > 0) {
+        RNS_NO_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const float f = rns_pow2_mod(s.kbig, pw + (rns_i64)l * ldpw, pa[l], per[l]);
+            out[(rns_i64)l * os] = rns_to_i8(rns_reduce_f32((float)out[(rns_i64)l * os] * f, P[l], IP[l], H[l]));
+        }
     }
 }
 
