@@ -447,10 +447,15 @@ def bench_chain(env: Env, res: dict, rows: list, scale: float, deadline: float) 
             row["f64_einsum"] = {**t, "gdofs": dofs / t["median_s"] / 1e9}
             variants = [("unfused", plan, False), ("composed", planc, None)]
             if n <= FUSED_MAX_N:
-                variants.insert(0, ("fused", plan, True))
+                # the plan-specialized fused build (the default) and the generic one (plan read from memory)
+                variants[:0] = [("fused", plan, True), ("fused_generic", plan, True)]
             results = {}
             for name, p, fused in variants:
+                be = None
                 try:
+                    if name == "fused_generic" and not env.cpu:
+                        be = rt.backends.get_backend("cuda")
+                        be.specialize_chains = False
                     fn, io, y = _run_api(env, p, X, fused)
                     results[name] = y
                     t = env.time(fn, reps=5, max_s=4.0)
@@ -458,6 +463,9 @@ def bench_chain(env: Env, res: dict, rows: list, scale: float, deadline: float) 
                                  "vs_f64": row["f64_einsum"]["median_s"] / t["median_s"]}
                 except Exception as exc:
                     row[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                finally:
+                    if be is not None:
+                        be.specialize_chains = True
             if "fused" in results and "unfused" in results:
                 a, b = env.asnumpy(results["fused"]), env.asnumpy(results["unfused"])
                 row["fused"]["bitwise_equal_unfused"] = bool(np.array_equal(np.asarray(a).view(np.uint64), np.asarray(b).view(np.uint64)))

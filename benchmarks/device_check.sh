@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total 
 
 echo "== [1/6] kernel build, host arithmetic, SASS counter and model tests (no GPU needed)"
 timeout "$(cap 75 330)" "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_host.py \
-    tests/test_kernels_backend.py tests/test_kernels_simt.py tests/test_perf_model.py 2>&1 \
+    tests/test_kernels_backend.py tests/test_kernels_simt.py tests/test_kernels_chain.py tests/test_perf_model.py 2>&1 \
     | tee "$OUTDIR/kernel_tests.log" | tail -n 4
 KERNEL_RC=${PIPESTATUS[0]}
 
