@@ -8,27 +8,8 @@
 // c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]; the lowest k in the lowest byte).
 // So the tile loaders, the fragment packing, the fold and the epilogue of the
 // device code are executed as written; only the tensor core is software.
-// Blocks run one after another (the __shared__ arrays are static).
-#include <barrier>
-#include <thread>
-#include <vector>
-
-struct rns_dim3 {
-    unsigned x, y, z;
-};
-static thread_local rns_dim3 threadIdx;
-static thread_local rns_dim3 blockIdx;
-static rns_dim3 blockDim, gridDim;
-static std::barrier<>* rns_block_barrier = nullptr;
-static std::barrier<>* rns_warp_barrier[32];
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
-static inline void __syncthreads() { rns_block_barrier->arrive_and_wait(); }
+// The execution model (threads, barriers, blocks in order) is simt_runtime.h.
+#include "simt_runtime.h"
 
 struct RnsFrag {
     unsigned a[4], b[2];
@@ -61,32 +42,6 @@ static inline void rns_host_mma_s8(int (&d)[4], unsigned a0, unsigned a1, unsign
 
 #include "product.cu"
 
-template <class F>
-static void rns_launch(rns_dim3 grid, unsigned block, F body) {
-    gridDim = grid;
-    blockDim = rns_dim3{block, 1, 1};
-    std::barrier<> bb((std::ptrdiff_t)block);
-    rns_block_barrier = &bb;
-    for (unsigned w = 0; w < block / 32; ++w) rns_warp_barrier[w] = new std::barrier<>(32);
-    // one CPU thread per CUDA thread for the whole launch; the blocks run one after
-    // another, a barrier between them (the __shared__ arrays are reused)
-    std::vector<std::thread> th;
-    th.reserve(block);
-    for (unsigned t = 0; t < block; ++t)
-        th.emplace_back([=] {
-            threadIdx = rns_dim3{t, 0, 0};
-            for (unsigned z = 0; z < grid.z; ++z)
-                for (unsigned y = 0; y < grid.y; ++y)
-                    for (unsigned x = 0; x < grid.x; ++x) {
-                        blockIdx = rns_dim3{x, y, z};
-                        body();
-                        rns_block_barrier->arrive_and_wait();
-                    }
-        });
-    for (auto& h : th) h.join();
-    for (unsigned w = 0; w < block / 32; ++w) delete rns_warp_barrier[w];
-}
-
 extern "C" {
 
 // rns_product_n<bn> over the grid the backend launches (grid = (gx, gy, gz), 128 threads)
@@ -95,7 +50,7 @@ int emu_product(int bn, unsigned gx, unsigned gy, unsigned gz, const rns_i8* X, 
                 const float* H, const float* C16) {
     rns_dim3 grid{gx, gy, gz};
     auto run = [&](auto kernel) {
-        rns_launch(grid, RNS_BM, [=] { kernel(X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16); });
+        rns_simt_launch(grid, RNS_BM, [=] { kernel(X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16); });
     };
     switch (bn) {
         case 8: run(rns_product_n8); return 0;
@@ -112,7 +67,7 @@ int emu_product3m(int bn, unsigned gx, unsigned gy, unsigned gz, const rns_i8* X
                   const float* P, const float* IP, const float* H, const float* C16) {
     rns_dim3 grid{gx, gy, gz};
     auto run = [&](auto kernel) {
-        rns_launch(grid, RNS_BM, [=] {
+        rns_simt_launch(grid, RNS_BM, [=] {
             kernel(Xre, Xim, Xsum, Are, Aim, Asum, Ore, Oim, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16);
         });
     };
@@ -125,7 +80,7 @@ int emu_product3m(int bn, unsigned gx, unsigned gy, unsigned gz, const rns_i8* X
 
 int emu_reduce_i32(unsigned blocks, const rns_i32* acc, rns_i8* out, rns_i64 n, int L, const float* P,
                    const float* IP, const float* H, const float* C16) {
-    rns_launch(rns_dim3{blocks, 1, 1}, 256, [=] { rns_reduce_i32(acc, out, n, L, P, IP, H, C16); });
+    rns_simt_launch(rns_dim3{blocks, 1, 1}, 256, [=] { rns_reduce_i32(acc, out, n, L, P, IP, H, C16); });
     return 0;
 }
 

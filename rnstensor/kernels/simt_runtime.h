@@ -17,6 +17,7 @@ static thread_local rns_dim3 threadIdx;
 static thread_local rns_dim3 blockIdx;
 static rns_dim3 blockDim, gridDim;
 static std::barrier<>* rns_block_barrier = nullptr;
+static std::barrier<>* rns_warp_barrier[32];  // one per warp of the block, for warp-collective emulations
 
 #define __global__
 #define __device__
@@ -28,13 +29,15 @@ static inline void __syncthreads() { rns_block_barrier->arrive_and_wait(); }
 using std::max;
 using std::min;
 
-// Run body() as every thread of every block of the grid (blocks in order).
-template <class F>
-static void rns_simt_launch(rns_dim3 grid, unsigned block, F body) {
+// Run body() as every thread of every block of the grid (blocks in order); after_block() runs in
+// every thread after body(), before the barrier that ends the block (checks of leftover state).
+template <class F, class G>
+static void rns_simt_launch(rns_dim3 grid, unsigned block, F body, G after_block) {
     gridDim = grid;
     blockDim = rns_dim3{block, 1, 1};
     std::barrier<> bb((std::ptrdiff_t)block);
     rns_block_barrier = &bb;
+    for (unsigned w = 0; w < block / 32; ++w) rns_warp_barrier[w] = new std::barrier<>(32);
     std::vector<std::thread> th;
     th.reserve(block);
     for (unsigned t = 0; t < block; ++t)
@@ -45,8 +48,15 @@ static void rns_simt_launch(rns_dim3 grid, unsigned block, F body) {
                     for (unsigned x = 0; x < grid.x; ++x) {
                         blockIdx = rns_dim3{x, y, z};
                         body();
+                        after_block();
                         rns_block_barrier->arrive_and_wait();
                     }
         });
     for (auto& h : th) h.join();
+    for (unsigned w = 0; w < block / 32; ++w) delete rns_warp_barrier[w];
+}
+
+template <class F>
+static void rns_simt_launch(rns_dim3 grid, unsigned block, F body) {
+    rns_simt_launch(grid, block, body, [] {});
 }

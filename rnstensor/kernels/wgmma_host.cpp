@@ -26,27 +26,10 @@
 // so a descriptor that ignores the real start address is caught too.
 // Blocks run one after another (the __shared__ buffer is static).
 #include <atomic>
-#include <barrier>
 #include <cstdint>
 #include <cstring>
-#include <thread>
-#include <vector>
 
-struct rns_dim3 {
-    unsigned x, y, z;
-};
-static thread_local rns_dim3 threadIdx;
-static thread_local rns_dim3 blockIdx;
-static rns_dim3 blockDim, gridDim;
-static std::barrier<>* rns_block_barrier = nullptr;
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
-static inline void __syncthreads() { rns_block_barrier->arrive_and_wait(); }
+#include "simt_runtime.h"
 
 #include "rns_arith.cuh"
 
@@ -173,34 +156,16 @@ static void rns_host_wgmma_wait(int n) {
 
 // ----- launch ----------------------------------------------------------------------------------
 
-template <class F>
-static void rns_launch(rns_dim3 grid, unsigned block, F body) {
-    gridDim = grid;
-    blockDim = rns_dim3{block, 1, 1};
-    std::barrier<> bb((std::ptrdiff_t)block);
-    rns_block_barrier = &bb;
-    std::vector<std::thread> th;
-    th.reserve(block);
-    for (unsigned t = 0; t < block; ++t)
-        th.emplace_back([=] {
-            threadIdx = rns_dim3{t, 0, 0};
-            for (unsigned z = 0; z < grid.z; ++z)
-                for (unsigned y = 0; y < grid.y; ++y)
-                    for (unsigned x = 0; x < grid.x; ++x) {
-                        blockIdx = rns_dim3{x, y, z};
-                        body();
-                        // the kernel must leave no copy or MMA behind (uncommitted work counts too)
-                        if (!rns_copy_open.empty() || !rns_mma_open.empty() || !rns_mma_groups.empty()) rns_error = 2;
-                        for (const auto& g : rns_copy_groups)
-                            if (!g.empty()) rns_error = 2;
-                        rns_copy_groups.clear();
-                        rns_copy_open.clear();
-                        rns_mma_groups.clear();
-                        rns_mma_open.clear();
-                        rns_block_barrier->arrive_and_wait();
-                    }
-        });
-    for (auto& h : th) h.join();
+// the kernel must leave no copy or MMA behind (uncommitted work counts too): checked by every
+// thread at the end of each block, before the block barrier
+static void rns_host_block_done() {
+    if (!rns_copy_open.empty() || !rns_mma_open.empty() || !rns_mma_groups.empty()) rns_error = 2;
+    for (const auto& g : rns_copy_groups)
+        if (!g.empty()) rns_error = 2;
+    rns_copy_groups.clear();
+    rns_copy_open.clear();
+    rns_mma_groups.clear();
+    rns_mma_open.clear();
 }
 
 extern "C" {
@@ -216,8 +181,9 @@ int emu_gemm_wgmma(int bn, int lazy, int skew, unsigned gx, unsigned gy, unsigne
     rns_wait_skew = skew;
     rns_error = 0;
     auto run = [&](auto kernel) {
-        rns_launch(grid, RNS_WG_THREADS,
-                   [=] { kernel(X, A, out, M, N, K, xplane, aplane, oplane, P, IP, H, C16); });
+        rns_simt_launch(
+            grid, RNS_WG_THREADS, [=] { kernel(X, A, out, M, N, K, xplane, aplane, oplane, P, IP, H, C16); },
+            rns_host_block_done);
     };
     switch (bn) {
         case 64: run(rns_gemm_wgmma_n64); break;
