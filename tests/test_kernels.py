@@ -9,14 +9,8 @@ import sys
 import pytest
 
 from rnstensor.kernels import build
+from residues import needs_nvrtc
 
-try:
-    build.nvrtc_version()
-    HAVE_NVRTC = True
-except build.KernelBuildError:  # pragma: no cover - the test extras install it
-    HAVE_NVRTC = False
-
-needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="NVRTC (cuda-python + nvidia-cuda-nvrtc, the 'test' extras) is not installed")
 
 
 def _have_cuobjdump() -> bool:

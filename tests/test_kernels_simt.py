@@ -17,6 +17,7 @@ import pytest
 from rnstensor import arith
 from rnstensor.basis import int8_pool
 from rnstensor.kernels import build, tables
+from residues import random_planes
 
 POOL = int8_pool()
 
@@ -31,14 +32,6 @@ def simt(tmp_path_factory):
 
 def _p(a):
     return np.asarray(a).ctypes.data_as(ctypes.c_void_p)
-
-
-def _planes(rng, moduli, shape, edge=None):
-    rows = []
-    for p in moduli:
-        lo, hi = -(p // 2), (p + 1) // 2 - 1
-        rows.append(np.full(shape, lo if edge == "min" else hi) if edge else rng.integers(lo, hi + 1, shape))
-    return np.stack(rows).astype(np.int8)
 
 
 def _run(simt, bn, X, A, moduli, three_m=None):
@@ -74,8 +67,8 @@ def _run(simt, bn, X, A, moduli, three_m=None):
 def test_product_kernel_matches_reference(simt, pre, n_in, post, n_out, bn):
     moduli = (256, 255, 7, 2)
     rng = np.random.default_rng(pre * n_in + post)
-    X = _planes(rng, moduli, (pre, n_in, post))
-    A = _planes(rng, moduli, (n_out, n_in))
+    X = random_planes(rng, moduli, (pre, n_in, post))
+    A = random_planes(rng, moduli, (n_out, n_in))
     assert np.array_equal(_run(simt, bn, X, A, moduli), arith.product_ref(A, X, moduli, 1))
 
 
@@ -84,8 +77,8 @@ def test_product_kernel_matches_reference(simt, pre, n_in, post, n_out, bn):
 def test_product_kernel_range_edges(simt, n_in, edge):
     # every residue at the end of its range: the largest accumulators on both epilogue paths
     moduli = (256, 255, 253)
-    X = _planes(None, moduli, (130, n_in, 1), edge)
-    A = _planes(None, moduli, (8, n_in), edge)
+    X = random_planes(None, moduli, (130, n_in, 1), edge)
+    A = random_planes(None, moduli, (8, n_in), edge)
     assert np.array_equal(_run(simt, 8, X, A, moduli), arith.product_ref(A, X, moduli, 1))
 
 
@@ -99,8 +92,8 @@ def test_product_kernel_folds_long_contractions(simt):
     assert period * 32 * 2**14 + 128 < 2**31 <= (period + 1) * 32 * 2**14 + 128 + 2**20
     moduli = (256, 255)
     n_in = 32 * 7 + 5
-    X = _planes(None, moduli, (1, n_in, 1), "min")
-    A = _planes(None, moduli, (1, n_in), "min")
+    X = random_planes(None, moduli, (1, n_in, 1), "min")
+    A = random_planes(None, moduli, (1, n_in), "min")
     assert np.array_equal(_run(simt, 8, X, A, moduli), arith.product_ref(A, X, moduli, 1))
 
 
@@ -108,8 +101,8 @@ def test_product_kernel_folds_long_contractions(simt):
 def test_product3m_kernel_matches_reference(simt, pre, n_in, post, n_out, bn):
     moduli = (256, 251, 3)
     rng = np.random.default_rng(n_in + n_out)
-    Xr, Xi = _planes(rng, moduli, (pre, n_in, post)), _planes(rng, moduli, (pre, n_in, post))
-    Ar, Ai = _planes(rng, moduli, (n_out, n_in)), _planes(rng, moduli, (n_out, n_in))
+    Xr, Xi = random_planes(rng, moduli, (pre, n_in, post)), random_planes(rng, moduli, (pre, n_in, post))
+    Ar, Ai = random_planes(rng, moduli, (n_out, n_in)), random_planes(rng, moduli, (n_out, n_in))
     re, im = _run(simt, bn, Xr, Ar, moduli, three_m=(Xi, Ai))
     P0, P1 = arith.product_ref(Ar, Xr, moduli, 1), arith.product_ref(Ai, Xi, moduli, 1)
     P2 = arith.product_ref(arith.add_ref(Ar, Ai, moduli), arith.add_ref(Xr, Xi, moduli), moduli, 1)

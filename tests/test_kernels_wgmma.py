@@ -24,14 +24,8 @@ import pytest
 
 from rnstensor import arith
 from rnstensor.kernels import build, tables
+from residues import needs_nvrtc, random_planes
 
-try:
-    build.nvrtc_version()
-    HAVE_NVRTC = True
-except build.KernelBuildError:  # pragma: no cover - the test extras install it
-    HAVE_NVRTC = False
-
-needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="NVRTC (cuda-python + nvidia-cuda-nvrtc, the 'test' extras) is not installed")
 
 KERNELS = {"rns_gemm_wgmma_n64": 64, "rns_gemm_wgmma_n128": 128}
 EAGER, LAZY = 0, 1
@@ -138,21 +132,6 @@ def _p(a):
     return np.asarray(a).ctypes.data_as(ctypes.c_void_p)
 
 
-def _planes(rng, moduli, shape, edge=None):
-    rows = []
-    for p in moduli:
-        lo, hi = -(p // 2), (p + 1) // 2 - 1
-        if edge == "min":
-            rows.append(np.full(shape, lo))
-        elif edge == "max":
-            rows.append(np.full(shape, hi))
-        elif edge == "mixed":  # the extremes with both signs: the largest |sums| of either sign
-            rows.append(rng.choice([lo, hi], shape))
-        else:
-            rows.append(rng.integers(lo, hi + 1, shape))
-    return np.stack(rows).astype(np.int8)
-
-
 def run_wgmma(lib, bn, X, A, moduli, mode=EAGER, skew=0):
     """Launch rns_gemm_wgmma_n<bn> on (L, M, K) x (L, N, K) as the backend does; the (L, M, N) int8 result."""
     L, M, K = X.shape
@@ -185,8 +164,8 @@ def reference(X, A, moduli):
 def test_kernel_matches_reference(emu, bn, M, N, K, mode):
     moduli = (256, 255, 7, 2)
     rng = np.random.default_rng(M * 1000 + N + K)
-    X = _planes(rng, moduli, (M, K))
-    A = _planes(rng, moduli, (N, K))
+    X = random_planes(rng, moduli, (M, K))
+    A = random_planes(rng, moduli, (N, K))
     assert np.array_equal(run_wgmma(emu, bn, X, A, moduli, mode), reference(X, A, moduli))
 
 
@@ -196,8 +175,8 @@ def test_kernel_range_edges(emu, K, edge):
     # every residue at +-floor(p/2): the largest accumulators; with the fold every 2 k-tiles (128 terms)
     moduli = (256, 255, 253, 3)
     rng = np.random.default_rng(K)
-    X = _planes(rng, moduli, (128, K), edge)
-    A = _planes(rng, moduli, (64, K), edge)
+    X = random_planes(rng, moduli, (128, K), edge)
+    A = random_planes(rng, moduli, (64, K), edge)
     assert np.array_equal(run_wgmma(emu, 64, X, A, moduli, LAZY), reference(X, A, moduli))
 
 
@@ -206,8 +185,8 @@ def test_kernel_folds_long_contractions(emu):
     # period (2047 tiles) keeps int32 exact between folds (test_fold_period_keeps_int32_exact)
     moduli = (256, 255)
     K = 64 * 15 + 48
-    X = _planes(None, moduli, (64, K), "min")
-    A = _planes(None, moduli, (128, K), "min")
+    X = random_planes(None, moduli, (64, K), "min")
+    A = random_planes(None, moduli, (128, K), "min")
     assert np.array_equal(run_wgmma(emu, 128, X, A, moduli, EAGER), reference(X, A, moduli))
 
 
@@ -215,8 +194,8 @@ def test_output_plane_alignment(emu):
     # N % 16 != 0: 16-byte stores only where a chunk is whole and aligned, bytes elsewhere
     moduli = (251, 241)
     rng = np.random.default_rng(3)
-    X = _planes(rng, moduli, (129, 32))
-    A = _planes(rng, moduli, (100, 32))
+    X = random_planes(rng, moduli, (129, 32))
+    A = random_planes(rng, moduli, (100, 32))
     assert np.array_equal(run_wgmma(emu, 64, X, A, moduli, LAZY), reference(X, A, moduli))
 
 
@@ -224,8 +203,8 @@ def test_lazy_mode_catches_a_broken_pipeline(emu):
     # the emulation is sensitive: a cp.async wait one group short reads stages before they land
     moduli = (256, 255)
     rng = np.random.default_rng(9)
-    X = _planes(rng, moduli, (128, 320))
-    A = _planes(rng, moduli, (64, 320))
+    X = random_planes(rng, moduli, (128, 320))
+    A = random_planes(rng, moduli, (64, 320))
     ref = reference(X, A, moduli)
     assert np.array_equal(run_wgmma(emu, 64, X, A, moduli, EAGER, skew=1), ref)  # eager copies hide it
     assert not np.array_equal(run_wgmma(emu, 64, X, A, moduli, LAZY, skew=1), ref)

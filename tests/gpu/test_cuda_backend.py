@@ -8,6 +8,7 @@ import pytest
 
 from rnstensor.backends.cpu import CpuBackend
 from rnstensor.basis import Basis, int8_pool
+from residues import random_planes
 
 cp = pytest.importorskip("cupy")
 
@@ -28,22 +29,6 @@ def mma():
     from rnstensor.backends.cuda import CudaBackend
 
     return CudaBackend()
-
-
-def planes(rng, moduli, shape, edge=None):
-    """Random centered residues; edge='min'/'max' puts every entry at the end of its range."""
-    rows = []
-    for p in moduli:
-        lo, hi = -(p // 2), (p + 1) // 2 - 1
-        if edge == "min":
-            rows.append(np.full(shape, lo))
-        elif edge == "max":
-            rows.append(np.full(shape, hi))
-        else:
-            r = rng.integers(lo, hi + 1, shape)
-            r.reshape(-1)[:2] = (lo, hi) if r.size >= 2 else r.reshape(-1)[:2]
-            rows.append(r)
-    return np.stack(rows).astype(np.int8)
 
 
 def same(a, b):
@@ -82,8 +67,8 @@ def test_product_every_axis(gpu, n_in, n_out, axis):
     rng = np.random.default_rng(n_in * 100 + n_out + axis)
     shape = [5, 6, 7]
     shape[axis] = n_in
-    X = planes(rng, basis.moduli, tuple(shape))
-    A = planes(rng, basis.moduli, (n_out, n_in))
+    X = random_planes(rng, basis.moduli, tuple(shape))
+    A = random_planes(rng, basis.moduli, (n_out, n_in))
     ref = CPU.product(A, X, basis.moduli, axis)
     same(gpu.product(cp.asarray(A), cp.asarray(X), basis.moduli, axis), ref)
 
@@ -93,8 +78,8 @@ def test_product_every_axis(gpu, n_in, n_out, axis):
 def test_product_range_edges(gpu, edge, n_in):
     # all residues at the end of their range: the largest accumulators; 255 is the last one-reduction length
     basis = Basis.int8(15)
-    X = planes(None, basis.moduli, (3, n_in), edge)
-    A = planes(None, basis.moduli, (12, n_in), edge)
+    X = random_planes(None, basis.moduli, (3, n_in), edge)
+    A = random_planes(None, basis.moduli, (12, n_in), edge)
     ref = CPU.product(A, X, basis.moduli, 1)
     same(gpu.product(cp.asarray(A), cp.asarray(X), basis.moduli, 1), ref)
 
@@ -103,8 +88,8 @@ def test_product_accumulator_fold(mma):
     # 2**31 / 2**14 = 131072 terms would overflow int32: the kernel folds every 131040
     basis = Basis((256, 255))
     n_in = 140000
-    X = planes(None, basis.moduli, (2, n_in), "min")
-    A = planes(None, basis.moduli, (3, n_in), "min")
+    X = random_planes(None, basis.moduli, (2, n_in), "min")
+    A = random_planes(None, basis.moduli, (3, n_in), "min")
     ref = CPU.product(A, X, basis.moduli, 1)
     same(mma.product(cp.asarray(A), cp.asarray(X), basis.moduli, 1), ref)
 
@@ -112,8 +97,8 @@ def test_product_accumulator_fold(mma):
 def test_product_numpy_in_numpy_out(mma):
     basis = Basis.int8(15)
     rng = np.random.default_rng(5)
-    X = planes(rng, basis.moduli, (4, 8, 8, 8))
-    A = planes(rng, basis.moduli, (8, 8))
+    X = random_planes(rng, basis.moduli, (4, 8, 8, 8))
+    A = random_planes(rng, basis.moduli, (8, 8))
     out = mma.product(A, X, basis.moduli, 2)
     assert isinstance(out, np.ndarray)
     same(out, CPU.product(A, X, basis.moduli, 2))
@@ -126,7 +111,7 @@ def test_product_numpy_in_numpy_out(mma):
 def test_matmul(mma, shapes):
     rng = np.random.default_rng(11)
     mods = Basis.int8(15).moduli
-    a, b = planes(rng, mods, shapes[0]), planes(rng, mods, shapes[1])
+    a, b = random_planes(rng, mods, shapes[0]), random_planes(rng, mods, shapes[1])
     same(mma.matmul(cp.asarray(a), cp.asarray(b), mods), CPU.matmul(a, b, mods))
     same(mma.matmul(a, b, mods), CPU.matmul(a, b, mods))
 
@@ -134,15 +119,15 @@ def test_matmul(mma, shapes):
 @pytest.mark.parametrize("basis", BASES, ids=str)
 def test_hadamard_add_sub(mma, basis):
     rng = np.random.default_rng(len(basis) + 1)
-    a = planes(rng, basis.moduli, (6, 5, 4))
-    b = planes(rng, basis.moduli, (6, 5, 4))
-    f = planes(rng, basis.moduli, (5, 4))
+    a = random_planes(rng, basis.moduli, (6, 5, 4))
+    b = random_planes(rng, basis.moduli, (6, 5, 4))
+    f = random_planes(rng, basis.moduli, (5, 4))
     same(mma.hadamard(cp.asarray(a), cp.asarray(f), basis.moduli), CPU.hadamard(a, f, basis.moduli))
     same(mma.hadamard(cp.asarray(a), cp.asarray(b), basis.moduli), CPU.hadamard(a, b, basis.moduli))
     same(mma.add(cp.asarray(a), cp.asarray(b), basis.moduli), CPU.add(a, b, basis.moduli))
     same(mma.add(cp.asarray(a), cp.asarray(b), basis.moduli, subtract=True), CPU.add(a, b, basis.moduli, subtract=True))
     for edge in ("min", "max"):
-        e = planes(None, basis.moduli, (5, 4), edge)
+        e = random_planes(None, basis.moduli, (5, 4), edge)
         same(mma.hadamard(cp.asarray(e), cp.asarray(e), basis.moduli), CPU.hadamard(e, e, basis.moduli))
 
 
@@ -166,7 +151,7 @@ def test_drop_extend(mma, basis, drops, extend):
     rng = np.random.default_rng(len(basis) * 3 + (drops if isinstance(drops, int) else 9))
     active = tuple(rng.permutation(basis.moduli).tolist())
     for edge in (None, "min", "max"):
-        X = planes(rng, active, (33, 65), edge)
+        X = random_planes(rng, active, (33, 65), edge)
         ref, ref_act = CPU.drop_extend(X, active, basis, drops, extend)
         got, act = mma.drop_extend(cp.asarray(X), active, basis, drops, extend)
         assert tuple(act) == tuple(ref_act)
@@ -180,7 +165,7 @@ def test_drop_extend(mma, basis, drops, extend):
 @pytest.mark.parametrize("active", [POOL[:15], POOL[:49], (7, 5, 3, 2), (255, 256, 7)])
 def test_decode(mma, mode, active):
     rng = np.random.default_rng(len(active))
-    X = planes(rng, active, (40, 50))
+    X = random_planes(rng, active, (40, 50))
     ev = rng.integers(-300, 300, (40, 1))
     ev[:3] = [[-1500], [1200], [-1080]]
     for factor in (1, -3, 253 * 251, (1 << 90) + 7):
@@ -199,8 +184,8 @@ def test_product_3m(mma, n_in, n_out, axis):
     rng = np.random.default_rng(n_in + n_out + axis)
     shape = [6, 7]
     shape[axis] = n_in
-    re, im = planes(rng, basis.moduli, tuple(shape)), planes(rng, basis.moduli, tuple(shape))
-    ore, oim = planes(rng, basis.moduli, (n_out, n_in)), planes(rng, basis.moduli, (n_out, n_in))
+    re, im = random_planes(rng, basis.moduli, tuple(shape)), random_planes(rng, basis.moduli, tuple(shape))
+    ore, oim = random_planes(rng, basis.moduli, (n_out, n_in)), random_planes(rng, basis.moduli, (n_out, n_in))
     m = basis.moduli
     P0, P1 = CPU.product(ore, re, m, axis), CPU.product(oim, im, m, axis)
     P2 = CPU.product(CPU.add(ore, oim, m), CPU.add(re, im, m), m, axis)

@@ -12,6 +12,7 @@ import pytest
 from rnstensor import arith
 from rnstensor.backends.cpu import CpuBackend
 from rnstensor.basis import Basis, int8_pool
+from residues import random_planes
 
 cp = pytest.importorskip("cupy")
 
@@ -29,21 +30,6 @@ def engine(request):
     return CudaBackend(product_engine=request.param)
 
 
-def planes(rng, moduli, shape, edge=None):
-    rows = []
-    for p in moduli:
-        lo, hi = -(p // 2), (p + 1) // 2 - 1
-        if edge == "min":
-            rows.append(np.full(shape, lo))
-        elif edge == "max":
-            rows.append(np.full(shape, hi))
-        else:
-            r = rng.integers(lo, hi + 1, shape)
-            r.reshape(-1)[:2] = (lo, hi)
-            rows.append(r)
-    return np.stack(rows).astype(np.int8)
-
-
 def check(be, A, X, moduli, axis):
     ref = CPU.product(A, X, moduli, axis)
     got = be.product(cp.asarray(A), cp.asarray(X), moduli, axis)
@@ -59,8 +45,8 @@ def check(be, A, X, moduli, axis):
 def test_last_axis(engine, pre, n_in, n_out):
     moduli = Basis.int8(15).moduli
     rng = np.random.default_rng(pre + n_in + n_out)
-    X = planes(rng, moduli, (pre, n_in))
-    A = planes(rng, moduli, (n_out, n_in))
+    X = random_planes(rng, moduli, (pre, n_in))
+    A = random_planes(rng, moduli, (n_out, n_in))
     check(engine, A, X, moduli, 1)
 
 
@@ -69,16 +55,16 @@ def test_other_layouts_fall_back(engine, shape, axis, n_out):
     # middle/first axes and n_in % 16 != 0: the wgmma engine hands these to mma.sync, same bits
     moduli = (256, 255, 253, 7)
     rng = np.random.default_rng(sum(shape) + axis)
-    X = planes(rng, moduli, shape)
-    A = planes(rng, moduli, (n_out, shape[axis]))
+    X = random_planes(rng, moduli, shape)
+    A = random_planes(rng, moduli, (n_out, shape[axis]))
     check(engine, A, X, moduli, axis)
 
 
 @pytest.mark.parametrize("edge", ["min", "max"])
 def test_range_edges(engine, edge):
     moduli = (256, 255, 253, 251)
-    X = planes(None, moduli, (300, 512), edge)
-    A = planes(None, moduli, (96, 512), edge)
+    X = random_planes(None, moduli, (300, 512), edge)
+    A = random_planes(None, moduli, (96, 512), edge)
     check(engine, A, X, moduli, 1)
 
 
@@ -87,8 +73,8 @@ def test_fold_past_int32(engine):
     # k-tiles of 64 in wgmma, every 4095 steps of 32 in mma.sync); the exact answer is K (p//2)^2 mod p
     moduli = (256, 255)
     K = 2 * 131008 + 80
-    X = planes(None, moduli, (130, K), "min")
-    A = planes(None, moduli, (64, K), "min")
+    X = random_planes(None, moduli, (130, K), "min")
+    A = random_planes(None, moduli, (64, K), "min")
     got = cp.asnumpy(engine.product(cp.asarray(A), cp.asarray(X), moduli, 1))
     for l, p in enumerate(moduli):
         assert np.all(got[l] == int(arith.centered_mod(np.int64(K * (p // 2) ** 2), p)))
@@ -107,8 +93,8 @@ def test_wgmma_runs_where_it_should():
     # a misaligned view goes to mma.sync with the same bits
     moduli = (256, 251)
     rng = np.random.default_rng(1)
-    X = planes(rng, moduli, (200, 64))
-    A = planes(rng, moduli, (64, 64))
+    X = random_planes(rng, moduli, (200, 64))
+    A = random_planes(rng, moduli, (64, 64))
     buf = cp.zeros(X.size + 1, cp.int8)
     Xv = buf[1:].reshape(X.shape)
     Xv[...] = cp.asarray(X)
