@@ -43,7 +43,6 @@ import argparse
 import csv
 import io
 import json
-import math
 import os
 import statistics
 import sys
