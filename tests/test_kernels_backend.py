@@ -83,8 +83,8 @@ class FakeModule:
             assert len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
             # above 48 KiB a kernel must have opted in (cudaFuncAttributeMaxDynamicSharedMemorySize)
             assert shared_mem <= max(48 * 1024, getattr(launch, "max_dynamic_shared_size_bytes", 0))
-            for a in args:  # every argument a device array or a sized numpy scalar
-                assert isinstance(a, (DevArray, np.integer, np.floating)), (name, type(a))
+            for a in args:  # every argument a device array or a sized numpy scalar (or None: a null pointer)
+                assert a is None or isinstance(a, (DevArray, np.integer, np.floating)), (name, type(a))
             self.launches.append(name)
             method = "_rns_product3m" if name.startswith("rns_product3m") else (
                 "_rns_product" if name.startswith("rns_product") else "_" + name)
@@ -125,23 +125,30 @@ class FakeModule:
                                        ctypes.c_int64(k), _ptr(out)) == 0
 
     def _rns_chain_fused(self, grid, block, args, smem, name):
-        xb, B, out, pi, pf, qd, ops, dexp, f, flags = args
-        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 0, f, np.zeros(1, np.uint32), 0, 0, flags)
+        xb, B, out, pi, pf, qd, ops, dexp, f, field, fstride, fexp, flags = args
+        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 0, f, np.zeros(1, np.uint32), 0, 0,
+                    field, fstride, fexp, flags)
 
     def _rns_chain_fused_exact(self, grid, block, args, smem, name):
-        xb, B, out, pi, pf, qd, ops, dexp, F, nf, fneg, flags = args
+        xb, B, out, pi, pf, qd, ops, dexp, F, nf, fneg, field, fstride, fexp, flags = args
         assert F.dtype == np.uint32 and F.size == nf
-        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 1, 1.0, F, nf, fneg, flags)
+        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 1, 1.0, F, nf, fneg, field, fstride, fexp,
+                    flags)
 
-    def _chain(self, grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, mode, f, F, nf, fneg, flags):
+    def _chain(self, grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, mode, f, F, nf, fneg, field, fstride,
+               fexp, flags):
         assert self.chain is not None, "the SIMT build of chain.cu is needed"
         assert xb.dtype == np.uint64 and out.dtype == np.float64 and pi.dtype == np.int32 and pf.dtype == np.float32
         assert qd.dtype == np.float64 and ops.dtype == np.int8 and dexp.dtype == np.int32 and flags.dtype == np.int32
         nb = int(pi[4])
         assert block[0] == 256 and grid[0] == -(-int(B) // nb) and out.shape[0] == int(B)
+        if int(pi[18]):  # a program with Hadamard steps: its field and the field's exponents, on the device
+            assert isinstance(field, DevArray) and field.dtype == np.int8 and isinstance(fexp, DevArray)
+            assert fexp.dtype == np.int32 and fexp.shape == (int(B),) and int(fstride) == field[0].size
+        fptr, eptr = (None, None) if field is None else (_ptr(field), _ptr(fexp))
         assert self.chain.emu_chain(_ptr(xb), ctypes.c_int64(B), _ptr(out), _ptr(pi), _ptr(pf), _ptr(qd), _ptr(ops),
-                                    _ptr(dexp), mode, ctypes.c_double(f), _ptr(F), int(nf), int(fneg), _ptr(flags),
-                                    ctypes.c_int64(smem), 0x5A) == 0
+                                    _ptr(dexp), mode, ctypes.c_double(f), _ptr(F), int(nf), int(fneg), fptr,
+                                    ctypes.c_int64(fstride), eptr, _ptr(flags), ctypes.c_int64(smem), 0x5A) == 0
 
     def _rns_reduce_i32(self, grid, block, args, smem, name):
         acc, out, n, L, P, IP, H, C16 = args
@@ -496,3 +503,26 @@ def test_chain_through_the_backend(fake, monkeypatch):
     monkeypatch.setattr(DevArray, "__module__", __name__)
     a, b = rng.standard_normal((9, 40)), rng.standard_normal((40, 7))
     same(rt.dgemm(a, b, backend="cuda"), rt.dgemm(a, b, backend="cpu"))
+
+
+def test_fused_mass_operator_through_the_backend(fake, monkeypatch):
+    # the mass operator as one kernel: its field (w detJ residues) and field exponents go to the device
+    from rnstensor import backends
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+
+    be, launches = fake
+    monkeypatch.setitem(backends._BACKENDS, "cuda", be)
+    basis = TensorBasis(3)
+    mesh = box_mesh(basis, shape=(3, 1, 1), curved=0.1)
+    u = np.random.default_rng(5).standard_normal((mesh.nelem, 3, 3, 3))
+    cpu = MassOperator(basis, mesh.qdata, backend="cpu")
+    gpu = MassOperator(basis, mesh.qdata, backend="cuda")
+    for decode in ("fp64", "exact"):
+        same(gpu.apply(u, decode), cpu.apply(u, decode))
+        assert launches[-1].startswith("rns_chain_fused")
+        same(gpu.apply(u, decode, fused=False), cpu.apply(u, decode))
+        assert not launches[-1].startswith("rns_chain_fused")
+    with pytest.raises(ValueError, match="fused=True"):
+        PoissonOperator(basis, mesh.G, backend="cuda").apply(u, fused=True)
+    with pytest.raises(ValueError, match="fused=True"):
+        cpu.apply(u, fused=True)

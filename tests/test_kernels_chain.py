@@ -31,11 +31,14 @@ def _p(a):
     return np.asarray(a).ctypes.data_as(ctypes.c_void_p)
 
 
-def run_fused(emu, plan, X, decode="fp64", fill=0xA5):
-    """``plan.run(X)`` through the emulated fused kernel."""
+def run_fused(emu, plan, X, decode="fp64", fill=0xA5, prog=None, field=None, fexp=None):
+    """``plan.run(X)`` through the emulated fused kernel (or ``prog``, with its field and field exponents)."""
     x = np.ascontiguousarray(X, np.float64)
-    batch = x.shape[: x.ndim - plan.ndim]
-    prog = fused.chain_program(plan, x.shape[len(batch):])
+    if prog is None:
+        batch = x.shape[: x.ndim - plan.ndim]
+        prog = fused.chain_program(plan, x.shape[len(batch):])
+    else:
+        batch = x.shape[: x.ndim - len(prog.in_shape)]
     B = int(np.prod(batch, dtype=np.int64))
     Y = np.full((B,) + prog.out_shape, np.nan)
     flags = np.zeros(1, np.int32)
@@ -46,8 +49,9 @@ def run_fused(emu, plan, X, decode="fp64", fill=0xA5):
     dexp = prog.dexp_exact if exact else prog.dexp_fp64
     rc = emu.emu_chain(
         _p(x.view(np.uint64)), ctypes.c_int64(B), _p(Y), _p(prog.ints), _p(prog.floats), _p(prog.qd), _p(prog.ops),
-        _p(dexp), int(exact), ctypes.c_double(prog.f), _p(F), int(F.size), int(prog.fneg), _p(flags),
-        ctypes.c_int64(prog.shared_bytes), fill,
+        _p(dexp), int(exact), ctypes.c_double(prog.f), _p(F), int(F.size), int(prog.fneg),
+        None if field is None else _p(field), ctypes.c_int64(0 if field is None else field[0].size),
+        None if fexp is None else _p(fexp), _p(flags), ctypes.c_int64(prog.shared_bytes), fill,
     )
     assert rc == 0
     return Y.reshape(batch + prog.out_shape), int(flags[0])
@@ -191,3 +195,43 @@ def test_spec_header_has_exact_literals():
     assert [float.fromhex(v) for v in array("QD")] == prog.qd.tolist()
     words = np.array([int(v) for v in array("OPW")], "<i4")
     assert words.tobytes() == prog.ops.tobytes()
+
+
+def _mass_field(op):
+    """The encoded ``w detJ`` as the kernel reads it, ``(planes, nelem, 1, Q**dim)``, and its exponent per element."""
+    W = op._residue_fields()["W"]
+    L, E = W.residues.shape[:2]
+    field = np.ascontiguousarray(np.asarray(W.residues).reshape(L, E, 1, -1))
+    fexp = np.broadcast_to(W.scale.exponent().reshape(-1), (E,)).astype(np.int32)
+    return field, np.ascontiguousarray(fexp)
+
+
+@pytest.mark.parametrize("P, dim, shape", [(2, 3, (3, 2, 1)), (4, 3, (2, 2, 2)), (6, 2, (5, 3)), (8, 3, (1, 1, 3))])
+def test_fused_mass_operator_matches_cpu(emu, P, dim, shape):
+    """The mass operator (products, the Hadamard product with w detJ, transposed products) as one kernel."""
+    from rnstensor.fem import MassOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(P, dim=dim)
+    mesh = box_mesh(basis, shape=shape, curved=0.15)
+    op = MassOperator(basis, mesh.qdata)
+    prog = fused.operator_program(op)
+    assert prog.nfield == 1 and prog.nq == basis.Q**dim
+    rng = np.random.default_rng(P + dim)
+    u = rng.standard_normal((mesh.nelem,) + (P,) * dim) * np.exp2(rng.integers(-30, 30, (mesh.nelem,) + (1,) * dim))
+    u[0] = 0.0  # an all-zero element
+    field, fexp = _mass_field(op)
+    for decode in ("fp64", "exact"):
+        got, flags = run_fused(emu, None, u, decode, prog=prog, field=field, fexp=fexp)
+        assert flags == 0 and _same(got, op.apply(u, decode))
+
+
+def test_operator_fusable_says_why_not():
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(3)
+    mesh = box_mesh(basis, shape=(1, 1, 1))
+    assert fused.operator_fusable(MassOperator(basis, mesh.qdata)) is None
+    assert "several tensors" in fused.operator_fusable(PoissonOperator(basis, mesh.G))
+    assert "rescale_be" in fused.operator_fusable(MassOperator(basis, mesh.qdata, method="composed"))
+    with pytest.raises(ValueError, match="cannot run as one fused kernel"):
+        fused.operator_program(PoissonOperator(basis, mesh.G))

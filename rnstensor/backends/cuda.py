@@ -589,11 +589,14 @@ class CudaBackend:
             hit = self._spec_modules[program] = self._module("chain", fused.SPEC_OPTIONS, fused.spec_header(program))
         return hit
 
-    def chain(self, program, x, decode: str):
+    def chain(self, program, x, decode: str, field=None, fexp=None):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.
 
-        ``program`` is :func:`rnstensor.kernels.fused.chain_program` of a plan;
-        the result is bitwise ``plan.run(x, decode)`` on any backend. CuPy in,
+        ``program`` is :func:`rnstensor.kernels.fused.chain_program` of a plan
+        (or :func:`~rnstensor.kernels.fused.operator_program` of a FEM operator,
+        with its encoded ``field`` ``(planes, B, components, entries)`` int8 and the
+        field's exponent per tensor ``fexp`` ``(B,)``); the result is bitwise
+        ``plan.run(x, decode)`` on any backend. CuPy in,
         CuPy out; a non-finite input raises ``ValueError`` after the launch
         (the kernel flags it while it loads; reading the flag synchronizes).
         """
@@ -623,11 +626,24 @@ class CudaBackend:
         if program.shared_bytes > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = program.shared_bytes
         xb = xd.reshape(-1).view(cp.uint64)
+        if program.nfield:
+            if field is None or fexp is None:
+                raise ValueError("this program has Hadamard steps: pass its field and the field's exponents")
+            fd = self._contig(field if isinstance(field, cp.ndarray) else cp.asarray(field), cp.int8)
+            fe = self._contig(fexp if isinstance(fexp, cp.ndarray) else cp.asarray(fexp), cp.int32)
+            if fd.shape[1:] != (B, program.nfield, program.nq) or fe.shape != (B,):
+                raise ValueError(f"field must be (planes, {B}, {program.nfield}, {program.nq}) and fexp ({B},); "
+                                 f"got {fd.shape} and {fe.shape}")
+            fargs = (fd, np.int64(B * program.nfield * program.nq), fe)
+        else:  # never read (the program has no field components); CuPy takes no null pointers
+            fargs = (*self._dev(("nofield",), lambda: (np.zeros(16, np.int8),)), np.int64(0),
+                     *self._dev(("nofexp",), lambda: (np.zeros(1, np.int32),)))
         if exact:
             (F,) = self._dev(("flimbs", program), lambda: (program.F,))
-            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, F, np.int32(F.size), np.int32(program.fneg), flags)
+            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, F, np.int32(F.size), np.int32(program.fneg), *fargs,
+                    flags)
         else:
-            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, np.float64(program.f), flags)
+            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, np.float64(program.f), *fargs, flags)
         fn((grid,), (program.threads,), args, shared_mem=program.shared_bytes)
         if int(flags.get()[0]):
             raise ValueError("X has non-finite entries (NaN or inf); residues hold finite values only")

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
+from ..backends import get_backend
 from ..planner.bounds import decode_factor
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
@@ -227,7 +228,7 @@ class _Operator:
         run = ResidueRunner(self.plan, {**self._ops, **self._residue_fields()}, self.backend)
         return self._program(run, self._encode_u(x), self.basis.dim)
 
-    def apply(self, u, decode: str = "fp64") -> np.ndarray:
+    def apply(self, u, decode: str = "fp64", *, fused: Optional[bool] = None) -> np.ndarray:
         """Apply the operator to element-local nodal values ``u`` of shape ``(nelem, P, ..., P)``.
 
         ``method='rescale_be'``: one encode, the whole program on residues
@@ -235,12 +236,23 @@ class _Operator:
         ``'exact'``). ``'composed'``: every mode product encoded and decoded
         on its own, the pointwise steps in float64. ``'float64'``: plain
         numpy einsum.
+
+        ``fused``: on the ``'cuda'`` backend the mass operator runs as one
+        kernel (every element in shared memory from load to store;
+        :func:`rnstensor.kernels.fused.operator_program`). ``None`` (default)
+        fuses where it can, ``True`` raises where it cannot, ``False`` runs one
+        kernel per step. The bits are the same either way.
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
         x, single = self._check_u(u)
         d = self.basis.dim
-        if self.method == "rescale_be":
+        y = None
+        if fused or (fused is None and self.method == "rescale_be"):
+            y = self._apply_fused(x, decode, fused)
+        if y is not None:
+            pass  # the whole operator in one kernel
+        elif self.method == "rescale_be":
             y = _decode(self.apply_rns(x), decode, backend=self.backend)
         elif self.method == "composed":
             run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax)(z), self._float_fields())
@@ -251,6 +263,31 @@ class _Operator:
         return y[0] if single else y
 
     __call__ = apply
+
+    def _apply_fused(self, x: np.ndarray, decode: str, fused: Optional[bool]):
+        """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``fused``)."""
+        from ..kernels import fused as _fused
+
+        be = get_backend(self.backend)
+        why = None if callable(getattr(be, "chain", None)) else f"the fused kernel runs on the 'cuda' backend, not {be.name!r}"
+        why = why or _fused.operator_fusable(self)
+        prog = None
+        if why is None:
+            try:
+                prog = _fused.operator_program(self)
+            except ValueError as exc:
+                why = str(exc)
+        if prog is not None and decode == "exact" and prog.F is None:
+            why, prog = "the exact decode's factor is wider than the kernel's limbs", None
+        if prog is None:
+            if fused:
+                raise ValueError(f"fused=True: {why}")
+            return None
+        W = self._residue_fields()["W"]
+        L, E = W.residues.shape[:2]
+        field = np.asarray(W.residues).reshape(L, E, 1, -1)
+        fexp = np.broadcast_to(W.scale.exponent().reshape(-1), (E,)).astype(np.int32)
+        return be.chain(prog, x, decode, field=field, fexp=np.ascontiguousarray(fexp))
 
     def error_bound(self, u, decode: str = "fp64") -> np.ndarray:
         """A rigorous per-element bound on ``max |apply(u) - exact|`` for ``method='rescale_be'``.

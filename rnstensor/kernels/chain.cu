@@ -58,7 +58,9 @@
 #define RC_DEC_BUF 15  // buffer holding the final planes
 #define RC_DEC_I 16    // int offset of the decode tables (rns_decode_tables)
 #define RC_DEC_F 17    // float offset
-#define RC_STEP0 18    // first step record
+#define RC_NFIELD 18   // Hadamard field components per element
+#define RC_NQ 19       // entries per field component
+#define RC_STEP0 20    // first step record
 // step record (int32 slots)
 #define RS_SRC 0       // buffer read by the product
 #define RS_DST 1       // buffer written by the product
@@ -77,9 +79,21 @@
 #define RS_SLOTS 14    // physical slots of the output per plane (padding included)
 #define RS_MT 15       // rows per tensor
 #define RS_OSB 16      // output bytes per tensor and plane (the batch stride)
-#define RS_SIZE 17
+#define RS_KIND 17     // 0: mode product; 1: Hadamard product with a per-element field
+#define RS_FIELD 18    // Hadamard: the field component
+#define RS_FPLANE 19   // Hadamard: int offset of the field plane of every step plane
+#define RS_MAP 20      // Hadamard: int offset of the layout's place map
+#define RS_SIZE 21
 
 #define RNS_CHAIN_THREADS 256
+
+// The per-element field of the Hadamard steps: (planes, batch, components, entries) int8, plane stride
+// fstride; this block's first tensor t0 and its tensor count nt (the rest of the block is past the end).
+struct RnsChainField {
+    const rns_i8* field;
+    rns_i64 fstride, t0;
+    int nt;
+};
 
 #if defined(RNS_SPEC) && defined(__CUDACC__)
 #define RNS_SPEC_UNROLL _Pragma("unroll")
@@ -162,12 +176,39 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* st, const rns_i
     }
 }
 
-// One product and the drops (and extension) after it; st: the step's record.
+// Hadamard product with a per-element field: out[l][x] = [f[l][x] x[l][x]]_p for the logical entries x of
+// every tensor of the block (|product| <= 2^14: one reduction). The field is (planes, batch, components,
+// entries) int8 in device memory, read in logical order (coalesced); past the batch end it reads nothing.
+__device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
+                                                   const rns_i8* __restrict__ src, rns_i8* __restrict__ dst, int cap,
+                                                   const RnsChainField& fd) {
+    const int L = st[RS_L], ndim = pi[RC_NDIM], nb = pi[RC_NB], nq = pi[RC_NQ], nf = pi[RC_NFIELD];
+    const rns_i32* fplane = pi + st[RS_FPLANE];
+    const rns_i32* map = pi + st[RS_MAP];
+    const float* P = pf + st[RS_RED];
+    const float* IP = P + L;
+    const float* H = IP + L;
+    for (int i = threadIdx.x; i < nb * nq; i += blockDim.x) {
+        const int b = i / nq, q = i - b * nq;
+        const rns_i64 off = rns_chain_place(map, ndim, q, b);
+        const bool live = b < fd.nt;
+        const rns_i8* f = fd.field + ((fd.t0 + (live ? b : 0)) * nf + st[RS_FIELD]) * (rns_i64)nq + q;
+        RNS_SPEC_UNROLL
+        for (int l = 0; l < L; ++l) {
+            const float fv = live ? (float)f[fplane[l] * fd.fstride] : 0.0f;
+            dst[(rns_i64)l * cap + off] = rns_to_i8(rns_reduce_f32((float)src[(rns_i64)l * cap + off] * fv, P[l], IP[l], H[l]));
+        }
+    }
+}
+
+// One product (or Hadamard product) and the drops (and extension) after it; st: the step's record.
 __device__ __forceinline__ void rns_chain_step(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf, rns_i8* buf0,
-                                               rns_i8* buf1, const rns_i8* ops, int cap, float* scratch) {
+                                               rns_i8* buf1, const rns_i8* ops, int cap, float* scratch,
+                                               const RnsChainField& fd) {
     const rns_i8* src = st[RS_SRC] ? buf1 : buf0;
     rns_i8* dst = st[RS_DST] ? buf1 : buf0;
-    switch (st[RS_W]) {
+    if (st[RS_KIND] == 1) rns_chain_hadamard(pi, st, pf, src, dst, cap, fd);
+    else switch (st[RS_W]) {
         case 1: rns_chain_product<1>(st, src, dst, ops, cap, pf); break;
         case 2: rns_chain_product<2>(st, src, dst, ops, cap, pf); break;
         case 3: rns_chain_product<3>(st, src, dst, ops, cap, pf); break;
@@ -210,10 +251,10 @@ __device__ __forceinline__ void rns_chain_step(const rns_i32* pi, const rns_i32*
 // The steps of a specialized program one by one at compile time: every record is a constant.
 template <int S>
 __device__ __forceinline__ void rns_spec_steps(const float* __restrict__ pf, rns_i8* buf0, rns_i8* buf1,
-                                               const rns_i8* ops, int cap, float* scratch) {
+                                               const rns_i8* ops, int cap, float* scratch, const RnsChainField& fd) {
     if constexpr (S < rns_spec::PI[RC_STEPS]) {
-        rns_chain_step(rns_spec::PI, rns_spec::PI + RC_STEP0 + S * RS_SIZE, pf, buf0, buf1, ops, cap, scratch);
-        rns_spec_steps<S + 1>(pf, buf0, buf1, ops, cap, scratch);
+        rns_chain_step(rns_spec::PI, rns_spec::PI + RC_STEP0 + S * RS_SIZE, pf, buf0, buf1, ops, cap, scratch, fd);
+        rns_spec_steps<S + 1>(pf, buf0, buf1, ops, cap, scratch, fd);
     }
 }
 #endif
@@ -228,7 +269,8 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
                                                const double* __restrict__ qd, const rns_i8* __restrict__ gops,
                                                const rns_i32* __restrict__ dexp, double f,
                                                const rns_u32* __restrict__ F, int nf, int fneg,
-                                               int* __restrict__ flags) {
+                                               const rns_i8* __restrict__ field, rns_i64 fstride,
+                                               const rns_i32* __restrict__ fexp, int* __restrict__ flags) {
 #if defined(RNS_SPEC)
     pi = rns_spec::PI;
     pf = rns_spec::PF;
@@ -245,6 +287,7 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
     float* scratch = reinterpret_cast<float*>(buf1 + (rns_i64)lmax * cap);
     const rns_i64 t0 = (rns_i64)blockIdx.x * nb;
     const int nt = (int)(B - t0 < nb ? B - t0 : nb);  // tensors of this block
+    const RnsChainField fd{field, fstride, t0, nt};
 
     // 1. the operators into shared memory; the largest magnitude of each tensor
 #if !defined(RNS_SPEC)
@@ -282,9 +325,9 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
 
     // 3, 4. the products, each followed by its drops and extension
 #if defined(RNS_SPEC)
-    rns_spec_steps<0>(pf, buf0, buf1, ops, cap, scratch);
+    rns_spec_steps<0>(pf, buf0, buf1, ops, cap, scratch, fd);
 #else
-    for (int s = 0; s < K; ++s) rns_chain_step(pi, pi + RC_STEP0 + s * RS_SIZE, pf, buf0, buf1, ops, cap, scratch);
+    for (int s = 0; s < K; ++s) rns_chain_step(pi, pi + RC_STEP0 + s * RS_SIZE, pf, buf0, buf1, ops, cap, scratch, fd);
 #endif
 
     // 5. decode in logical order
@@ -303,7 +346,7 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
             const int b = (int)(i / nout);
             const rns_i64 q = i - b * nout;
             const rns_i8* x = fin + rns_chain_place(map, ndim, q, b);
-            const rns_i64 e = (rns_i64)dexp[q] - (rns_i64)amax[b];
+            const rns_i64 e = (rns_i64)dexp[q] - (rns_i64)amax[b] + (pi[RC_NFIELD] ? fexp[t0 + b] : 0);
             if (EXACT)
                 Y[t0 * nout + i] = rns_decode_exact_entry(x, cap, tb, qd, F, nf, fneg != 0, e, d, ds);
             else
@@ -314,16 +357,21 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
 }
 
 // The fp64 decode (the hot kernel: no local memory) and the exact one (its limbs live in local memory).
+// field/fstride/fexp: the Hadamard steps' per-element field and its per-element exponent (read only
+// when the program has field components).
 extern "C" __global__ void __launch_bounds__(RNS_CHAIN_THREADS) rns_chain_fused(
     const rns_u64* __restrict__ X, rns_i64 B, double* __restrict__ Y, const rns_i32* __restrict__ pi,
     const float* __restrict__ pf, const double* __restrict__ qd, const rns_i8* __restrict__ gops,
-    const rns_i32* __restrict__ dexp, double f, int* __restrict__ flags) {
-    rns_chain_body<false>(X, B, Y, pi, pf, qd, gops, dexp, f, nullptr, 0, 0, flags);
+    const rns_i32* __restrict__ dexp, double f, const rns_i8* __restrict__ field, rns_i64 fstride,
+    const rns_i32* __restrict__ fexp, int* __restrict__ flags) {
+    rns_chain_body<false>(X, B, Y, pi, pf, qd, gops, dexp, f, nullptr, 0, 0, field, fstride, fexp, flags);
 }
 
 extern "C" __global__ void __launch_bounds__(RNS_CHAIN_THREADS) rns_chain_fused_exact(
     const rns_u64* __restrict__ X, rns_i64 B, double* __restrict__ Y, const rns_i32* __restrict__ pi,
     const float* __restrict__ pf, const double* __restrict__ qd, const rns_i8* __restrict__ gops,
-    const rns_i32* __restrict__ dexp, const rns_u32* __restrict__ F, int nf, int fneg, int* __restrict__ flags) {
-    rns_chain_body<true>(X, B, Y, pi, pf, qd, gops, dexp, 1.0, F, nf, fneg, flags);
+    const rns_i32* __restrict__ dexp, const rns_u32* __restrict__ F, int nf, int fneg,
+    const rns_i8* __restrict__ field, rns_i64 fstride, const rns_i32* __restrict__ fexp,
+    int* __restrict__ flags) {
+    rns_chain_body<true>(X, B, Y, pi, pf, qd, gops, dexp, 1.0, F, nf, fneg, field, fstride, fexp, flags);
 }

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
 
 from .. import arith
-from ..primitives import _planes_on, drop, mode_product, strip_pending
+from ..encode import encode
+from ..primitives import _planes_on, drop, hadamard, mode_product, strip_pending
 from . import tables
 
-__all__ = ["ChainProgram", "chain_program", "fusable", "spec_header", "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
+__all__ = ["ChainProgram", "chain_program", "fusable", "operator_program", "operator_fusable", "spec_header",
+           "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
 #: threads per block (RNS_CHAIN_THREADS in chain.cu)
 THREADS = 256
@@ -38,8 +40,8 @@ WIDTHS = tuple(range(1, 17))
 _TARGET_ENTRIES = 4096
 
 # program header and step record (the RC_* / RS_* slots of chain.cu)
-_HEADER = 18
-_STEP = 17
+_HEADER = 20
+_STEP = 21
 
 
 def _pad4(n: int) -> int:
@@ -79,6 +81,8 @@ class ChainProgram:
     shared_bytes: int
     in_shape: tuple
     out_shape: tuple
+    nfield: int = 0  # Hadamard field components per element (0: none)
+    nq: int = 0  # entries per field component
 
     @property
     def threads(self) -> int:
@@ -87,15 +91,49 @@ class ChainProgram:
 
 @dataclass(frozen=True)
 class _Step:
-    axis: int
-    active: tuple  # planes of the product
-    op: np.ndarray  # (L, n_out, n_in) residues on them
+    """One step of a linear program: a mode product (``op`` on the planes ``active``) or a Hadamard
+    product with a per-element field (component ``field``), then the drops (and extension) after it."""
+
+    kind: str  # 'product' or 'hadamard'
+    axis: Optional[int]
+    active: tuple  # planes the step works on
+    op: Optional[np.ndarray]  # product: (L, n_out, n_in) residues on those planes
+    field: int  # hadamard: the field component
     dropped: tuple
     drop_active: tuple  # planes entering the drop
     after: tuple  # planes after the drop (and extension)
 
 
-def _trace(plan, in_shape):
+@dataclass(frozen=True)
+class _Linear:
+    """A program of one tensor between one encode and one decode, as the fused kernel runs it.
+
+    ``dexp``: the exponent of every output entry when the input (and every
+    field) is encoded with exponent 0; ``factor``: the output's integer factor.
+    """
+
+    ndim: int
+    in_shape: tuple
+    bits: int
+    basis: tuple
+    extend: bool
+    first: tuple
+    steps: tuple
+    final: tuple
+    dexp: np.ndarray
+    factor: int
+
+    @property
+    def axes(self) -> tuple:
+        return tuple(st.axis for st in self.steps if st.kind == "product")
+
+
+def _output_scale(T) -> tuple[np.ndarray, int]:
+    e = np.broadcast_to(T.scale.exponent(), T.shape).reshape(T.shape[1:]).astype(np.int64)
+    return e, int(T.scale.factor)
+
+
+def _trace(plan, in_shape) -> _Linear:
     """Run the plan's primitives on one zero tensor: every step's planes and operator, and the output scale."""
     x = np.zeros((1,) + tuple(in_shape))
     T = plan.encode_input(x, backend="numpy")
@@ -110,9 +148,10 @@ def _trace(plan, in_shape):
         before = T.active
         if dropped:
             T = drop(T, moduli=dropped, extend=extend, backend="numpy")
-        steps.append(_Step(ax, act, planes, tuple(dropped), before, T.active))
-    e = np.broadcast_to(T.scale.exponent(), T.shape).reshape(T.shape[1:]).astype(np.int64)
-    return first, steps, T.active, e, int(T.scale.factor)
+        steps.append(_Step("product", ax, act, planes, -1, tuple(dropped), before, T.active))
+    dexp, factor = _output_scale(T)
+    return _Linear(plan.ndim, tuple(in_shape), plan.input_bits, plan.basis.moduli, extend, first, tuple(steps),
+                   T.active, dexp, factor)
 
 
 def _in_shape(plan) -> list[int]:
@@ -125,29 +164,44 @@ def _in_shape(plan) -> list[int]:
     return shape
 
 
-def _layouts(plan, in_shape):
-    """The physical layout of one tensor (outer -> inner) entering every product, and the final one.
+def _layouts(lin: _Linear):
+    """The physical layout of one tensor (outer -> inner) entering every step, and the final one.
 
     Each product writes its new axis outermost, so the axis the layout held
     second from the inside is the next innermost: the first layout lists the
-    contracted axes in reverse order of first use, untouched axes outside.
-    The batch is outside every layout. ``None`` if the plan's order breaks
-    this cycle.
+    contracted axes in reverse order of first use, untouched axes outside; a
+    Hadamard product keeps the layout. The batch is outside every layout.
+    ``None`` if the program's order breaks this cycle.
     """
     first_use = []
-    for a in plan.axes:
+    for a in lin.axes:
         if a not in first_use:
             first_use.append(a)
-    P = [a for a in range(plan.ndim) if a not in first_use] + first_use[::-1]
-    ext = dict(enumerate(in_shape))
+    P = [a for a in range(lin.ndim) if a not in first_use] + first_use[::-1]
+    ext = dict(enumerate(lin.in_shape))
     seq = []
-    for a, op in zip(plan.axes, plan.operators):
-        if P[-1] != a:
+    for st in lin.steps:
+        if st.kind == "product" and P[-1] != st.axis:
             return None, None
         seq.append((list(P), dict(ext)))
-        ext[a] = op.shape[0]
-        P = [a] + P[:-1]
+        if st.kind == "product":
+            ext[st.axis] = st.op.shape[1]
+            P = [st.axis] + P[:-1]
     return seq, (P, ext)
+
+
+def _axes_cycle(axes, ndim: int, in_shape) -> Optional[str]:
+    """Why a product order breaks the layout cycle (a sentence), or ``None``."""
+    first_use = []
+    for a in axes:
+        if a not in first_use:
+            first_use.append(a)
+    P = [a for a in range(ndim) if a not in first_use] + first_use[::-1]
+    for a in axes:
+        if P[-1] != a:
+            return f"the contraction order {tuple(axes)} needs a transpose between products"
+        P = [a] + P[:-1]
+    return None
 
 
 def _strides(P, ext):
@@ -176,10 +230,7 @@ def fusable(plan, shape=None) -> Optional[str]:
     for op in plan.operators:
         if _width(op.shape[1]) is None:
             return f"an operator has {op.shape[1]} columns; the fused kernel takes at most {4 * WIDTHS[-1]}"
-    seq, _ = _layouts(plan, in_shape)
-    if seq is None:
-        return f"the contraction order {plan.axes} needs a transpose between products"
-    return None
+    return _axes_cycle(plan.axes, plan.ndim, in_shape)
 
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -206,9 +257,16 @@ def _build(plan, shape, budget) -> ChainProgram:
     if why is not None:
         raise ValueError(f"this plan cannot run as one fused kernel: {why}")
     in_shape = list(shape) if shape is not None else _in_shape(plan)
-    first, steps, final, dexp, factor = _trace(plan, in_shape)
-    seq, (Pf, extf) = _layouts(plan, in_shape)
-    out_shape = tuple(extf[a] for a in range(plan.ndim))
+    return _compile(_trace(plan, in_shape), budget)
+
+
+def _compile(lin: _Linear, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
+    """The kernel program of a linear program (``nfield`` field components of ``nq`` entries each)."""
+    in_shape, first, steps, final, dexp, factor = list(lin.in_shape), lin.first, lin.steps, lin.final, lin.dexp, lin.factor
+    seq, (Pf, extf) = _layouts(lin)
+    if seq is None:
+        raise ValueError(_axes_cycle(lin.axes, lin.ndim, lin.in_shape))
+    out_shape = tuple(extf[a] for a in range(lin.ndim))
 
     ints: list[int] = [0] * (_HEADER + _STEP * len(steps))
     floats: list[np.ndarray] = []
@@ -242,15 +300,18 @@ def _build(plan, shape, budget) -> ChainProgram:
     lmax = len(first)
     step_rec = []
     for st, (P, ext) in zip(steps, seq):
-        L, n_out, n_in = st.op.shape
-        W = _width(n_in)
-        A = np.zeros((L, n_out, 4 * W), np.int8)
-        A[:, :, :n_in] = st.op
-        rec = {"L": L, "W": W, "n_out": n_out, "P": P, "ext": ext, "op": add_op(A),
-               "red": add_floats(*tables.mod_consts(tuple(st.active)))}
+        L = len(st.active)
+        rec = {"kind": st.kind, "L": L, "P": P, "ext": ext, "red": add_floats(*tables.mod_consts(tuple(st.active)))}
+        if st.kind == "product":
+            _, n_out, n_in = st.op.shape
+            W = _width(n_in)
+            A = np.zeros((L, n_out, 4 * W), np.int8)
+            A[:, :, :n_in] = st.op
+            rec.update(W=W, n_out=n_out, op=add_op(A))
+        else:  # the field's plane of every step plane (fields are held on the basis moduli, in order)
+            rec.update(field=st.field, fplane=add_ints([lin.basis.index(q) for q in st.active]))
         if st.dropped:
-            ib, fb, out_active, nd, nr = tables.drop_tables(st.drop_active, plan.basis.moduli, st.dropped,
-                                                            plan.method == "rescale_be")
+            ib, fb, out_active, nd, nr = tables.drop_tables(st.drop_active, lin.basis, st.dropped, lin.extend)
             if tuple(out_active) != tuple(st.after):
                 raise AssertionError(f"drop tables give planes {out_active}, the primitives {st.after}")
             rec["drop"] = (add_ints(ib), add_floats(fb))
@@ -274,22 +335,22 @@ def _build(plan, shape, budget) -> ChainProgram:
     if shared > SHARED_MAX:
         raise ValueError(
             f"one tensor of shape {tuple(in_shape)} needs {shared} bytes of shared memory on {lmax} planes; "
-            f"the fused kernel has {SHARED_MAX}: run the plan unfused (fused=False)"
+            f"the fused kernel has {SHARED_MAX}: run it unfused (fused=False)"
         )
 
     # header
     enc = tables.encode_tables(tuple(first))
     Pm, IPm, Hm, C18, C36, pw, pa, per = enc
     hdr = {
-        0: plan.ndim, 1: len(steps), 2: n_in_entries, 3: math.prod(out_shape), 4: nb, 5: len(first),
-        6: plan.input_bits, 7: cap, 8: lmax, 9: opbytes,
+        0: lin.ndim, 1: len(steps), 2: n_in_entries, 3: math.prod(out_shape), 4: nb, 5: len(first),
+        6: lin.bits, 7: cap, 8: lmax, 9: opbytes,
         10: add_floats(Pm, IPm, Hm, C18, C36, pw), 11: pw.shape[1], 12: add_ints(np.concatenate([pa, per])),
     }
 
     def place_map(P, ext):
         strides, size = _strides(P, ext)
         vals = []
-        for a in range(plan.ndim):
+        for a in range(lin.ndim):
             vals += [ext[a], strides[a]]
         return add_ints(vals + [size])
 
@@ -298,22 +359,30 @@ def _build(plan, shape, budget) -> ChainProgram:
     dib, dfb, qd = tables.decode_tables(tuple(final))
     hdr[16] = add_ints(dib)
     hdr[17] = add_floats(dfb)
+    hdr[18], hdr[19] = nfield, nq
 
     buf = 0
     for s, rec in enumerate(step_rec):
         P, ext = rec["P"], rec["ext"]
-        rows = [ext[a] for a in P[:-1]]
-        MT = math.prod(rows)
-        nlast = rows[-1] if rows else 1
-        nlastpad = _pad4(nlast) if rows else 1
-        Pn = [P[-1]] + P[:-1]
-        out_ext = dict(ext)
-        out_ext[P[-1]] = rec["n_out"]
-        osb = _strides(Pn, out_ext)[1]
         base = _HEADER + _STEP * s
         dst = 1 - buf
-        vals = [buf, dst, rec["L"], nb * MT, rec["W"], rec["n_out"], nlast, nlastpad, rec["op"], rec["red"], 0, 0,
-                0, 0, nb * osb, MT, osb]
+        vals = [0] * _STEP
+        vals[0], vals[1], vals[2], vals[9] = buf, dst, rec["L"], rec["red"]
+        if rec["kind"] == "product":
+            rows = [ext[a] for a in P[:-1]]
+            MT = math.prod(rows)
+            nlast = rows[-1] if rows else 1
+            nlastpad = _pad4(nlast) if rows else 1
+            Pn = [P[-1]] + P[:-1]
+            out_ext = dict(ext)
+            out_ext[P[-1]] = rec["n_out"]
+            osb = _strides(Pn, out_ext)[1]
+            vals[3:9] = [nb * MT, rec["W"], rec["n_out"], nlast, nlastpad, rec["op"]]
+            vals[14:17] = [nb * osb, MT, osb]
+        else:
+            size = _strides(P, ext)[1]
+            vals[14], vals[16] = nb * size, size
+            vals[17:21] = [1, rec["field"], rec["fplane"], place_map(P, ext)]
         buf = dst
         if "drop" in rec:
             vals[10], vals[11] = 1, 1 - buf
@@ -331,18 +400,100 @@ def _build(plan, shape, budget) -> ChainProgram:
         F, t2, fneg = None, 0, factor < 0
     dexp = dexp.reshape(-1)
     if np.abs(dexp).max(initial=0) + max(abs(k), abs(t2)) >= 1 << 30:
-        raise ValueError("the plan's output exponents do not fit the fused kernel's int32 table")
+        raise ValueError("the output exponents do not fit the fused kernel's int32 table")
     fl = np.concatenate(floats) if floats else np.zeros(1, np.float32)
     prog = ChainProgram(
         ints=np.array(ints, np.int32), floats=fl.astype(np.float32), qd=np.asarray(qd, np.float64),
         ops=np.concatenate(ops) if ops else np.zeros(16, np.int8),
         dexp_fp64=(dexp + k).astype(np.int32), dexp_exact=(dexp + t2).astype(np.int32), f=float(f),
         F=None if F is None else np.asarray(F, np.uint32), fneg=bool(fneg), nb=nb, shared_bytes=int(shared),
-        in_shape=tuple(in_shape), out_shape=out_shape,
+        in_shape=tuple(in_shape), out_shape=out_shape, nfield=nfield, nq=nq,
     )
     for a in (prog.ints, prog.floats, prog.qd, prog.ops, prog.dexp_fp64, prog.dexp_exact):
         a.setflags(write=False)
     return prog
+
+
+# ----- finite-element operators ------------------------------------------------------------
+
+
+def operator_fusable(op) -> Optional[str]:
+    """Why the FEM operator ``op`` cannot run as one fused kernel (a sentence), or ``None`` if it can.
+
+    The kernel runs programs of one live tensor: the mass operator (products,
+    one Hadamard product with ``w detJ``, transposed products). The Poisson
+    operator keeps several partial gradients alive and sums them; it runs one
+    kernel per step.
+    """
+    if getattr(op, "method", None) != "rescale_be":
+        return f"only method='rescale_be' runs in residues from encode to decode (this operator: {op.method!r})"
+    if op.kind != "mass":
+        return f"the {op.kind} operator keeps several tensors alive between its stages (only the mass operator is fused)"
+    if op.plan.drops and op.plan.drops[0]:
+        return "its plan drops moduli before the first stage"
+    if _width(op.basis.Q) is None or _width(op.basis.P) is None:
+        return f"{max(op.basis.P, op.basis.Q)} points per axis; the fused kernel takes at most {4 * WIDTHS[-1]}"
+    return None
+
+
+def _trace_operator(op) -> _Linear:
+    """Run the operator's residue program on one zero element (numpy backend), recording every stage."""
+    basis, d = op.basis, op.basis.dim
+    axes = tuple(range(1, d + 1))
+    T = encode(np.zeros((1,) + (basis.P,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
+    W0 = encode(np.zeros((1,) + (basis.Q,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
+    operands = {**op._ops, "W": W0}
+    steps: list[_Step] = []
+
+    class Recorder:
+        k = 0
+
+        def stage(self, inputs, outs):
+            subset = op.plan.drops[self.k]
+            self.k += 1
+            if len(inputs) != 1 or len(outs) != 1 or len(outs[0]) != 1:
+                raise ValueError("the fused kernel runs programs of one tensor and one term per stage")
+            (X,) = inputs
+            if subset:
+                before = X.active
+                X = drop(X, moduli=subset, extend=True, backend="numpy")
+                steps[-1] = replace(steps[-1], dropped=tuple(subset), drop_active=before, after=X.active)
+            ((_, key, axis),) = outs[0]
+            act = X.active
+            if axis is None:
+                X = hadamard(X, operands[key], backend="numpy")
+                steps.append(_Step("hadamard", None, act, None, 0, (), act, act))
+            else:
+                planes = np.asarray(_planes_on(operands[key], act, "op"))
+                X = mode_product(X, operands[key], axis + 1, backend="numpy")
+                steps.append(_Step("product", axis, act, planes, -1, (), act, act))
+            return [X]
+
+    first = T.active
+    out = op._program(Recorder(), T, d)
+    dexp, factor = _output_scale(out)
+    return _Linear(d, (basis.P,) * d, op.bits, tuple(basis.moduli.moduli), True, first, tuple(steps), out.active,
+                   dexp, factor)
+
+
+def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
+    """The fused kernel's program for a FEM operator (cached per operator and budget; see :func:`operator_fusable`).
+
+    Its one field component is the encoded ``w detJ`` (``Q**dim`` entries per element).
+
+    Raises
+    ------
+    ValueError
+        If the operator cannot be fused (the reason) or one element does not fit a block's shared memory.
+    """
+    why = operator_fusable(op)
+    if why is not None:
+        raise ValueError(f"this operator cannot run as one fused kernel: {why}")
+    per_op = _CACHE.setdefault(op, {})
+    key = ("operator", budget)
+    if key not in per_op:
+        per_op[key] = _compile(_trace_operator(op), budget, nfield=1, nq=op.basis.Q**op.basis.dim)
+    return per_op[key]
 
 
 def _c_array(kind: str, name: str, values) -> str:

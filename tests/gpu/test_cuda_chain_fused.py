@@ -71,3 +71,18 @@ def test_fused_errors():
     # not fusable, not required: the step-by-step kernels, the same numbers
     same(twice.run(np.ones((2, 8, 3)), backend="cuda"), twice.run(np.ones((2, 8, 3)), backend="cpu"))
     assert fused.fusable(plan) is None
+
+
+@pytest.mark.parametrize("P, dim", [(2, 3), (4, 3), (8, 3), (6, 2)])
+def test_fused_mass_operator(P, dim):
+    from rnstensor.fem import MassOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(P, dim=dim)
+    mesh = box_mesh(basis, shape=(3, 2, 2)[:dim], curved=0.1)
+    u = np.random.default_rng(P).standard_normal((mesh.nelem,) + (P,) * dim)
+    cpu = MassOperator(basis, mesh.qdata, backend="cpu")
+    gpu = MassOperator(basis, mesh.qdata, backend="cuda")
+    for decode in ("fp64", "exact"):
+        want = cpu.apply(u, decode)
+        same(gpu.apply(u, decode, fused=True), want)
+        same(gpu.apply(u, decode, fused=False), want)
