@@ -464,7 +464,7 @@ def bench_chain(env: Env, res: dict, rows: list, scale: float, deadline: float) 
                     row[name] = {"error": f"{type(exc).__name__}: {exc}"}
                 finally:
                     if be is not None:
-                        be.specialize_chains = True
+                        be.specialize_chains = "auto"
             if "fused" in results and "unfused" in results:
                 a, b = env.asnumpy(results["fused"]), env.asnumpy(results["unfused"])
                 row["fused"]["bitwise_equal_unfused"] = bool(np.array_equal(np.asarray(a).view(np.uint64), np.asarray(b).view(np.uint64)))

@@ -494,7 +494,7 @@ def test_chain_through_the_backend(fake, monkeypatch):
         monkeypatch.setattr(DevArray, "__module__", __name__)
         assert isinstance(got, DevArray) and launches[-1].startswith("rns_chain_fused")
         same(got, want)
-    be.specialize_chains = False  # the generic kernel
+    be.specialize_chains = False  # the generic kernel (a chain is specialized by default)
     same(plan.run(X, backend="cuda", fused=True), plan.run(X, backend="cpu"))
     X[1, 2, 3, 4] = np.nan
     monkeypatch.setattr(DevArray, "__module__", "cupy")
@@ -505,8 +505,8 @@ def test_chain_through_the_backend(fake, monkeypatch):
     same(rt.dgemm(a, b, backend="cuda"), rt.dgemm(a, b, backend="cpu"))
 
 
-def test_fused_mass_operator_through_the_backend(fake, monkeypatch):
-    # the mass operator as one kernel: its field (w detJ residues) and field exponents go to the device
+def test_fused_fem_operators_through_the_backend(fake, monkeypatch):
+    # the mass and Poisson operators as one kernel: their fields (w detJ, G residues) and exponents go to the device
     from rnstensor import backends
     from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 
@@ -522,7 +522,8 @@ def test_fused_mass_operator_through_the_backend(fake, monkeypatch):
         assert launches[-1].startswith("rns_chain_fused")
         same(gpu.apply(u, decode, fused=False), cpu.apply(u, decode))
         assert not launches[-1].startswith("rns_chain_fused")
+    poisson = PoissonOperator(basis, mesh.G, backend="cuda")
+    same(poisson.apply(u, fused=True), PoissonOperator(basis, mesh.G, backend="cpu").apply(u))
+    assert launches[-1] == "rns_chain_fused"
     with pytest.raises(ValueError, match="fused=True"):
-        PoissonOperator(basis, mesh.G, backend="cuda").apply(u, fused=True)
-    with pytest.raises(ValueError, match="fused=True"):
-        cpu.apply(u, fused=True)
+        cpu.apply(u, fused=True)  # the cpu backend has no fused kernel

@@ -146,7 +146,8 @@ def test_program_layout_and_tables():
     prog = fused.chain_program(plan)
     assert prog.in_shape == (5, 5, 5) and prog.out_shape == (7, 5, 5)
     assert prog.nb >= 1 and prog.shared_bytes <= fused.SHARED_BUDGET
-    assert prog.ints[0] == 3 and prog.ints[1] == 3 and prog.ints[4] == prog.nb
+    # ops: the three products and one drop op before each product that follows a drop
+    assert prog.ints[0] == 3 and prog.ints[1] == 3 + sum(1 for d in plan.drops if d) and prog.ints[4] == prog.nb
     # first product: 5 columns padded to 8 bytes; its planes are the operator's residues on every modulus
     L = len(plan.basis)
     op0 = prog.ops[: L * 7 * 8].reshape(L, 7, 8)
@@ -197,15 +198,6 @@ def test_spec_header_has_exact_literals():
     assert words.tobytes() == prog.ops.tobytes()
 
 
-def _mass_field(op):
-    """The encoded ``w detJ`` as the kernel reads it, ``(planes, nelem, 1, Q**dim)``, and its exponent per element."""
-    W = op._residue_fields()["W"]
-    L, E = W.residues.shape[:2]
-    field = np.ascontiguousarray(np.asarray(W.residues).reshape(L, E, 1, -1))
-    fexp = np.broadcast_to(W.scale.exponent().reshape(-1), (E,)).astype(np.int32)
-    return field, np.ascontiguousarray(fexp)
-
-
 @pytest.mark.parametrize("P, dim, shape", [(2, 3, (3, 2, 1)), (4, 3, (2, 2, 2)), (6, 2, (5, 3)), (8, 3, (1, 1, 3))])
 def test_fused_mass_operator_matches_cpu(emu, P, dim, shape):
     """The mass operator (products, the Hadamard product with w detJ, transposed products) as one kernel."""
@@ -219,10 +211,48 @@ def test_fused_mass_operator_matches_cpu(emu, P, dim, shape):
     rng = np.random.default_rng(P + dim)
     u = rng.standard_normal((mesh.nelem,) + (P,) * dim) * np.exp2(rng.integers(-30, 30, (mesh.nelem,) + (1,) * dim))
     u[0] = 0.0  # an all-zero element
-    field, fexp = _mass_field(op)
+    field, fexp = fused.operator_field(op)
     for decode in ("fp64", "exact"):
         got, flags = run_fused(emu, None, u, decode, prog=prog, field=field, fexp=fexp)
         assert flags == 0 and _same(got, op.apply(u, decode))
+
+
+@pytest.mark.parametrize("P, dim, shape", [(2, 3, (2, 1, 1)), (3, 3, (2, 2, 1)), (5, 2, (3, 2)), (4, 2, (1, 1))])
+def test_fused_poisson_operator_matches_cpu(emu, P, dim, shape):
+    """The Poisson operator as one kernel: several partial gradients alive at once, sums of two and three
+    terms, the Hadamard products with the packed G, transposed products accumulated into one result."""
+    from rnstensor.fem import PoissonOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(P, dim=dim)
+    mesh = box_mesh(basis, shape=shape, curved=0.2 if shape != (1, 1) else 0.0)  # a straight box: G has zero components
+    op = PoissonOperator(basis, mesh.G)
+    prog = fused.operator_program(op)
+    assert prog.nfield == 3 * (dim - 1) and prog.ints[20] > 2  # several tensors alive at once
+    rng = np.random.default_rng(P * dim)
+    u = rng.standard_normal((mesh.nelem,) + (P,) * dim) * np.exp2(rng.integers(-20, 20, (mesh.nelem,) + (1,) * dim))
+    field, fexp = fused.operator_field(op)
+    for decode in ("fp64", "exact"):
+        got, flags = run_fused(emu, None, u, decode, prog=prog, field=field, fexp=fexp)
+        assert flags == 0 and _same(got, op.apply(u, decode))
+
+
+def test_specialized_poisson_kernel_matches_cpu(tmp_path_factory):
+    """The Poisson operator compiled into the kernel (its program as constexpr arrays)."""
+    from rnstensor.fem import PoissonOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(3)
+    mesh = box_mesh(basis, shape=(2, 1, 1), curved=0.2)
+    op = PoissonOperator(basis, mesh.G)
+    prog = fused.operator_program(op)
+    try:
+        lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec-poisson"),
+                                                       headers=fused.spec_header(prog), options=fused.SPEC_OPTIONS)))
+    except build.KernelBuildError as exc:  # pragma: no cover
+        pytest.skip(f"no C++20 host compiler: {exc}")
+    u = np.random.default_rng(9).standard_normal((mesh.nelem, 3, 3, 3))
+    field, fexp = fused.operator_field(op)
+    got, flags = run_fused(lib, None, u, "fp64", prog=prog, field=field, fexp=fexp)
+    assert flags == 0 and _same(got, op.apply(u))
 
 
 def test_operator_fusable_says_why_not():
@@ -231,7 +261,7 @@ def test_operator_fusable_says_why_not():
     basis = TensorBasis(3)
     mesh = box_mesh(basis, shape=(1, 1, 1))
     assert fused.operator_fusable(MassOperator(basis, mesh.qdata)) is None
-    assert "several tensors" in fused.operator_fusable(PoissonOperator(basis, mesh.G))
+    assert fused.operator_fusable(PoissonOperator(basis, mesh.G)) is None
     assert "rescale_be" in fused.operator_fusable(MassOperator(basis, mesh.qdata, method="composed"))
     with pytest.raises(ValueError, match="cannot run as one fused kernel"):
-        fused.operator_program(PoissonOperator(basis, mesh.G))
+        fused.operator_program(PoissonOperator(basis, mesh.G, method="float64"))

@@ -207,17 +207,23 @@ class CudaBackend:
         Every engine computes the same bits.
     product_thresholds : dict, optional
         Overrides of :data:`PRODUCT_THRESHOLDS` for ``'auto'``.
-    specialize_chains : bool
-        ``True`` (default): the fused chain kernel is compiled once per plan
-        with the plan as compile-time constants (unrolled loops, tables as
-        immediates, digits in registers; :func:`rnstensor.kernels.fused.spec_header`),
-        cached on disk. ``False``: one generic kernel reads every plan from memory.
+    specialize_chains : {'auto', True, False}
+        ``True``: the fused kernel is compiled once per program (a chain plan,
+        a FEM operator) with the program as compile-time constants (unrolled
+        loops, tables as immediates, digits in registers;
+        :func:`rnstensor.kernels.fused.spec_header`), cached on disk.
+        ``False``: one generic kernel reads every program from memory.
+        ``'auto'`` (default): specialized up to
+        :data:`rnstensor.kernels.fused.SPEC_MAX_OPS` ops (chains, the mass
+        operator), generic beyond (the Poisson operator, whose unrolled build
+        takes about a minute to compile).
     """
 
     name = "cuda"
 
     def __init__(
-        self, product_engine: str | None = None, product_thresholds: dict | None = None, specialize_chains: bool = True
+        self, product_engine: str | None = None, product_thresholds: dict | None = None,
+        specialize_chains: bool | str = "auto",
     ):
         source = "product_engine"
         if product_engine is None:
@@ -243,6 +249,8 @@ class CudaBackend:
         self.product_thresholds = dict(product_thresholds or {})
         self._modules: dict = {}
         self._dev_tables: dict = {}
+        if specialize_chains not in ("auto", True, False):
+            raise ValueError(f"specialize_chains must be 'auto', True or False; got {specialize_chains!r}")
         self.specialize_chains = specialize_chains
         self._spec_modules: dict = {}
 
@@ -578,9 +586,11 @@ class CudaBackend:
 
     def _chain_module(self, program):
         """The module of ``program``'s kernel: its own specialized build, or the generic one."""
-        if not self.specialize_chains:
-            return self._module("chain")
         from ..kernels import fused
+
+        spec = self.specialize_chains
+        if spec is False or (spec == "auto" and not fused.specialize_by_default(program)):
+            return self._module("chain")
 
         hit = self._spec_modules.get(program)
         if hit is None:

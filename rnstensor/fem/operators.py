@@ -237,8 +237,8 @@ class _Operator:
         on its own, the pointwise steps in float64. ``'float64'``: plain
         numpy einsum.
 
-        ``fused``: on the ``'cuda'`` backend the mass operator runs as one
-        kernel (every element in shared memory from load to store;
+        ``fused``: on the ``'cuda'`` backend the operator runs as one kernel
+        (every element in shared memory from load to store;
         :func:`rnstensor.kernels.fused.operator_program`). ``None`` (default)
         fuses where it can, ``True`` raises where it cannot, ``False`` runs one
         kernel per step. The bits are the same either way.
@@ -283,11 +283,8 @@ class _Operator:
             if fused:
                 raise ValueError(f"fused=True: {why}")
             return None
-        W = self._residue_fields()["W"]
-        L, E = W.residues.shape[:2]
-        field = np.asarray(W.residues).reshape(L, E, 1, -1)
-        fexp = np.broadcast_to(W.scale.exponent().reshape(-1), (E,)).astype(np.int32)
-        return be.chain(prog, x, decode, field=field, fexp=np.ascontiguousarray(fexp))
+        field, fexp = _fused.operator_field(self)
+        return be.chain(prog, x, decode, field=field, fexp=fexp)
 
     def error_bound(self, u, decode: str = "fp64") -> np.ndarray:
         """A rigorous per-element bound on ``max |apply(u) - exact|`` for ``method='rescale_be'``.

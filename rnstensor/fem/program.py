@@ -67,7 +67,10 @@ def poisson_program(run, u, dim: int, skip: frozenset = frozenset()):
 
     Forward: axes from the last to the first, the tensors with ``B`` on every
     axis so far and those with ``D`` on one of them; then ``f_i = sum_j G_ij
-    g_j``; backward: ``acc <- B^T acc + D^T f_a`` axis by axis. Every sum adds
+    g_j``; backward: ``acc <- B^T acc + D^T f_a`` axis by axis, in the
+    forward order (so the axes cycle: each product's new axis goes outermost
+    and the next one to contract is innermost, the fused kernel's layouts).
+    Every sum adds
     tensors that went through the same operators (one ``D``, the rest ``B``)
     and the same drops, hence with equal scales. ``skip``: packed components
     of ``G`` that are zero everywhere (their terms are left out).
@@ -91,7 +94,7 @@ def poisson_program(run, u, dim: int, skip: frozenset = frozenset()):
         outs.append(terms)
     f = run.stage(g, outs)
     acc, fs = None, dict(enumerate(f))
-    for a in range(dim):
+    for a in order:  # the forward order again: the axes cycle (the fused kernel's layouts follow it)
         keys = [i for i in fs if i != a]
         inputs = ([acc] if acc is not None else []) + [fs[a]] + [fs[i] for i in keys]
         o = 1 if acc is not None else 0

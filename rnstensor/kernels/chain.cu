@@ -1,32 +1,33 @@
-// The whole chain in one kernel: encode, every mode product, the drops and base extensions, decode.
+// A whole residue program in one kernel: encode, the mode products, Hadamard products with per-element
+// fields, sums, the drops and base extensions, decode.
 //
-// A block takes nb consecutive tensors of the batch and keeps them in shared
-// memory from the float64 load to the float64 store, so each entry crosses
-// device memory twice (8 bytes in, 8 bytes out) and every step in between is
-// exact integer arithmetic on residue planes:
+// A block takes nb consecutive tensors of the batch (a chain's tensors, a FEM operator's elements) and
+// keeps them in shared memory from the float64 load to the float64 store, so each entry crosses device
+// memory twice (8 bytes in, 8 bytes out) and every step in between is exact integer arithmetic on
+// residue planes. The live tensors sit in slots (each slot: lmax planes of cap bytes); the program is a
+// list of ops, each writing one slot, with a block barrier where the next op reads what this one wrote:
 //
-//   1. the largest magnitude of each tensor (a shared atomic max on the IEEE
-//      bits) gives its exponent e = bits - E, as encode(..., shared_axes=tensor);
-//   2. every entry is encoded on the L0 moduli (rns_encode_entry) into plane
-//      buffer 0, at its place in the first physical layout;
-//   3. product s contracts the innermost physical axis: out[l][j][r] =
-//      [sum_k A[l][j][k] X[l][r][k]]_p with dp4a on four residues at a time
-//      (|sum| <= 64 * 2^14 < 2^22 - 256: one float reduction), writing the new
-//      axis outermost within each tensor (the batch stays outermost of all); the
-//      next contracted axis, which the previous layout held second from the
-//      inside, becomes innermost (the host chose the first layout so this order
-//      is the plan's). The innermost axis is padded to a
-//      multiple of 4 bytes; the operator's padded columns are zero, so the
-//      padding's contents never matter;
-//   4. drop x g and base extension per entry (rns_drop_extend_entry, the
-//      tables of the CPU backend's drop);
-//   5. decode per entry (fp64 Horner or exact, rns_arith.cuh) with the
-//      exponent of the entry minus e and the plan's scale, stored in logical order.
+//   1. the largest magnitude of each tensor (a shared atomic max on the IEEE bits) gives its exponent
+//      e = bits - E, as encode(..., shared_axes=tensor); every entry is encoded on the L0 moduli
+//      (rns_encode_entry) into slot 0, at its place in the first physical layout;
+//   2. a product op writes out[l][j][r] = [sum_t sum_k A_t[l][j][k] X_t[l][r][k]]_p: up to RNS_TMAX
+//      terms, all contracting the innermost physical axis, with dp4a on four residues at a time
+//      (|sum| <= 3 * 64 * 2^14 < 2^22 - 1: one reduction from the accumulator's bits); the new axis is
+//      written outermost within each tensor (the batch stays outermost of all), so the axis the
+//      previous layout held second from the inside becomes innermost (the host chose the first layout
+//      so this order is the program's). The innermost axis is padded to a multiple of 4 bytes; the
+//      operators' padded columns are zero, so the padding's contents never matter;
+//   3. a Hadamard op writes out = [sum_t F_t X_t]_p entrywise, F_t a component of the per-element
+//      field read from device memory in logical order;
+//   4. a drop op divides one slot by the dropped moduli and extends it back (rns_drop_extend_entry,
+//      the tables of the CPU backend's drop);
+//   5. decode per entry (fp64 Horner or exact, rns_arith.cuh) with the exponent of the entry minus e
+//      (plus the field's exponent of the tensor), stored in logical order.
 //
-// The program (layouts, table offsets) is an int32 array built on the host by
-// rnstensor.kernels.fused; floats, float64s and the operators' int8 residues
-// sit in three more arrays. The operators are copied to shared memory once per
-// block; the tables are read through the cache (every thread reads the same entry).
+// The program (layouts, slots, table offsets) is an int32 array built on the host by
+// rnstensor.kernels.fused; floats, float64s and the operators' int8 residues sit in three more
+// arrays. The operators are copied to shared memory once per block; the tables are read through the
+// cache (every thread reads the same entry).
 // A plan's specialized build includes its program as constexpr arrays (rns_spec::PI / PF / QD and
 // the operators as int32 words OPW; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
 // The body then reads them instead of its pointer arguments, so every size, offset and table entry
@@ -55,45 +56,38 @@
 #define RC_ENC_I 12    // int offset of pa, per (L0 each)
 #define RC_ENC_MAP 13  // int offset: (extent, physical stride) per logical input axis, then the batch stride
 #define RC_DEC_MAP 14  // the same for the output
-#define RC_DEC_BUF 15  // buffer holding the final planes
+#define RC_DEC_BUF 15  // the slot holding the final planes
 #define RC_DEC_I 16    // int offset of the decode tables (rns_decode_tables)
 #define RC_DEC_F 17    // float offset
 #define RC_NFIELD 18   // Hadamard field components per element
 #define RC_NQ 19       // entries per field component
-#define RC_STEP0 20    // first step record
-// step record (int32 slots)
-#define RS_SRC 0       // buffer read by the product
-#define RS_DST 1       // buffer written by the product
-#define RS_L 2         // planes
-#define RS_M 3         // rows: entries of the input / n_in, all tensors of the block
-#define RS_W 4         // words per row: padded n_in / 4
-#define RS_NOUT 5      // operator rows
-#define RS_NLAST 6     // extent of the output's innermost axis
-#define RS_NLASTPAD 7  // ... padded to a multiple of 4
-#define RS_OP 8        // byte offset of the operator (L, n_out, 4 W) in the operator array
-#define RS_RED 9       // float offset of P, IP, H (L each) of the planes
-#define RS_DROP 10     // 1: a drop (and extension) follows
-#define RS_DROP_DST 11 // its output buffer
-#define RS_DROP_I 12   // int offset of its packed tables (rns_drop_tables)
-#define RS_DROP_F 13   // float offset
-#define RS_SLOTS 14    // physical slots of the output per plane (padding included)
-#define RS_MT 15       // rows per tensor
-#define RS_OSB 16      // output bytes per tensor and plane (the batch stride)
-#define RS_KIND 17     // 0: mode product; 1: Hadamard product with a per-element field
-#define RS_FIELD 18    // Hadamard: the field component
-#define RS_FPLANE 19   // Hadamard: int offset of the field plane of every step plane
-#define RS_MAP 20      // Hadamard: int offset of the layout's place map
-#define RS_SIZE 21
+#define RC_NSLOTS 20   // tensor slots in shared memory
+#define RC_OPS 21      // int offset of the first op record
+// op record (int32 slots)
+#define RS_KIND 0      // 0: product (sum of terms); 1: Hadamard product (sum of terms); 2: drop + extension
+#define RS_SYNC 1      // 1: a block barrier after the op
+#define RS_OUT 2       // the slot written
+#define RS_IN 3        // drop: the slot read
+#define RS_L 4         // planes
+#define RS_RED 5       // float offset of P, IP, H (L each) of the planes
+#define RS_M 6         // product rows: entries of an input / n_in, all tensors of the block
+#define RS_W 7         // words per row: padded n_in / 4
+#define RS_NOUT 8      // operator rows
+#define RS_NLAST 9     // extent of the output's innermost axis
+#define RS_NLASTPAD 10 // ... padded to a multiple of 4
+#define RS_MT 11       // rows per tensor
+#define RS_OSB 12      // output bytes per tensor and plane (the batch stride)
+#define RS_NT 13       // terms (product, Hadamard)
+#define RS_TERMS 14    // int offset of the terms: (input slot, operator byte offset or field component) each
+#define RS_FPLANE 15   // Hadamard: int offset of the field plane of every plane
+#define RS_MAP 16      // Hadamard: int offset of the layout's place map
+#define RS_DROP_I 17   // drop: int offset of its packed tables (rns_drop_tables)
+#define RS_DROP_F 18   // drop: float offset
+#define RS_SLOTS 19    // drop: physical entries per plane (padding included)
+#define RS_SIZE 20
+#define RNS_TMAX 3     // terms of one sum at most (3 * 64 * 2^14 < 2^22 - 1)
 
 #define RNS_CHAIN_THREADS 256
-
-// The per-element field of the Hadamard steps: (planes, batch, components, entries) int8, plane stride
-// fstride; this block's first tensor t0 and its tensor count nt (the rest of the block is past the end).
-struct RnsChainField {
-    const rns_i8* field;
-    rns_i64 fstride, t0;
-    int nt;
-};
 
 #if defined(RNS_SPEC) && defined(__CUDACC__)
 #define RNS_SPEC_UNROLL _Pragma("unroll")
@@ -136,125 +130,165 @@ __device__ __forceinline__ rns_i64 rns_chain_exponent(rns_u64 amax, int bits) {
     return bits - E;
 }
 
-// One mode product: every row r of the input (all planes, all operator rows) per thread.
-// Rows are (tensor b, row r' of that tensor); the batch stays outermost in every layout.
+// The shared-memory tensor slots of a block: slot k at base + k * stride.
+struct RnsSlots {
+    rns_i8* base;
+    rns_i64 stride;
+    __device__ __forceinline__ rns_i8* operator[](int k) const { return base + k * stride; }
+};
+
+// A product op: every row r of the inputs (all planes, all operator rows) per thread; rows are
+// (tensor b, row r' of that tensor).
 template <int W>
-__device__ __forceinline__ void rns_chain_product(const rns_i32* st, const rns_i8* __restrict__ src,
-                                                  rns_i8* __restrict__ dst, const rns_i8* ops, int cap,
-                                                  const float* __restrict__ pf) {
-    const int L = st[RS_L], M = st[RS_M], MT = st[RS_MT], n_out = st[RS_NOUT];
+__device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
+                                                  const RnsSlots& slot, const rns_i8* ops, int cap) {
+    const int L = st[RS_L], M = st[RS_M], MT = st[RS_MT], n_out = st[RS_NOUT], nt = st[RS_NT];
     const int nlast = st[RS_NLAST], nlastpad = st[RS_NLASTPAD], osb = st[RS_OSB];
     const int jstride = (MT / nlast) * nlastpad;
-#if defined(RNS_SPEC)
-    const rns_i32* A = rns_spec::OPW + st[RS_OP] / 4;  // immediates once unrolled
-#else
-    const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + st[RS_OP]);
-#endif
+    const rns_i32* terms = pi + st[RS_TERMS];
     const float* P = pf + st[RS_RED];
     const float* IP = P + L;
     const float* H = IP + L;
+    rns_i8* dst = slot[st[RS_OUT]];
     for (int r = threadIdx.x; r < M; r += blockDim.x) {
         const int b = r / MT, rt = r - b * MT;
         const int o = b * osb + (rt / nlast) * nlastpad + rt % nlast;
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
-            const rns_i32* xr = reinterpret_cast<const rns_i32*>(src + (rns_i64)l * cap) + (rns_i64)r * W;
-            rns_i32 x[W];
+            rns_i32 x[RNS_TMAX][W];
 #pragma unroll
-            for (int w = 0; w < W; ++w) x[w] = xr[w];
+            for (int t = 0; t < RNS_TMAX; ++t) {
+                if (t < nt) {
+                    const rns_i32* xr = reinterpret_cast<const rns_i32*>(slot[terms[2 * t]] + (rns_i64)l * cap) + (rns_i64)r * W;
+#pragma unroll
+                    for (int w = 0; w < W; ++w) x[t][w] = xr[w];
+                }
+            }
             const float p = P[l], ip = IP[l], h = H[l];
-            const rns_i32* Al = A + (rns_i64)l * n_out * W;
             rns_i8* out = dst + (rns_i64)l * cap + o;
             RNS_SPEC_UNROLL
             for (int j = 0; j < n_out; ++j) {
                 rns_i32 acc = 0;
 #pragma unroll
-                for (int w = 0; w < W; ++w) acc = rns_dp4a(Al[j * W + w], x[w], acc);
+                for (int t = 0; t < RNS_TMAX; ++t) {
+                    if (t < nt) {
+#if defined(RNS_SPEC)
+                        const rns_i32* A = rns_spec::OPW + terms[2 * t + 1] / 4;  // immediates once unrolled
+#else
+                        const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + terms[2 * t + 1]);
+#endif
+                        const rns_i32* Aj = A + ((rns_i64)l * n_out + j) * W;
+#pragma unroll
+                        for (int w = 0; w < W; ++w) acc = rns_dp4a(Aj[w], x[t][w], acc);
+                    }
+                }
                 out[j * jstride] = rns_reduce_small_i8(acc, p, ip, h);
             }
         }
     }
 }
 
-// Hadamard product with a per-element field: out[l][x] = [f[l][x] x[l][x]]_p for the logical entries x of
-// every tensor of the block (|product| <= 2^14: one reduction). The field is (planes, batch, components,
-// entries) int8 in device memory, read in logical order (coalesced); past the batch end it reads nothing.
+// The per-element field of the Hadamard ops: (planes, batch, components, entries) int8, plane stride
+// fstride; this block's first tensor t0 and its tensor count nt (the rest of the block is past the end).
+struct RnsChainField {
+    const rns_i8* field;
+    rns_i64 fstride, t0;
+    int nt;
+};
+
+// A Hadamard op: out[l][x] = [sum_t f_t[l][x] x_t[l][x]]_p for the logical entries x of every tensor of the
+// block (|sum| <= 3 * 2^14: one reduction). The field is read in logical order (coalesced); past the batch
+// end it reads nothing.
 __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
-                                                   const rns_i8* __restrict__ src, rns_i8* __restrict__ dst, int cap,
-                                                   const RnsChainField& fd) {
+                                                   const RnsSlots& slot, int cap, const RnsChainField& fd) {
     const int L = st[RS_L], ndim = pi[RC_NDIM], nb = pi[RC_NB], nq = pi[RC_NQ], nf = pi[RC_NFIELD];
+    const int nt = st[RS_NT];
+    const rns_i32* terms = pi + st[RS_TERMS];
     const rns_i32* fplane = pi + st[RS_FPLANE];
     const rns_i32* map = pi + st[RS_MAP];
     const float* P = pf + st[RS_RED];
     const float* IP = P + L;
     const float* H = IP + L;
+    rns_i8* dst = slot[st[RS_OUT]];
     for (int i = threadIdx.x; i < nb * nq; i += blockDim.x) {
         const int b = i / nq, q = i - b * nq;
         const rns_i64 off = rns_chain_place(map, ndim, q, b);
         const bool live = b < fd.nt;
-        const rns_i8* f = fd.field + ((fd.t0 + (live ? b : 0)) * nf + st[RS_FIELD]) * (rns_i64)nq + q;
+        const rns_i8* f = fd.field + (fd.t0 + (live ? b : 0)) * nf * (rns_i64)nq + q;
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
-            const float fv = live ? (float)f[fplane[l] * fd.fstride] : 0.0f;
-            dst[(rns_i64)l * cap + off] = rns_to_i8(rns_reduce_f32((float)src[(rns_i64)l * cap + off] * fv, P[l], IP[l], H[l]));
+            float acc = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RNS_TMAX; ++t) {
+                if (t < nt) {
+                    const float fv = live ? (float)f[fplane[l] * fd.fstride + terms[2 * t + 1] * (rns_i64)nq] : 0.0f;
+                    acc += (float)slot[terms[2 * t]][(rns_i64)l * cap + off] * fv;
+                }
+            }
+            dst[(rns_i64)l * cap + off] = rns_to_i8(rns_reduce_f32(acc, P[l], IP[l], H[l]));
         }
     }
 }
 
-// One product (or Hadamard product) and the drops (and extension) after it; st: the step's record.
-__device__ __forceinline__ void rns_chain_step(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf, rns_i8* buf0,
-                                               rns_i8* buf1, const rns_i8* ops, int cap, float* scratch,
-                                               const RnsChainField& fd) {
-    const rns_i8* src = st[RS_SRC] ? buf1 : buf0;
-    rns_i8* dst = st[RS_DST] ? buf1 : buf0;
-    if (st[RS_KIND] == 1) rns_chain_hadamard(pi, st, pf, src, dst, cap, fd);
-    else switch (st[RS_W]) {
-        case 1: rns_chain_product<1>(st, src, dst, ops, cap, pf); break;
-        case 2: rns_chain_product<2>(st, src, dst, ops, cap, pf); break;
-        case 3: rns_chain_product<3>(st, src, dst, ops, cap, pf); break;
-        case 4: rns_chain_product<4>(st, src, dst, ops, cap, pf); break;
-        case 5: rns_chain_product<5>(st, src, dst, ops, cap, pf); break;
-        case 6: rns_chain_product<6>(st, src, dst, ops, cap, pf); break;
-        case 7: rns_chain_product<7>(st, src, dst, ops, cap, pf); break;
-        case 8: rns_chain_product<8>(st, src, dst, ops, cap, pf); break;
-        case 9: rns_chain_product<9>(st, src, dst, ops, cap, pf); break;
-        case 10: rns_chain_product<10>(st, src, dst, ops, cap, pf); break;
-        case 11: rns_chain_product<11>(st, src, dst, ops, cap, pf); break;
-        case 12: rns_chain_product<12>(st, src, dst, ops, cap, pf); break;
-        case 13: rns_chain_product<13>(st, src, dst, ops, cap, pf); break;
-        case 14: rns_chain_product<14>(st, src, dst, ops, cap, pf); break;
-        case 15: rns_chain_product<15>(st, src, dst, ops, cap, pf); break;
-        case 16: rns_chain_product<16>(st, src, dst, ops, cap, pf); break;
-        default: break;  // the host only builds programs with these widths
-    }
-    __syncthreads();
-    if (st[RS_DROP]) {
-        const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
-        rns_i8* ddst = st[RS_DROP_DST] ? buf1 : buf0;
-        const int slots = st[RS_SLOTS];
+// A drop op: one slot divided by the dropped moduli and extended back, entry by entry.
+__device__ __forceinline__ void rns_chain_drop(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
+                                               const RnsSlots& slot, int cap, float* scratch) {
+    const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
+    const rns_i8* src = slot[st[RS_IN]];
+    rns_i8* dst = slot[st[RS_OUT]];
+    const int entries = st[RS_SLOTS];
 #if defined(RNS_SPEC)
-        float D[RNS_SPEC_MAXM], Yd[RNS_SPEC_MAXM];  // registers once unrolled
-        for (int q = threadIdx.x; q < slots; q += blockDim.x)
-            rns_drop_extend_entry(dst + q, cap, tb, D, Yd, 1, ddst + q, cap);
+    float D[RNS_SPEC_MAXM], Yd[RNS_SPEC_MAXM];  // registers once unrolled
+    for (int q = threadIdx.x; q < entries; q += blockDim.x) rns_drop_extend_entry(src + q, cap, tb, D, Yd, 1, dst + q, cap);
 #else
-        const int nd = max(max(tb.g, tb.m), 1);
-        float* D = scratch + threadIdx.x;
-        float* Yd = scratch + nd * blockDim.x + threadIdx.x;
-        for (int q = threadIdx.x; q < slots; q += blockDim.x)
-            rns_drop_extend_entry(dst + q, cap, tb, D, Yd, blockDim.x, ddst + q, cap);
+    const int nd = max(max(tb.g, tb.m), 1);
+    float* D = scratch + threadIdx.x;
+    float* Yd = scratch + nd * blockDim.x + threadIdx.x;
+    for (int q = threadIdx.x; q < entries; q += blockDim.x)
+        rns_drop_extend_entry(src + q, cap, tb, D, Yd, blockDim.x, dst + q, cap);
 #endif
-        __syncthreads();
+}
+
+// One op; st: its record.
+__device__ __forceinline__ void rns_chain_op(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
+                                             const RnsSlots& slot, const rns_i8* ops, int cap, float* scratch,
+                                             const RnsChainField& fd) {
+    if (st[RS_KIND] == 2) {
+        rns_chain_drop(pi, st, pf, slot, cap, scratch);
+    } else if (st[RS_KIND] == 1) {
+        rns_chain_hadamard(pi, st, pf, slot, cap, fd);
+    } else {
+        switch (st[RS_W]) {
+            case 1: rns_chain_product<1>(pi, st, pf, slot, ops, cap); break;
+            case 2: rns_chain_product<2>(pi, st, pf, slot, ops, cap); break;
+            case 3: rns_chain_product<3>(pi, st, pf, slot, ops, cap); break;
+            case 4: rns_chain_product<4>(pi, st, pf, slot, ops, cap); break;
+            case 5: rns_chain_product<5>(pi, st, pf, slot, ops, cap); break;
+            case 6: rns_chain_product<6>(pi, st, pf, slot, ops, cap); break;
+            case 7: rns_chain_product<7>(pi, st, pf, slot, ops, cap); break;
+            case 8: rns_chain_product<8>(pi, st, pf, slot, ops, cap); break;
+            case 9: rns_chain_product<9>(pi, st, pf, slot, ops, cap); break;
+            case 10: rns_chain_product<10>(pi, st, pf, slot, ops, cap); break;
+            case 11: rns_chain_product<11>(pi, st, pf, slot, ops, cap); break;
+            case 12: rns_chain_product<12>(pi, st, pf, slot, ops, cap); break;
+            case 13: rns_chain_product<13>(pi, st, pf, slot, ops, cap); break;
+            case 14: rns_chain_product<14>(pi, st, pf, slot, ops, cap); break;
+            case 15: rns_chain_product<15>(pi, st, pf, slot, ops, cap); break;
+            case 16: rns_chain_product<16>(pi, st, pf, slot, ops, cap); break;
+            default: break;  // the host only builds programs with these widths
+        }
     }
+    if (st[RS_SYNC]) __syncthreads();
 }
 
 #if defined(RNS_SPEC)
-// The steps of a specialized program one by one at compile time: every record is a constant.
+// The ops of a specialized program one by one at compile time: every record is a constant.
 template <int S>
-__device__ __forceinline__ void rns_spec_steps(const float* __restrict__ pf, rns_i8* buf0, rns_i8* buf1,
-                                               const rns_i8* ops, int cap, float* scratch, const RnsChainField& fd) {
+__device__ __forceinline__ void rns_spec_ops(const float* __restrict__ pf, const RnsSlots& slot, const rns_i8* ops,
+                                             int cap, float* scratch, const RnsChainField& fd) {
     if constexpr (S < rns_spec::PI[RC_STEPS]) {
-        rns_chain_step(rns_spec::PI, rns_spec::PI + RC_STEP0 + S * RS_SIZE, pf, buf0, buf1, ops, cap, scratch, fd);
-        rns_spec_steps<S + 1>(pf, buf0, buf1, ops, cap, scratch, fd);
+        rns_chain_op(rns_spec::PI, rns_spec::PI + rns_spec::PI[RC_OPS] + S * RS_SIZE, pf, slot, ops, cap, scratch, fd);
+        rns_spec_ops<S + 1>(pf, slot, ops, cap, scratch, fd);
     }
 }
 #endif
@@ -282,9 +316,8 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
     const int cap = pi[RC_CAP], lmax = pi[RC_LMAX], opbytes = pi[RC_OPBYTES];
     rns_u64* amax = reinterpret_cast<rns_u64*>(sm);      // nb: largest |x| bits, then the exponent
     rns_i8* ops = reinterpret_cast<rns_i8*>(sm + 8 * ((nb + 1) & ~1));
-    rns_i8* const buf0 = ops + opbytes;  // the two plane buffers (selected, not indexed: no local array)
-    rns_i8* const buf1 = buf0 + (rns_i64)lmax * cap;
-    float* scratch = reinterpret_cast<float*>(buf1 + (rns_i64)lmax * cap);
+    const RnsSlots slot{ops + opbytes, (rns_i64)lmax * cap};
+    float* scratch = reinterpret_cast<float*>(slot[pi[RC_NSLOTS]]);
     const rns_i64 t0 = (rns_i64)blockIdx.x * nb;
     const int nt = (int)(B - t0 < nb ? B - t0 : nb);  // tensors of this block
     const RnsChainField fd{field, fstride, t0, nt};
@@ -307,7 +340,7 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
     for (int b = threadIdx.x; b < nb; b += blockDim.x) amax[b] = (rns_u64)rns_chain_exponent(amax[b], bits);
     __syncthreads();
 
-    // 2. encode into buffer 0 (tensors past the batch end are encoded as zeros and never stored)
+    // 2. encode into slot 0 (tensors past the batch end are encoded as zeros and never stored)
     {
         const float* ef = pf + pi[RC_ENC_F];
         const rns_i32* ei = pi + pi[RC_ENC_I];
@@ -318,23 +351,23 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
             const rns_u64 xb = b < nt ? X[t0 * nin + i] : 0ULL;
             const rns_i64 off = rns_chain_place(map, ndim, i - b * nin, b);
             rns_encode_entry(xb, (rns_i64)amax[b], L0, ef, ef + L0, ef + 2 * L0, ef + 3 * L0, ef + 4 * L0,
-                             ef + 5 * L0, ldpw, ei, ei + L0, buf0 + off, cap);
+                             ef + 5 * L0, ldpw, ei, ei + L0, slot[0] + off, cap);
         }
     }
     __syncthreads();
 
-    // 3, 4. the products, each followed by its drops and extension
+    // 3, 4. the ops
 #if defined(RNS_SPEC)
-    rns_spec_steps<0>(pf, buf0, buf1, ops, cap, scratch, fd);
+    rns_spec_ops<0>(pf, slot, ops, cap, scratch, fd);
 #else
-    for (int s = 0; s < K; ++s) rns_chain_step(pi, pi + RC_STEP0 + s * RS_SIZE, pf, buf0, buf1, ops, cap, scratch, fd);
+    for (int k = 0; k < K; ++k) rns_chain_op(pi, pi + pi[RC_OPS] + k * RS_SIZE, pf, slot, ops, cap, scratch, fd);
 #endif
 
     // 5. decode in logical order
     {
         const RnsDecodeTables tb = rns_decode_tables(pi + pi[RC_DEC_I], pf + pi[RC_DEC_F]);
         const rns_i32* map = pi + pi[RC_DEC_MAP];
-        const rns_i8* fin = pi[RC_DEC_BUF] ? buf1 : buf0;
+        const rns_i8* fin = slot[pi[RC_DEC_BUF]];
 #if defined(RNS_SPEC)
         float d[RNS_SPEC_MAXM];  // registers: every index is a constant once the digit loops unroll
         const int ds = 1;

@@ -22,10 +22,11 @@ import numpy as np
 
 from .. import arith
 from ..encode import encode
-from ..primitives import _planes_on, drop, hadamard, mode_product, strip_pending
+from ..primitives import _planes_on, add, drop, hadamard, mode_product, strip_pending
 from . import tables
 
-__all__ = ["ChainProgram", "chain_program", "fusable", "operator_program", "operator_fusable", "spec_header",
+__all__ = ["ChainProgram", "chain_program", "fusable", "operator_program", "operator_fusable", "operator_field",
+           "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
 #: threads per block (RNS_CHAIN_THREADS in chain.cu)
@@ -40,8 +41,9 @@ WIDTHS = tuple(range(1, 17))
 _TARGET_ENTRIES = 4096
 
 # program header and step record (the RC_* / RS_* slots of chain.cu)
-_HEADER = 20
-_STEP = 21
+_HEADER = 22
+_STEP = 20
+_TMAX = 3  # terms of one sum (RNS_TMAX in chain.cu)
 
 
 def _pad4(n: int) -> int:
@@ -90,24 +92,35 @@ class ChainProgram:
 
 
 @dataclass(frozen=True)
-class _Step:
-    """One step of a linear program: a mode product (``op`` on the planes ``active``) or a Hadamard
-    product with a per-element field (component ``field``), then the drops (and extension) after it."""
+class _Term:
+    """One term of a stage output: a mode product of input ``input`` with ``op`` (residues on the stage's
+    planes, ``(L, n_out, n_in)``), or a Hadamard product with field component ``field``."""
 
-    kind: str  # 'product' or 'hadamard'
-    axis: Optional[int]
-    active: tuple  # planes the step works on
-    op: Optional[np.ndarray]  # product: (L, n_out, n_in) residues on those planes
-    field: int  # hadamard: the field component
-    dropped: tuple
-    drop_active: tuple  # planes entering the drop
-    after: tuple  # planes after the drop (and extension)
+    input: int
+    op: Optional[np.ndarray] = None
+    field: int = -1
 
 
 @dataclass(frozen=True)
-class _Linear:
-    """A program of one tensor between one encode and one decode, as the fused kernel runs it.
+class _Stage:
+    """Every input divided by ``dropped`` (RnsDrop, then base extension), then each output a sum of terms:
+    all mode products along ``axis`` (``kind='product'``) or all Hadamard products (``'hadamard'``)."""
 
+    inputs: tuple  # tensor ids
+    dropped: tuple
+    drop_active: tuple  # planes entering the drops
+    active: tuple  # planes of the stage
+    kind: str
+    axis: Optional[int]
+    outputs: tuple  # tuple of tuples of _Term
+    out_ids: tuple
+
+
+@dataclass(frozen=True)
+class _Program:
+    """A residue program between one encode and one decode, as the fused kernel runs it.
+
+    Tensor id 0 is the encoded input; ``final`` the id of the result.
     ``dexp``: the exponent of every output entry when the input (and every
     field) is encoded with exponent 0; ``factor``: the output's integer factor.
     """
@@ -117,15 +130,16 @@ class _Linear:
     bits: int
     basis: tuple
     extend: bool
-    first: tuple
-    steps: tuple
-    final: tuple
+    first: tuple  # the input's planes
+    stages: tuple
+    final: int
+    final_active: tuple
     dexp: np.ndarray
     factor: int
 
     @property
     def axes(self) -> tuple:
-        return tuple(st.axis for st in self.steps if st.kind == "product")
+        return tuple(st.axis for st in self.stages if st.kind == "product")
 
 
 def _output_scale(T) -> tuple[np.ndarray, int]:
@@ -133,25 +147,78 @@ def _output_scale(T) -> tuple[np.ndarray, int]:
     return e, int(T.scale.factor)
 
 
-def _trace(plan, in_shape) -> _Linear:
+class _Recorder:
+    """Runs a program's stages on RNSTensors (numpy backend) and records them for the kernel.
+
+    ``stage(inputs, outs)`` follows :class:`rnstensor.fem.program.ResidueRunner`:
+    every input dropped by ``drops[k]`` (and extended) first, then each output
+    a sum of terms ``(input index, operand key, axis or None)``.
+    """
+
+    def __init__(self, drops, operands: dict, extend: bool, fields: dict):
+        self.drops, self.operands, self.extend, self.fields = drops, operands, extend, fields
+        self.stages: list[_Stage] = []
+        self.ids: dict[int, int] = {}  # id(RNSTensor) -> tensor id
+        self.keep: list = []  # the recorded tensors (their ids stay unique)
+
+    def tid(self, T) -> int:
+        if id(T) not in self.ids:
+            self.ids[id(T)] = len(self.ids)
+            self.keep.append(T)
+        return self.ids[id(T)]
+
+    def stage(self, inputs, outs):
+        k = len(self.stages)
+        subset = tuple(self.drops[k]) if k < len(self.drops) else ()
+        in_ids = tuple(self.tid(T) for T in inputs)
+        before = inputs[0].active
+        if subset:
+            inputs = [drop(T, moduli=subset, extend=self.extend, backend="numpy") for T in inputs]
+        act = inputs[0].active
+        kinds = {axis is None for terms in outs for _, _, axis in terms}
+        axes = {axis for terms in outs for _, _, axis in terms}
+        if len(kinds) != 1 or len(axes) != 1:
+            raise ValueError("a stage mixes Hadamard products and mode products along different axes")
+        hada = kinds.pop()
+        axis = axes.pop()
+        res, recorded = [], []
+        for terms in outs:
+            if len(terms) > _TMAX:
+                raise ValueError(f"a sum of {len(terms)} terms (the fused kernel adds at most {_TMAX})")
+            acc, rec = None, []
+            for i, key, ax in terms:
+                F = self.operands[key]
+                if hada:
+                    t = hadamard(inputs[i], F, backend="numpy")
+                    rec.append(_Term(i, field=self.fields[key]))
+                else:
+                    t = mode_product(inputs[i], F, ax + 1, backend="numpy")
+                    rec.append(_Term(i, op=np.asarray(_planes_on(F, act, "op"))))
+                acc = t if acc is None else add(acc, t, backend="numpy")
+            res.append(acc)
+            recorded.append(tuple(rec))
+        self.stages.append(_Stage(in_ids, subset, before, act, "hadamard" if hada else "product",
+                                  None if hada else axis, tuple(recorded), tuple(self.tid(T) for T in res)))
+        return res
+
+
+def _trace(plan, in_shape) -> _Program:
     """Run the plan's primitives on one zero tensor: every step's planes and operator, and the output scale."""
-    x = np.zeros((1,) + tuple(in_shape))
-    T = plan.encode_input(x, backend="numpy")
+    T = plan.encode_input(np.zeros((1,) + tuple(in_shape)), backend="numpy")
+    steps = plan.executed_steps()
+    rec = _Recorder([()] + [d for _, _, d in steps], {}, plan.method == "rescale_be", {})
+    prev = rec.tid(T)
     first = T.active
-    extend = plan.method == "rescale_be"
-    steps = []
-    for op, ax, dropped in plan.executed_steps():
-        T, _ = strip_pending(T, 1 + ax)
-        act = T.active
-        planes = np.asarray(_planes_on(op, act, "op"))
-        T = mode_product(T, op, 1 + ax, backend="numpy")
-        before = T.active
-        if dropped:
-            T = drop(T, moduli=dropped, extend=extend, backend="numpy")
-        steps.append(_Step("product", ax, act, planes, -1, tuple(dropped), before, T.active))
+    for k, (op, ax, _) in enumerate(steps):
+        T, _ = strip_pending(T, 1 + ax)  # the same integers: only the scale's bookkeeping moves
+        rec.ids[id(T)] = prev
+        rec.keep.append(T)
+        rec.operands[k] = op
+        (T,) = rec.stage([T], [[(0, k, ax)]])
+        prev = rec.tid(T)
     dexp, factor = _output_scale(T)
-    return _Linear(plan.ndim, tuple(in_shape), plan.input_bits, plan.basis.moduli, extend, first, tuple(steps),
-                   T.active, dexp, factor)
+    return _Program(plan.ndim, tuple(in_shape), plan.input_bits, plan.basis.moduli, plan.method == "rescale_be",
+                    first, tuple(rec.stages), prev, T.active, dexp, factor)
 
 
 def _in_shape(plan) -> list[int]:
@@ -164,28 +231,28 @@ def _in_shape(plan) -> list[int]:
     return shape
 
 
-def _layouts(lin: _Linear):
-    """The physical layout of one tensor (outer -> inner) entering every step, and the final one.
+def _layouts(prog: _Program):
+    """The physical layout of one tensor (outer -> inner) entering every stage, and the final one.
 
     Each product writes its new axis outermost, so the axis the layout held
     second from the inside is the next innermost: the first layout lists the
     contracted axes in reverse order of first use, untouched axes outside; a
-    Hadamard product keeps the layout. The batch is outside every layout.
-    ``None`` if the program's order breaks this cycle.
+    Hadamard stage keeps the layout. All live tensors share it. The batch is
+    outside every layout. ``None`` if the program's order breaks this cycle.
     """
     first_use = []
-    for a in lin.axes:
+    for a in prog.axes:
         if a not in first_use:
             first_use.append(a)
-    P = [a for a in range(lin.ndim) if a not in first_use] + first_use[::-1]
-    ext = dict(enumerate(lin.in_shape))
+    P = [a for a in range(prog.ndim) if a not in first_use] + first_use[::-1]
+    ext = dict(enumerate(prog.in_shape))
     seq = []
-    for st in lin.steps:
+    for st in prog.stages:
         if st.kind == "product" and P[-1] != st.axis:
             return None, None
         seq.append((list(P), dict(ext)))
         if st.kind == "product":
-            ext[st.axis] = st.op.shape[1]
+            ext[st.axis] = st.outputs[0][0].op.shape[1]
             P = [st.axis] + P[:-1]
     return seq, (P, ext)
 
@@ -260,18 +327,25 @@ def _build(plan, shape, budget) -> ChainProgram:
     return _compile(_trace(plan, in_shape), budget)
 
 
-def _compile(lin: _Linear, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
-    """The kernel program of a linear program (``nfield`` field components of ``nq`` entries each)."""
-    in_shape, first, steps, final, dexp, factor = list(lin.in_shape), lin.first, lin.steps, lin.final, lin.dexp, lin.factor
-    seq, (Pf, extf) = _layouts(lin)
-    if seq is None:
-        raise ValueError(_axes_cycle(lin.axes, lin.ndim, lin.in_shape))
-    out_shape = tuple(extf[a] for a in range(lin.ndim))
+def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
+    """The kernel program of a residue program (``nfield`` field components of ``nq`` entries each).
 
-    ints: list[int] = [0] * (_HEADER + _STEP * len(steps))
+    Ops: a drop op per input of a stage with drops, then a product or
+    Hadamard op per output, a block barrier after each group. Every tensor
+    lives in a shared-memory slot from the op that writes it to the last op
+    that reads it; a freed slot is reused only after the next barrier.
+    """
+    in_shape, first, stages, dexp, factor = list(prog.in_shape), prog.first, prog.stages, prog.dexp, prog.factor
+    seq, last = _layouts(prog)
+    if seq is None:
+        raise ValueError(_axes_cycle(prog.axes, prog.ndim, prog.in_shape))
+    Pf, extf = last
+    out_shape = tuple(extf[a] for a in range(prog.ndim))
+
+    ints: list[int] = [0] * _HEADER
     floats: list[np.ndarray] = []
     nfloat = [0]
-    ops: list[np.ndarray] = []
+    opsb: list[np.ndarray] = []
     nops = [0]
 
     def add_ints(values) -> int:
@@ -291,40 +365,96 @@ def _compile(lin: _Linear, budget: int, nfield: int = 0, nq: int = 0) -> ChainPr
         off = nops[0]
         flat = np.zeros(_pad16(a.size), np.int8)
         flat[: a.size] = a.reshape(-1)
-        ops.append(flat)
+        opsb.append(flat)
         nops[0] += flat.size
         return off
 
-    # operators padded to whole words (zero columns: the padding of a row never counts)
-    scratch = max(len(final), 1)
+    def place_map(P, ext):
+        strides, size = _strides(P, ext)
+        vals = []
+        for a in range(prog.ndim):
+            vals += [ext[a], strides[a]]
+        return add_ints(vals + [size])
+
+    # the last stage that reads each tensor (the result: past the end)
+    last_use = {prog.final: len(stages)}
+    for k, st in enumerate(stages):
+        for i in st.inputs:
+            last_use[i] = max(last_use.get(i, k), k)
+
+    records: list[dict] = []  # ops, with deferred geometry filled in once nb is known
+    slot_of = {0: 0}
+    free: list[int] = []
+    pending: list[int] = []
+    nslots = [1]
+
+    def alloc() -> int:
+        if free:
+            return free.pop()
+        nslots[0] += 1
+        return nslots[0] - 1
+
+    def barrier():
+        records[-1]["sync"] = 1
+        free.extend(pending)
+        pending.clear()
+
+    scratch = max(len(prog.final_active), 1)
     lmax = len(first)
-    step_rec = []
-    for st, (P, ext) in zip(steps, seq):
+    for k, (st, (P, ext)) in enumerate(zip(stages, seq)):
         L = len(st.active)
-        rec = {"kind": st.kind, "L": L, "P": P, "ext": ext, "red": add_floats(*tables.mod_consts(tuple(st.active)))}
-        if st.kind == "product":
-            _, n_out, n_in = st.op.shape
-            W = _width(n_in)
-            A = np.zeros((L, n_out, 4 * W), np.int8)
-            A[:, :, :n_in] = st.op
-            rec.update(W=W, n_out=n_out, op=add_op(A))
-        else:  # the field's plane of every step plane (fields are held on the basis moduli, in order)
-            rec.update(field=st.field, fplane=add_ints([lin.basis.index(q) for q in st.active]))
+        lmax = max(lmax, L, len(st.drop_active))
+        red = add_floats(*tables.mod_consts(tuple(st.active)))
+        in_slots = [slot_of[i] for i in st.inputs]
         if st.dropped:
-            ib, fb, out_active, nd, nr = tables.drop_tables(st.drop_active, lin.basis, st.dropped, lin.extend)
-            if tuple(out_active) != tuple(st.after):
-                raise AssertionError(f"drop tables give planes {out_active}, the primitives {st.after}")
-            rec["drop"] = (add_ints(ib), add_floats(fb))
+            ib, fb, out_active, nd, nr = tables.drop_tables(st.drop_active, prog.basis, st.dropped, prog.extend)
+            if tuple(out_active) != tuple(st.active):
+                raise AssertionError(f"drop tables give planes {out_active}, the primitives {st.active}")
             scratch = max(scratch, nd + nr)
-        lmax = max(lmax, L, len(st.after))
-        step_rec.append(rec)
+            tab = (add_ints(ib), add_floats(fb))
+            dropped = []
+            for i, s_in in zip(st.inputs, in_slots):
+                s_out = alloc()
+                records.append({"kind": 2, "out": s_out, "in": s_in, "L": len(out_active), "red": red,
+                                "drop": tab, "layout": (P, ext)})
+                dropped.append(s_out)
+                if last_use[i] == k:
+                    pending.append(s_in)
+            barrier()
+            pending.extend(dropped)  # the dropped copies die with this stage
+            in_slots = dropped
+        else:
+            pending.extend(s for i, s in zip(st.inputs, in_slots) if last_use[i] == k)
+        for terms, oid in zip(st.outputs, st.out_ids):
+            s_out = alloc()
+            slot_of[oid] = s_out
+            if st.kind == "product":
+                _, n_out, n_in = terms[0].op.shape
+                W = _width(n_in)
+                tl = []
+                for t in terms:
+                    A = np.zeros((L, n_out, 4 * W), np.int8)
+                    A[:, :, :n_in] = t.op
+                    tl += [in_slots[t.input], add_op(A)]
+                records.append({"kind": 0, "out": s_out, "L": L, "red": red, "W": W, "n_out": n_out,
+                                "terms": add_ints(tl), "nt": len(terms), "layout": (P, ext)})
+            else:
+                tl = []
+                for t in terms:
+                    tl += [in_slots[t.input], t.field]
+                records.append({"kind": 1, "out": s_out, "L": L, "red": red, "terms": add_ints(tl), "nt": len(terms),
+                                "fplane": add_ints([prog.basis.index(q) for q in st.active]),
+                                "map": None, "layout": (P, ext)})
+        barrier()
     opbytes = nops[0]
+    if not records:
+        raise ValueError("a program without a stage")
 
     per_tensor = max(_strides(P, ext)[1] for P, ext in seq + [(Pf, extf)])
 
     def sizes(nb):
         cap = _pad16(nb * per_tensor)
-        shared = 8 * (nb + (nb & 1)) + opbytes + 2 * lmax * cap + 4 * scratch * THREADS
+        shared = 8 * (nb + (nb & 1)) + opbytes + nslots[0] * lmax * cap + 4 * scratch * THREADS
         return cap, shared
 
     n_in_entries = math.prod(in_shape)
@@ -334,64 +464,45 @@ def _compile(lin: _Linear, budget: int, nfield: int = 0, nq: int = 0) -> ChainPr
     cap, shared = sizes(nb)
     if shared > SHARED_MAX:
         raise ValueError(
-            f"one tensor of shape {tuple(in_shape)} needs {shared} bytes of shared memory on {lmax} planes; "
-            f"the fused kernel has {SHARED_MAX}: run it unfused (fused=False)"
+            f"one tensor of shape {tuple(in_shape)} needs {shared} bytes of shared memory ({nslots[0]} tensors on "
+            f"{lmax} planes); the fused kernel has {SHARED_MAX}: run it unfused (fused=False)"
         )
 
-    # header
-    enc = tables.encode_tables(tuple(first))
-    Pm, IPm, Hm, C18, C36, pw, pa, per = enc
-    hdr = {
-        0: lin.ndim, 1: len(steps), 2: n_in_entries, 3: math.prod(out_shape), 4: nb, 5: len(first),
-        6: lin.bits, 7: cap, 8: lmax, 9: opbytes,
-        10: add_floats(Pm, IPm, Hm, C18, C36, pw), 11: pw.shape[1], 12: add_ints(np.concatenate([pa, per])),
-    }
-
-    def place_map(P, ext):
-        strides, size = _strides(P, ext)
-        vals = []
-        for a in range(lin.ndim):
-            vals += [ext[a], strides[a]]
-        return add_ints(vals + [size])
-
-    hdr[13] = place_map(seq[0][0], seq[0][1])
-    hdr[14] = place_map(Pf, extf)
-    dib, dfb, qd = tables.decode_tables(tuple(final))
-    hdr[16] = add_ints(dib)
-    hdr[17] = add_floats(dfb)
-    hdr[18], hdr[19] = nfield, nq
-
-    buf = 0
-    for s, rec in enumerate(step_rec):
-        P, ext = rec["P"], rec["ext"]
-        base = _HEADER + _STEP * s
-        dst = 1 - buf
+    base0 = len(ints)
+    ints.extend([0] * (_STEP * len(records)))
+    for n, rec in enumerate(records):
+        P, ext = rec["layout"]
         vals = [0] * _STEP
-        vals[0], vals[1], vals[2], vals[9] = buf, dst, rec["L"], rec["red"]
-        if rec["kind"] == "product":
+        vals[0], vals[1], vals[2], vals[4], vals[5] = rec["kind"], rec.get("sync", 0), rec["out"], rec["L"], rec["red"]
+        if rec["kind"] == 0:
             rows = [ext[a] for a in P[:-1]]
             MT = math.prod(rows)
             nlast = rows[-1] if rows else 1
             nlastpad = _pad4(nlast) if rows else 1
-            Pn = [P[-1]] + P[:-1]
             out_ext = dict(ext)
             out_ext[P[-1]] = rec["n_out"]
-            osb = _strides(Pn, out_ext)[1]
-            vals[3:9] = [nb * MT, rec["W"], rec["n_out"], nlast, nlastpad, rec["op"]]
-            vals[14:17] = [nb * osb, MT, osb]
+            osb = _strides([P[-1]] + P[:-1], out_ext)[1]
+            vals[6:15] = [nb * MT, rec["W"], rec["n_out"], nlast, nlastpad, MT, osb, rec["nt"], rec["terms"]]
+        elif rec["kind"] == 1:
+            vals[13], vals[14], vals[15], vals[16] = rec["nt"], rec["terms"], rec["fplane"], place_map(P, ext)
         else:
-            size = _strides(P, ext)[1]
-            vals[14], vals[16] = nb * size, size
-            vals[17:21] = [1, rec["field"], rec["fplane"], place_map(P, ext)]
-        buf = dst
-        if "drop" in rec:
-            vals[10], vals[11] = 1, 1 - buf
-            vals[12], vals[13] = rec["drop"]
-            buf = 1 - buf
-        ints[base: base + _STEP] = vals
-    hdr[15] = buf
+            vals[3], vals[17], vals[18], vals[19] = rec["in"], rec["drop"][0], rec["drop"][1], nb * _strides(P, ext)[1]
+        ints[base0 + _STEP * n: base0 + _STEP * (n + 1)] = vals
+
+    enc = tables.encode_tables(tuple(first))
+    Pm, IPm, Hm, C18, C36, pw, pa, per = enc
+    dib, dfb, qd = tables.decode_tables(tuple(prog.final_active))
+    hdr = {
+        0: prog.ndim, 1: len(records), 2: n_in_entries, 3: math.prod(out_shape), 4: nb, 5: len(first),
+        6: prog.bits, 7: cap, 8: lmax, 9: opbytes,
+        10: add_floats(Pm, IPm, Hm, C18, C36, pw), 11: pw.shape[1], 12: add_ints(np.concatenate([pa, per])),
+        13: place_map(seq[0][0], seq[0][1]), 14: place_map(Pf, extf), 15: slot_of[prog.final],
+        16: add_ints(dib), 17: add_floats(dfb), 18: nfield, 19: nq, 20: nslots[0], 21: base0,
+    }
     for k, v in hdr.items():
         ints[k] = int(v)
+    final = prog.final_active
+    ops = opsb
 
     f, k = arith.float_factor(factor)
     if tables.exact_decode_fits(tuple(final), factor):
@@ -420,66 +531,60 @@ def _compile(lin: _Linear, budget: int, nfield: int = 0, nq: int = 0) -> ChainPr
 def operator_fusable(op) -> Optional[str]:
     """Why the FEM operator ``op`` cannot run as one fused kernel (a sentence), or ``None`` if it can.
 
-    The kernel runs programs of one live tensor: the mass operator (products,
-    one Hadamard product with ``w detJ``, transposed products). The Poisson
-    operator keeps several partial gradients alive and sums them; it runs one
-    kernel per step.
+    Mass and Poisson (``method='rescale_be'``) run as one kernel: their
+    programs contract one axis per stage, in an order that cycles through
+    the axes, and add at most three terms.
     """
     if getattr(op, "method", None) != "rescale_be":
         return f"only method='rescale_be' runs in residues from encode to decode (this operator: {op.method!r})"
-    if op.kind != "mass":
-        return f"the {op.kind} operator keeps several tensors alive between its stages (only the mass operator is fused)"
-    if op.plan.drops and op.plan.drops[0]:
-        return "its plan drops moduli before the first stage"
     if _width(op.basis.Q) is None or _width(op.basis.P) is None:
         return f"{max(op.basis.P, op.basis.Q)} points per axis; the fused kernel takes at most {4 * WIDTHS[-1]}"
     return None
 
 
-def _trace_operator(op) -> _Linear:
+def _field_components(op) -> dict:
+    """The operator's field keys -> component index in the field array the kernel reads."""
+    return {"W": 0} if op.kind == "mass" else {("G", c): c for c in range(3 * (op.basis.dim - 1))}
+
+
+def _trace_operator(op) -> _Program:
     """Run the operator's residue program on one zero element (numpy backend), recording every stage."""
     basis, d = op.basis, op.basis.dim
     axes = tuple(range(1, d + 1))
     T = encode(np.zeros((1,) + (basis.P,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
-    W0 = encode(np.zeros((1,) + (basis.Q,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
-    operands = {**op._ops, "W": W0}
-    steps: list[_Step] = []
-
-    class Recorder:
-        k = 0
-
-        def stage(self, inputs, outs):
-            subset = op.plan.drops[self.k]
-            self.k += 1
-            if len(inputs) != 1 or len(outs) != 1 or len(outs[0]) != 1:
-                raise ValueError("the fused kernel runs programs of one tensor and one term per stage")
-            (X,) = inputs
-            if subset:
-                before = X.active
-                X = drop(X, moduli=subset, extend=True, backend="numpy")
-                steps[-1] = replace(steps[-1], dropped=tuple(subset), drop_active=before, after=X.active)
-            ((_, key, axis),) = outs[0]
-            act = X.active
-            if axis is None:
-                X = hadamard(X, operands[key], backend="numpy")
-                steps.append(_Step("hadamard", None, act, None, 0, (), act, act))
-            else:
-                planes = np.asarray(_planes_on(operands[key], act, "op"))
-                X = mode_product(X, operands[key], axis + 1, backend="numpy")
-                steps.append(_Step("product", axis, act, planes, -1, (), act, act))
-            return [X]
-
-    first = T.active
-    out = op._program(Recorder(), T, d)
+    comps = _field_components(op)
+    zero = encode(np.zeros((1,) + (basis.Q,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
+    fields = {key: zero for key in comps}  # exponent 0: the kernel adds each element's own
+    rec = _Recorder(op.plan.drops, {**op._ops, **fields}, True, comps)
+    rec.tid(T)
+    out = op._program(rec, T, d)
     dexp, factor = _output_scale(out)
-    return _Linear(d, (basis.P,) * d, op.bits, tuple(basis.moduli.moduli), True, first, tuple(steps), out.active,
-                   dexp, factor)
+    return _Program(d, (basis.P,) * d, op.bits, tuple(basis.moduli.moduli), True, T.active, tuple(rec.stages),
+                    rec.tid(out), out.active, dexp, factor)
+
+
+def operator_field(op) -> tuple[np.ndarray, np.ndarray]:
+    """The operator's encoded field as the kernel reads it, ``(planes, nelem, components, Q**dim)`` int8 on
+    the basis moduli, and its exponent per element (int32)."""
+    if op.kind == "mass":
+        W = op._residue_fields()["W"]
+        res, scale_exp = np.asarray(W.residues), W.scale.exponent()
+    else:
+        op._residue_fields()
+        G = op._Gres[0]
+        res, scale_exp = np.asarray(G.residues), G.scale.exponent()
+    L, E = res.shape[:2]
+    ncomp = len(_field_components(op))
+    field = np.ascontiguousarray(res.reshape(L, E, ncomp, -1))
+    fexp = np.ascontiguousarray(np.broadcast_to(scale_exp.reshape(-1), (E,)).astype(np.int32))
+    return field, fexp
 
 
 def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     """The fused kernel's program for a FEM operator (cached per operator and budget; see :func:`operator_fusable`).
 
-    Its one field component is the encoded ``w detJ`` (``Q**dim`` entries per element).
+    Its field is :func:`operator_field`: ``w detJ`` (mass) or the packed ``G``
+    (Poisson), one exponent per element.
 
     Raises
     ------
@@ -492,7 +597,8 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     per_op = _CACHE.setdefault(op, {})
     key = ("operator", budget)
     if key not in per_op:
-        per_op[key] = _compile(_trace_operator(op), budget, nfield=1, nq=op.basis.Q**op.basis.dim)
+        prog = _trace_operator(op)
+        per_op[key] = _compile(prog, budget, nfield=len(_field_components(op)), nq=op.basis.Q**op.basis.dim)
     return per_op[key]
 
 
@@ -504,6 +610,16 @@ def _c_array(kind: str, name: str, values) -> str:
     else:
         body = ",".join(float(v).hex() for v in np.asarray(values, np.float64))
     return f"constexpr {kind} {name}[]={{{body or '0'}}};"
+
+
+#: programs with at most this many ops are specialized by default (the compile time grows with the
+#: unrolled ops: ~5-15 s for a chain or the mass operator, ~60 s for the 3-D Poisson operator on 2 cores)
+SPEC_MAX_OPS = 16
+
+
+def specialize_by_default(program: ChainProgram) -> bool:
+    """Whether :class:`~rnstensor.backends.cuda.CudaBackend` compiles ``program`` into its own kernel by default."""
+    return int(program.ints[1]) <= SPEC_MAX_OPS
 
 
 #: the generated header a specialized build includes, and the option that makes it do so

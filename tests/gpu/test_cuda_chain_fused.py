@@ -73,15 +73,17 @@ def test_fused_errors():
     assert fused.fusable(plan) is None
 
 
+@pytest.mark.parametrize("kind", ["mass", "poisson"])
 @pytest.mark.parametrize("P, dim", [(2, 3), (4, 3), (8, 3), (6, 2)])
-def test_fused_mass_operator(P, dim):
-    from rnstensor.fem import MassOperator, TensorBasis, box_mesh
+def test_fused_fem_operator(kind, P, dim):
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 
     basis = TensorBasis(P, dim=dim)
     mesh = box_mesh(basis, shape=(3, 2, 2)[:dim], curved=0.1)
     u = np.random.default_rng(P).standard_normal((mesh.nelem,) + (P,) * dim)
-    cpu = MassOperator(basis, mesh.qdata, backend="cpu")
-    gpu = MassOperator(basis, mesh.qdata, backend="cuda")
+    make = (lambda be: MassOperator(basis, mesh.qdata, backend=be)) if kind == "mass" else (
+        lambda be: PoissonOperator(basis, mesh.G, backend=be))
+    cpu, gpu = make("cpu"), make("cuda")
     for decode in ("fp64", "exact"):
         want = cpu.apply(u, decode)
         same(gpu.apply(u, decode, fused=True), want)
