@@ -753,6 +753,80 @@ def _device(env: Env) -> dict:
     return device_info()
 
 
+FEM_DOFS = 1 << 22  # nodal DoFs (element-local) per FEM operator run, times --scale
+FEM_CASES = (("mass", 4), ("poisson", 4), ("mass", 8), ("poisson", 8))
+
+
+def bench_fem(env: Env, res: dict, rows: list, scale: float, deadline: float) -> None:
+    """FEM operators as one kernel (``CudaBackend.chain`` on device arrays) vs the same program in CuPy float64.
+
+    The baseline runs the operator's own program (``FloatRunner``) with
+    ``xp.einsum`` products and the float64 fields on the device. The fused
+    result is checked bit for bit against the CPU backend on the first 32
+    elements. Elements are cubes of a ``k x k x k`` box (curved), ``P`` nodes
+    per axis, ``Q = P + 1`` Gauss points.
+    """
+    from rnstensor.backends import get_backend
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+    from rnstensor.fem.operators import _matrices
+    from rnstensor.fem.program import FloatRunner
+    from rnstensor.kernels import fused
+
+    xp = env.xp
+    out: list = []
+    res["fem"] = out
+    rng = np.random.default_rng(6)
+    for kind, P in FEM_CASES:
+        if time.perf_counter() > deadline:
+            out.append({"kind": kind, "P": P, "skipped": "budget"})
+            continue
+        k = max(1, round((max(1, int(FEM_DOFS * scale)) / P**3) ** (1 / 3)))
+        row: dict = {"kind": kind, "P": P, "elements": k**3, "dofs": k**3 * P**3}
+        out.append(row)
+        try:
+            basis = TensorBasis(P)
+            mesh = box_mesh(basis, shape=(k, k, k), curved=0.1)
+            make = MassOperator if kind == "mass" else PoissonOperator
+            data = mesh.qdata if kind == "mass" else mesh.G
+            op = make(basis, data, backend=env.backend_name)
+            u = rng.standard_normal((mesh.nelem,) + (P,) * 3)
+            ud = xp.asarray(u)
+            mats = {key: xp.asarray(A) for key, A in _matrices(basis).items()}
+            fields = {key: xp.asarray(F) for key, F in op._float_fields().items()}
+
+            def product(z, key, ax):
+                sub = "ijk"
+                o = sub[:ax] + "z" + sub[ax + 1:]
+                return xp.einsum(f"z{sub[ax]},e{sub}->e{o}", mats[key], z)
+
+            run = FloatRunner(product, fields)
+            t = env.time(lambda: op._program(run, ud, 3), reps=5, max_s=3.0)
+            row["f64"] = {**t, "gdofs": row["dofs"] / t["median_s"] / 1e9}
+            rows.append((f"FEM {kind} P={P} CuPy float64 program", f"{row['f64']['gdofs']:.2f} GDoF/s", "baseline"))
+            if env.cpu:
+                continue
+            be = get_backend("cuda")
+            prog = fused.operator_program(op)
+            field, fexp = fused.operator_field(op)
+            fd, fe = xp.asarray(field), xp.asarray(fexp)
+            row["program"] = {"ops": int(prog.ints[1]), "slots": int(prog.ints[20]), "tensors_per_block": prog.nb,
+                              "shared_bytes": prog.shared_bytes, "specialized": fused.specialize_by_default(prog)}
+            y = be.chain(prog, ud, "fp64", field=fd, fexp=fe)
+            t = env.time(lambda: be.chain(prog, ud, "fp64", field=fd, fexp=fe), reps=5, max_s=3.0)
+            row["fused"] = {**t, "gdofs": row["dofs"] / t["median_s"] / 1e9,
+                            "vs_f64": row["f64"]["median_s"] / t["median_s"]}
+            n = min(32, mesh.nelem)
+            ref = make(basis, data[:n], backend="cpu").apply(u[:n])
+            row["fused"]["bitwise_cpu_first_elements"] = bool(np.array_equal(
+                np.asarray(env.asnumpy(y[:n])).view(np.uint64), ref.view(np.uint64)))
+            rows.append((f"FEM {kind} P={P} fused kernel", f"{row['fused']['gdofs']:.2f} GDoF/s",
+                         f"{row['fused']['vs_f64']:.2f}x CuPy f64; bitwise {row['fused']['bitwise_cpu_first_elements']}"))
+        except Exception as exc:
+            traceback.print_exc()
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        env.free()
+
+
 def main(outdir: str = "benchmarks/results", budget_s: float = 200.0, scale: float | None = None,
          cpu_smoke: bool = False) -> dict:
     scale = _scale() if scale is None else float(scale)
@@ -765,6 +839,7 @@ def main(outdir: str = "benchmarks/results", budget_s: float = 200.0, scale: flo
     sections = (
         ("ceilings", 0.10, lambda dl: ceilings(env, res, rows, scale)),
         ("chain", 0.45, lambda dl: bench_chain(env, res, rows, scale, dl)),
+        ("fem", 0.25, lambda dl: bench_fem(env, res, rows, scale, dl)),
         ("dgemm", 0.55, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=False)),
         ("zgemm", 0.45, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=True)),
         ("accuracy", 0.95, lambda dl: bench_accuracy(env, res, rows, scale, dl)),
