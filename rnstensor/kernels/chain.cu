@@ -48,7 +48,7 @@
 #define RC_NB 4        // tensors per block
 #define RC_L0 5        // input planes
 #define RC_BITS 6      // input encoding width
-#define RC_CAP 7       // bytes per plane in each buffer (multiple of 16)
+#define RC_CAP 7       // bytes per plane in each slot (multiple of 16)
 #define RC_LMAX 8      // most planes at any step
 #define RC_OPBYTES 9   // operator bytes (multiple of 16)
 #define RC_ENC_F 10    // float offset of the encode tables: P, IP, H, C18, C36 (L0 each), pw (L0 x ldpw)

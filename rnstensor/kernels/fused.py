@@ -1,14 +1,16 @@
-"""Programs for the fused chain kernel (``chain.cu``): a plan's layouts, tables and operators, built on the host.
+"""Programs for the fused kernel (``chain.cu``): a chain plan's or a FEM operator's layouts, slots, tables, built on the host.
 
 The kernel keeps ``nb`` tensors of the batch in shared memory from the
 float64 load to the float64 store. Everything it needs is decided here, once
-per plan: the physical layout of every intermediate (the contracted axis
+per program: the physical layout of every intermediate (the contracted axis
 innermost, padded to 4 bytes; each product writes its new axis outermost, so
-the next contracted axis moves inside), the operator residues on the planes
-each product sees, the drop/extension and decode tables of the CPU backend,
-and the exponent of every output entry. The exponent and the active moduli
-of every step come from running the plan's own primitives on one all-zero
-tensor (numpy backend), so the kernel's scale bookkeeping is the library's.
+the next contracted axis moves inside), the shared-memory slot of every live
+tensor and the barriers between ops, the operator residues on the planes each
+product sees, the drop/extension and decode tables of the CPU backend, and
+the exponent of every output entry. The stages, their active moduli and the
+output scale come from running the program's own primitives on one all-zero
+tensor (numpy backend, :class:`_Recorder`), so the kernel's bookkeeping is
+the library's.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _width(n_in: int) -> Optional[int]:
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a device cache key
 class ChainProgram:
-    """Everything one launch of ``rns_chain_fused`` needs for a plan.
+    """Everything one launch of ``rns_chain_fused`` needs for a program (a chain plan, a FEM operator).
 
     ``ints``/``floats``/``qd``/``ops`` are the program's four arrays;
     ``dexp_fp64``/``dexp_exact`` the exponent of every output entry for a
@@ -502,7 +504,6 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     for k, v in hdr.items():
         ints[k] = int(v)
     final = prog.final_active
-    ops = opsb
 
     f, k = arith.float_factor(factor)
     if tables.exact_decode_fits(tuple(final), factor):
@@ -515,7 +516,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     fl = np.concatenate(floats) if floats else np.zeros(1, np.float32)
     prog = ChainProgram(
         ints=np.array(ints, np.int32), floats=fl.astype(np.float32), qd=np.asarray(qd, np.float64),
-        ops=np.concatenate(ops) if ops else np.zeros(16, np.int8),
+        ops=np.concatenate(opsb) if opsb else np.zeros(16, np.int8),
         dexp_fp64=(dexp + k).astype(np.int32), dexp_exact=(dexp + t2).astype(np.int32), f=float(f),
         F=None if F is None else np.asarray(F, np.uint32), fneg=bool(fneg), nb=nb, shared_bytes=int(shared),
         in_shape=tuple(in_shape), out_shape=out_shape, nfield=nfield, nq=nq,
