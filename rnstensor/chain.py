@@ -158,15 +158,7 @@ class ChainPlan:
             x = self._check_input(X)
         batch = self._check_shape(tuple(x.shape))
         shape = tuple(x.shape[batch:])
-        why = _fused.fusable(self, shape)
-        prog = None
-        if why is None:
-            try:
-                prog = _fused.chain_program(self, shape)
-            except ValueError as exc:
-                why = str(exc)
-        if prog is not None and decode == "exact" and prog.F is None:
-            why, prog = "the exact decode's factor is wider than the kernel's limbs", None
+        prog, why = _fused.program_or_reason(lambda: _fused.chain_program(self, shape), _fused.fusable(self, shape), decode)
         if prog is None:
             if required:
                 raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")

@@ -1,4 +1,4 @@
-"""Shared test inputs for the kernel tests: random centered residue planes and the NVRTC marker."""
+"""Shared test inputs for the kernel tests: random centered residue planes and the NVRTC / cuobjdump markers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,18 @@ except build.KernelBuildError:  # pragma: no cover - the test extras install it
     HAVE_NVRTC = False
 
 needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="NVRTC (cuda-python + nvidia-cuda-nvrtc, the 'test' extras) is not installed")
+
+
+def _have_cuobjdump() -> bool:
+    try:
+        build.find_tool("cuobjdump")
+        build.find_tool("nvdisasm")
+        return True
+    except build.KernelBuildError:
+        return False
+
+
+needs_cuobjdump = pytest.mark.skipif(not _have_cuobjdump(), reason="cuobjdump/nvdisasm (the 'test' extras) not found")
 
 
 def random_planes(rng, moduli, shape, edge=None, ends=True):

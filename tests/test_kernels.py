@@ -9,22 +9,7 @@ import sys
 import pytest
 
 from rnstensor.kernels import build
-from residues import needs_nvrtc
-
-
-
-def _have_cuobjdump() -> bool:
-    try:
-        build.find_tool("cuobjdump")
-        build.find_tool("nvdisasm")
-        return True
-    except build.KernelBuildError:
-        return False
-
-
-needs_cuobjdump = pytest.mark.skipif(
-    not _have_cuobjdump(), reason="cuobjdump/nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm: the 'test' extras) not found"
-)
+from residues import needs_cuobjdump, needs_nvrtc
 
 PRODUCT_KERNELS = ("rns_product_n8", "rns_product_n16", "rns_product_n32", "rns_product_n64",
                    "rns_product3m_n8", "rns_product3m_n32")

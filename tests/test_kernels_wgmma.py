@@ -24,23 +24,13 @@ import pytest
 
 from rnstensor import arith
 from rnstensor.kernels import build, tables
-from residues import needs_nvrtc, random_planes
+from residues import needs_cuobjdump, needs_nvrtc, random_planes
 
 
 KERNELS = {"rns_gemm_wgmma_n64": 64, "rns_gemm_wgmma_n128": 128}
 EAGER, LAZY = 0, 1
 
 
-def _have_cuobjdump() -> bool:
-    try:
-        build.find_tool("cuobjdump")
-        build.find_tool("nvdisasm")
-        return True
-    except build.KernelBuildError:
-        return False
-
-
-needs_cuobjdump = pytest.mark.skipif(not _have_cuobjdump(), reason="cuobjdump/nvdisasm (the 'test' extras) not found")
 
 
 @pytest.fixture(scope="module")

@@ -270,15 +270,8 @@ class _Operator:
 
         be = get_backend(self.backend)
         why = None if callable(getattr(be, "chain", None)) else f"the fused kernel runs on the 'cuda' backend, not {be.name!r}"
-        why = why or _fused.operator_fusable(self)
-        prog = None
-        if why is None:
-            try:
-                prog = _fused.operator_program(self)
-            except ValueError as exc:
-                why = str(exc)
-        if prog is not None and decode == "exact" and prog.F is None:
-            why, prog = "the exact decode's factor is wider than the kernel's limbs", None
+        prog, why = _fused.program_or_reason(lambda: _fused.operator_program(self), why or _fused.operator_fusable(self),
+                                             decode)
         if prog is None:
             if fused:
                 raise ValueError(f"fused=True: {why}")

@@ -138,7 +138,8 @@ struct RnsSlots {
 };
 
 // A product op: every row r of the inputs (all planes, all operator rows) per thread; rows are
-// (tensor b, row r' of that tensor).
+// (tensor b, row r' of that tensor). Rows wider than 8 words take one term (the host builds no sum of
+// them): TM W words of rows stay in registers.
 template <int W>
 __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                   const RnsSlots& slot, const rns_i8* ops, int cap) {
@@ -155,9 +156,10 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
         const int o = b * osb + (rt / nlast) * nlastpad + rt % nlast;
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
-            rns_i32 x[RNS_TMAX][W];
+            constexpr int TM = W <= 8 ? RNS_TMAX : 1;
+            rns_i32 x[TM][W];
 #pragma unroll
-            for (int t = 0; t < RNS_TMAX; ++t) {
+            for (int t = 0; t < TM; ++t) {
                 if (t < nt) {
                     const rns_i32* xr = reinterpret_cast<const rns_i32*>(slot[terms[2 * t]] + (rns_i64)l * cap) + (rns_i64)r * W;
 #pragma unroll
@@ -170,7 +172,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
             for (int j = 0; j < n_out; ++j) {
                 rns_i32 acc = 0;
 #pragma unroll
-                for (int t = 0; t < RNS_TMAX; ++t) {
+                for (int t = 0; t < TM; ++t) {
                     if (t < nt) {
 #if defined(RNS_SPEC)
                         const rns_i32* A = rns_spec::OPW + terms[2 * t + 1] / 4;  // immediates once unrolled

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -27,7 +27,7 @@ from ..encode import encode
 from ..primitives import _planes_on, add, drop, hadamard, mode_product, strip_pending
 from . import tables
 
-__all__ = ["ChainProgram", "chain_program", "fusable", "operator_program", "operator_fusable", "operator_field",
+__all__ = ["ChainProgram", "chain_program", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
@@ -433,6 +433,9 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
             if st.kind == "product":
                 _, n_out, n_in = terms[0].op.shape
                 W = _width(n_in)
+                if len(terms) > 1 and W > 8:  # the kernel keeps the rows of a sum in registers (chain.cu)
+                    raise ValueError(f"a sum of mode products over {n_in} points; the fused kernel adds rows of "
+                                     f"at most 32")
                 tl = []
                 for t in terms:
                     A = np.zeros((L, n_out, 4 * W), np.int8)
@@ -524,6 +527,23 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     for a in (prog.ints, prog.floats, prog.qd, prog.ops, prog.dexp_fp64, prog.dexp_exact):
         a.setflags(write=False)
     return prog
+
+
+def program_or_reason(make, why: Optional[str], decode: str) -> tuple[Optional[ChainProgram], Optional[str]]:
+    """``(program, None)`` when the fused kernel can run ``make()`` for ``decode``, else ``(None, reason)``.
+
+    ``why``: a reason known beforehand (``None`` if there is none); ``make``
+    builds the program (a ``ValueError`` from it is a reason too).
+    """
+    if why is not None:
+        return None, why
+    try:
+        prog = make()
+    except ValueError as exc:
+        return None, str(exc)
+    if decode == "exact" and prog.F is None:
+        return None, "the exact decode's factor is wider than the kernel's limbs"
+    return prog, None
 
 
 # ----- finite-element operators ------------------------------------------------------------
