@@ -42,7 +42,7 @@
 
 // program header (int32 slots)
 #define RC_NDIM 0      // logical tensor axes d
-#define RC_STEPS 1     // mode products K
+#define RC_STEPS 1     // ops (products, Hadamard products, drops)
 #define RC_NIN 2       // entries per input tensor
 #define RC_NOUT 3      // entries per output tensor
 #define RC_NB 4        // tensors per block
