@@ -8,9 +8,12 @@ import pytest
 import rnstensor as rt
 
 cp = pytest.importorskip("cupy")
+
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 rd = pytest.importorskip("rnstensor.dask")
+
+from test_dask import _gemm_case  # noqa: E402  (the same operands as the CPU tests)
 
 
 @pytest.fixture(autouse=True)
@@ -36,16 +39,6 @@ def same_on_device(D, ref, client=None):
     ref = np.asarray(ref)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
-
-
-def _gemm_case(m=13, k=37, n=11, seed=0, cplx=False):
-    r = np.random.default_rng(seed)
-    A = r.uniform(-1, 1, (m, k)) * 2.0 ** r.integers(-20, 20, (m, k))
-    B = r.uniform(-1, 1, (k, n))
-    if cplx:
-        A = A + 1j * r.uniform(-1, 1, A.shape)
-        B = B + 1j * r.uniform(-1, 1, B.shape) * 2.0 ** r.integers(-10, 10, B.shape)
-    return A, B
 
 
 @pytest.mark.parametrize(
