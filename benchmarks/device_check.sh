@@ -19,6 +19,9 @@ cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-benchmarks/results}
 mkdir -p "$OUTDIR"
 export PYTHONPATH=${PYTHONPATH:-.}
+# packages the device machine lacks (dask, distributed for tests/gpu/test_dask_cuda.py), carried as
+# `pip install --target .carry dask distributed` and the run tool's carry=[".carry"]
+[ -d .carry ] && export PYTHONPATH=".carry:$PYTHONPATH"
 export PYTHONUNBUFFERED=1
 export RNSTENSOR_KERNEL_CACHE=${RNSTENSOR_KERNEL_CACHE:-/tmp/rnstensor-kernels}
 PY=${PYTHON:-python3}
