@@ -265,3 +265,7 @@ def test_operator_fusable_says_why_not():
     assert "rescale_be" in fused.operator_fusable(MassOperator(basis, mesh.qdata, method="composed"))
     with pytest.raises(ValueError, match="cannot run as one fused kernel"):
         fused.operator_program(PoissonOperator(basis, mesh.G, method="float64"))
+    # Poisson sums two transposed products: fused for rows of at most 16 points, refused beyond
+    wide = TensorBasis(16)
+    with pytest.raises(ValueError, match="adds at most 2 over at most 16"):
+        fused.operator_program(PoissonOperator(wide, box_mesh(wide, shape=(1, 1, 1)).G))

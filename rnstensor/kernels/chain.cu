@@ -10,9 +10,9 @@
 //   1. the largest magnitude of each tensor (a shared atomic max on the IEEE bits) gives its exponent
 //      e = bits - E, as encode(..., shared_axes=tensor); every entry is encoded on the L0 moduli
 //      (rns_encode_entry) into slot 0, at its place in the first physical layout;
-//   2. a product op writes out[l][j][r] = [sum_t sum_k A_t[l][j][k] X_t[l][r][k]]_p: up to RNS_TMAX
-//      terms, all contracting the innermost physical axis, with dp4a on four residues at a time
-//      (|sum| <= 3 * 64 * 2^14 < 2^22 - 1: one reduction from the accumulator's bits); the new axis is
+//   2. a product op writes out[l][j][r] = [sum_t sum_k A_t[l][j][k] X_t[l][r][k]]_p: one term (n_in <= 64)
+//      or a sum of two (n_in <= 16), all contracting the innermost physical axis, with dp4a on four
+//      residues at a time (|sum| <= 64 * 2^14 < 2^22 - 1: one reduction from the accumulator's bits); the new axis is
 //      written outermost within each tensor (the batch stays outermost of all), so the axis the
 //      previous layout held second from the inside becomes innermost (the host chose the first layout
 //      so this order is the program's). The innermost axis is padded to a multiple of 4 bytes; the
@@ -85,7 +85,8 @@
 #define RS_DROP_F 18   // drop: float offset
 #define RS_SLOTS 19    // drop: physical entries per plane (padding included)
 #define RS_SIZE 20
-#define RNS_TMAX 3     // terms of one sum at most (3 * 64 * 2^14 < 2^22 - 1)
+#define RNS_TMAX 3          // terms of one Hadamard sum at most (3 * 2^14)
+#define RNS_PRODUCT_TMAX 2  // terms of one product sum at most, for rows of <= 4 words (2 * 16 * 2^14)
 
 #define RNS_CHAIN_THREADS 256
 
@@ -138,8 +139,9 @@ struct RnsSlots {
 };
 
 // A product op: every row r of the inputs (all planes, all operator rows) per thread; rows are
-// (tensor b, row r' of that tensor). Rows wider than 8 words take one term (the host builds no sum of
-// them): TM W words of rows stay in registers.
+// (tensor b, row r' of that tensor). The TM x W words of the terms' rows stay in registers: sums of two
+// products for rows of at most 4 words (n_in <= 16), one product beyond (the host builds no other sum);
+// so the generic build needs 128 registers, two blocks of 256 threads per SM.
 template <int W>
 __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                   const RnsSlots& slot, const rns_i8* ops, int cap) {
@@ -156,7 +158,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
         const int o = b * osb + (rt / nlast) * nlastpad + rt % nlast;
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
-            constexpr int TM = W <= 8 ? RNS_TMAX : 1;
+            constexpr int TM = W <= 4 ? RNS_PRODUCT_TMAX : 1;
             rns_i32 x[TM][W];
 #pragma unroll
             for (int t = 0; t < TM; ++t) {

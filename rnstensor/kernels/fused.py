@@ -46,6 +46,7 @@ _TARGET_ENTRIES = 4096
 _HEADER = 22
 _STEP = 20
 _TMAX = 3  # terms of one sum (RNS_TMAX in chain.cu)
+_PRODUCT_TMAX = 2  # terms of one sum of mode products, rows of <= 4 words (RNS_PRODUCT_TMAX)
 
 
 def _pad4(n: int) -> int:
@@ -433,9 +434,9 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
             if st.kind == "product":
                 _, n_out, n_in = terms[0].op.shape
                 W = _width(n_in)
-                if len(terms) > 1 and W > 8:  # the kernel keeps the rows of a sum in registers (chain.cu)
-                    raise ValueError(f"a sum of mode products over {n_in} points; the fused kernel adds rows of "
-                                     f"at most 32")
+                if len(terms) > 1 and (W > 4 or len(terms) > _PRODUCT_TMAX):  # rows in registers (chain.cu)
+                    raise ValueError(f"a sum of {len(terms)} mode products over {n_in} points; the fused kernel "
+                                     f"adds at most {_PRODUCT_TMAX} over at most 16")
                 tl = []
                 for t in terms:
                     A = np.zeros((L, n_out, 4 * W), np.int8)
