@@ -53,6 +53,9 @@ if HERE not in sys.path:
 
 import sass_count  # noqa: E402
 
+#: the fused chain kernel takes n <= 16 per axis in bench_gpu.py (its FUSED_MAX_N)
+FUSED_MAX_N = 16
+
 #: Leads, used only where bench_gpu.json has no measurement: an H200 as KINDS.md saw it
 #: (copy 4.3 TB/s through PyTorch) and the datasheets (132 SMs, 1.98 GHz boost; cuBLAS INT8
 #: about 1.38 POP/s on GH200 by papers/003, 70 % of the 1979 TOP/s dense peak).
@@ -260,7 +263,12 @@ def predict_chain(row: dict, c: dict, counts: dict) -> dict:
     for _ in drops:
         comp += parts["encode"]["s"] + parts["product0"]["s"] + parts["decode"]["s"]
     out["composed"] = comp
-    wi, src = _warp_inst("rns_chain_fused", dofs, counts)
+    spec = (counts.get("fused_per_dof") or {}).get(n)
+    if spec and "rns_chain_fused" not in (counts.get("ncu") or {}):
+        # the plan's specialized build: instructions per DoF read off its SASS (benchmarks/chain_sass.py)
+        wi, src = spec / 32 * dofs, "sass-specialized"
+    else:
+        wi, src = _warp_inst("rns_chain_fused", dofs, counts)
     fused = kernel_time(16.0 * dofs, ops_per_product * len(drops), wi, c)
     out["fused"] = fused["s"]
     out["fused_parts"] = fused | {"inst_src": src}
@@ -385,6 +393,14 @@ def main(argv=None) -> dict:
         counts["static"] = static_counts(args.arch)
     except Exception as exc:  # no NVRTC / cuobjdump: the model runs without instruction terms
         print(f"static SASS counts unavailable: {type(exc).__name__}: {exc}")
+    try:  # the fused chain's specialized builds (NVRTC, a few seconds each): instructions per DoF
+        import chain_sass
+
+        counts["fused_per_dof"] = {n: chain_sass.measure(n)["specialized"]["instructions_per_dof"] for n in (4, 8, 16)}
+        print("fused chain, specialized build, instructions per DoF: "
+              + ", ".join(f"n={n}: {v:.0f}" for n, v in counts["fused_per_dof"].items()))
+    except Exception as exc:
+        print(f"fused chain SASS counts unavailable: {type(exc).__name__}: {exc}")
     if args.ncu and os.path.exists(args.ncu):
         entries = 1 << 20
         if args.probe_json and os.path.exists(args.probe_json):
@@ -422,7 +438,8 @@ def main(argv=None) -> dict:
               f"INT8 {c['int8_ops_per_s'] / 1e12:.0f} TOP/s, issue {c['issue_warp_inst_per_s'] / 1e12:.2f} T warp-instr/s)")
         for r in res["chain"]:
             print(f"chain n={r['n']:<4} steps {r['dofs'] / r['steps'] / 1e9:6.2f} GDoF/s  composed {r['dofs'] / r['composed'] / 1e9:6.2f}  "
-                  f"fused {r['dofs'] / r['fused'] / 1e9:6.2f}  (floor unfused {r['dofs'] / r['floor_unfused'] / 1e9:.2f}); bounds {r['bounds']}")
+                  + (f"fused {r['dofs'] / r['fused'] / 1e9:6.2f}" if r["n"] <= FUSED_MAX_N else "fused      -")
+                  + f"  (floor unfused {r['dofs'] / r['floor_unfused'] / 1e9:.2f}); bounds {r['bounds']}")
         for r in res["dgemm"]:
             print(f"dgemm N={r['N']:<6} s={r['s']:<3} {r['tflops']:7.1f} TFLOP/s  phases ms " +
                   "/".join(f"{v * 1e3:.2f}" for v in r["phases"].values()))
