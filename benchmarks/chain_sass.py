@@ -44,67 +44,88 @@ H200_SMS = 132
 H200_CLOCK = 1.98e9
 
 
-def stages(cubin, kernel: str = "rns_chain_fused") -> list[tuple[str, int]]:
-    """``[(stage, instructions in its loop body)]`` in program order, from the outermost loops of the SASS."""
+_KINDS = {0: "product", 1: "hadamard", 2: "drop"}
+
+
+def program_cost(prog, cubin, kernel: str = "rns_chain_fused") -> dict:
+    """Instructions per DoF of a specialized build, from the loop bodies of its SASS.
+
+    The outermost loops come in program order: three for the per-tensor
+    exponent, the encode (one entry per iteration), one per op (a product:
+    one row of one tensor; a Hadamard product or a drop: one entry), the
+    decode. Each body runs once per iteration in this build (every inner
+    loop is unrolled), so a tensor costs ``sum(body * iterations)``.
+    """
     instrs = parse_sass(build.sass(cubin, [kernel])[kernel])
-    out = []
-    seen_product = False
-    for lp in find_loops(instrs):
-        if lp.depth != 1:
-            continue
-        ops = lp.opcodes
-        n = sum(ops.values())
-        if ops.get("IDP"):
-            out.append(("product", n))
-            seen_product = True
-        elif ops.get("DMUL") and seen_product:
-            out.append(("decode", n))
-        elif ops.get("FFMA", 0) >= 20 and not seen_product:
-            out.append(("encode", n))
-        elif ops.get("FFMA", 0) >= 20:
-            out.append(("drop", n))
-    return out
+    tops = [lp for lp in find_loops(instrs) if lp.depth == 1]
+    pi = prog.ints
+    K, nb, base, nin, nout = int(pi[1]), int(pi[4]), int(pi[21]), int(pi[2]), int(pi[3])
+    if len(tops) < K + 2:
+        raise ValueError(f"{len(tops)} outermost loops for {K} ops: not a specialized build?")
+    body = [sum(lp.opcodes.values()) for lp in tops[-(K + 2):]]
+    stages = [("encode", body[0], nin)]
+    for k in range(K):
+        r = pi[base + 20 * k: base + 20 * (k + 1)]
+        kind = _KINDS[int(r[0])]
+        iters = int(r[11]) if kind == "product" else (int(pi[19]) if kind == "hadamard" else int(r[19]) // nb)
+        stages.append((kind, body[1 + k], iters))
+    stages.append(("decode", body[-1], nout))
+    total = sum(n * it for _, n, it in stages)
+    return {"stages": stages, "per_dof": total / nout}
 
 
-def per_dof(st: list[tuple[str, int]], n_out: int) -> float:
-    return sum(n / n_out if kind == "product" else n for kind, n in st)
+def _measure(name: str, prog, dofs_per_tensor: int) -> dict:
+    generic = build.compile_module("chain", "sm_90a")
+    t = time.perf_counter()
+    built = build.compile_module("chain", "sm_90a", fused.SPEC_OPTIONS, headers=fused.spec_header(prog))
+    compile_s = time.perf_counter() - t
+    cost = program_cost(prog, built.path)
+    usage = build.resource_usage(built.path)["rns_chain_fused"]
+    per_dof = cost["per_dof"]
+    return {
+        "program": name, "ops": int(prog.ints[1]), "tensors_per_block": prog.nb, "shared_bytes": prog.shared_bytes,
+        "generic_registers": build.resource_usage(generic.path)["rns_chain_fused"].registers,
+        "registers": usage.registers, "local_bytes": usage.local + usage.stack, "compile_s": round(compile_s, 1),
+        "stages": cost["stages"], "instructions_per_dof": round(per_dof, 1),
+        "issue_bound_gdofs": round(H200_SMS * 4 * H200_CLOCK * 32 / per_dof / 1e9, 1),
+    }
 
 
 def measure(n: int, d: int = 3, s: int = 15, seed: int = 0) -> dict:
+    """A RescaleBE chain of ``d`` random ``n x n`` products on ``s`` moduli."""
     rng = np.random.default_rng(seed)
     plan = rt.plan_chain([rng.uniform(-1, 1, (n, n)) for _ in range(d)], tuple(range(d)), moduli=s)
-    prog = fused.chain_program(plan, (n,) * d)
-    row = {"n": n, "d": d, "s": s, "drops": list(plan.drops), "bits": plan.bits, "tensors_per_block": prog.nb,
-           "shared_bytes": prog.shared_bytes}
-    generic = build.compile_module("chain", "sm_90a")
-    row["generic_registers"] = build.resource_usage(generic.path)["rns_chain_fused"].registers
-    t = time.perf_counter()
-    built = build.compile_module("chain", "sm_90a", fused.SPEC_OPTIONS, headers=fused.spec_header(prog))
-    st = stages(built.path)
-    usage = build.resource_usage(built.path)["rns_chain_fused"]
-    total = per_dof(st, n)
-    row["specialized"] = {
-        "stages": st, "instructions_per_dof": round(total, 1), "registers": usage.registers,
-        "local_bytes": usage.local + usage.stack, "compile_s": round(time.perf_counter() - t, 1),
-        "issue_bound_gdofs": round(H200_SMS * 4 * H200_CLOCK * 32 / total / 1e9, 1),
-    }
+    row = _measure(f"chain n={n}", fused.chain_program(plan, (n,) * d), n**d)
+    row.update(n=n, d=d, s=s, drops=list(plan.drops))
+    row["specialized"] = {"instructions_per_dof": row["instructions_per_dof"]}  # perf_model reads this
     return row
+
+
+def measure_fem(kind: str, P: int) -> dict:
+    """The 3-D mass or Poisson operator with ``P`` nodes per axis (``Q = P + 1`` Gauss points), 15 moduli."""
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(P)
+    mesh = box_mesh(basis, shape=(1, 1, 1), curved=0.1)
+    op = MassOperator(basis, mesh.qdata) if kind == "mass" else PoissonOperator(basis, mesh.G)
+    return _measure(f"{kind} P={P}", fused.operator_program(op), P**3)
 
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, nargs="*", default=[4, 8, 16])
+    ap.add_argument("--fem", nargs="*", default=["mass:4", "mass:8", "poisson:4"],
+                    help="FEM operators as kind:P (the Poisson build takes about a minute)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     rows = [measure(n) for n in args.n]
-    print(f"{'n':>3} {'drops':>8} {'instr/DoF':>10} {'encode':>7} {'products (per row)':>22} {'drops (per entry)':>18} "
-          f"{'decode':>7} {'regs':>5} {'generic regs':>12} {'issue bound GDoF/s':>19}")
+    rows += [measure_fem(k, int(p)) for k, p in (f.split(":") for f in args.fem)]
+    print(f"{'program':<14} {'ops':>4} {'instr/DoF':>10} {'regs':>5} {'generic regs':>12} {'compile s':>9} "
+          f"{'issue bound GDoF/s':>19}   stages (body x iterations per tensor)")
     for r in rows:
-        m = r["specialized"]
-        get = lambda k: [v for kind, v in m["stages"] if kind == k]  # noqa: E731
-        print(f"{r['n']:>3} {str(tuple(r['drops'])):>8} {m['instructions_per_dof']:>10} {sum(get('encode')):>7} "
-              f"{str(get('product')):>22} {str(get('drop')):>18} {sum(get('decode')):>7} {m['registers']:>5} "
-              f"{r['generic_registers']:>12} {m['issue_bound_gdofs']:>19}")
+        st = " ".join(f"{k[0]}{n}x{it}" for k, n, it in r["stages"])
+        print(f"{r['program']:<14} {r['ops']:>4} {r['instructions_per_dof']:>10} {r['registers']:>5} "
+              f"{r['generic_registers']:>12} {r['compile_s']:>9} {r['issue_bound_gdofs']:>19}   {st}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

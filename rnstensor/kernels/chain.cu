@@ -20,7 +20,7 @@
 //   3. a Hadamard op writes out = [sum_t F_t X_t]_p entrywise, F_t a component of the per-element
 //      field read from device memory in logical order;
 //   4. a drop op divides one slot by the dropped moduli and extends it back (rns_drop_extend_entry,
-//      the tables of the CPU backend's drop);
+//      the tables of the CPU backend's drop), on the real entries only (not the padding);
 //   5. decode per entry (fp64 Horner or exact, rns_arith.cuh) with the exponent of the entry minus e
 //      (plus the field's exponent of the tensor), stored in logical order.
 //
@@ -73,7 +73,7 @@
 #define RS_M 6         // product rows: entries of an input / n_in, all tensors of the block
 #define RS_W 7         // words per row: padded n_in / 4
 #define RS_NOUT 8      // operator rows
-#define RS_NLAST 9     // extent of the output's innermost axis
+#define RS_NLAST 9     // extent of the output's innermost axis (a drop: of its slot's innermost axis)
 #define RS_NLASTPAD 10 // ... padded to a multiple of 4
 #define RS_MT 11       // rows per tensor
 #define RS_OSB 12      // output bytes per tensor and plane (the batch stride)
@@ -83,7 +83,7 @@
 #define RS_MAP 16      // Hadamard: int offset of the layout's place map
 #define RS_DROP_I 17   // drop: int offset of its packed tables (rns_drop_tables)
 #define RS_DROP_F 18   // drop: float offset
-#define RS_SLOTS 19    // drop: physical entries per plane (padding included)
+#define RS_SLOTS 19    // drop: real entries per plane, all tensors of the block
 #define RS_SIZE 20
 #define RNS_TMAX 3          // terms of one Hadamard sum at most (3 * 2^14)
 #define RNS_PRODUCT_TMAX 2  // terms of one product sum at most, for rows of <= 4 words (2 * 16 * 2^14)
@@ -234,22 +234,29 @@ __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_
     }
 }
 
-// A drop op: one slot divided by the dropped moduli and extended back, entry by entry.
+// A drop op: one slot divided by the dropped moduli and extended back, entry by entry. Padding entries
+// are left as they are: a product multiplies them by zero columns, nothing else reads them.
 __device__ __forceinline__ void rns_chain_drop(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                const RnsSlots& slot, int cap, float* scratch) {
     const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
     const rns_i8* src = slot[st[RS_IN]];
     rns_i8* dst = slot[st[RS_OUT]];
-    const int entries = st[RS_SLOTS];
+    // the real entries e of all tensors, at their places past the innermost axis' padding
+    const int entries = st[RS_SLOTS], inner = st[RS_NLAST], innerpad = st[RS_NLASTPAD];
 #if defined(RNS_SPEC)
     float D[RNS_SPEC_MAXM], Yd[RNS_SPEC_MAXM];  // registers once unrolled
-    for (int q = threadIdx.x; q < entries; q += blockDim.x) rns_drop_extend_entry(src + q, cap, tb, D, Yd, 1, dst + q, cap);
+    for (int e = threadIdx.x; e < entries; e += blockDim.x) {
+        const int q = (e / inner) * innerpad + e % inner;
+        rns_drop_extend_entry(src + q, cap, tb, D, Yd, 1, dst + q, cap);
+    }
 #else
     const int nd = max(max(tb.g, tb.m), 1);
     float* D = scratch + threadIdx.x;
     float* Yd = scratch + nd * blockDim.x + threadIdx.x;
-    for (int q = threadIdx.x; q < entries; q += blockDim.x)
+    for (int e = threadIdx.x; e < entries; e += blockDim.x) {
+        const int q = (e / inner) * innerpad + e % inner;
         rns_drop_extend_entry(src + q, cap, tb, D, Yd, blockDim.x, dst + q, cap);
+    }
 #endif
 }
 

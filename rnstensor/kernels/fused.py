@@ -492,7 +492,9 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
         elif rec["kind"] == 1:
             vals[13], vals[14], vals[15], vals[16] = rec["nt"], rec["terms"], rec["fplane"], place_map(P, ext)
         else:
-            vals[3], vals[17], vals[18], vals[19] = rec["in"], rec["drop"][0], rec["drop"][1], nb * _strides(P, ext)[1]
+            inner = ext[P[-1]]
+            vals[3], vals[9], vals[10] = rec["in"], inner, _pad4(inner)
+            vals[17], vals[18], vals[19] = rec["drop"][0], rec["drop"][1], nb * math.prod(ext[a] for a in P)
         ints[base0 + _STEP * n: base0 + _STEP * (n + 1)] = vals
 
     enc = tables.encode_tables(tuple(first))
