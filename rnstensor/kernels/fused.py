@@ -234,20 +234,22 @@ def _in_shape(plan) -> list[int]:
     return shape
 
 
+def _first_layout(axes, ndim: int) -> list:
+    """The first physical layout (outer -> inner): untouched axes outside, then the contracted axes in
+    reverse order of first use, so that each product's rotation brings the next one inside."""
+    first_use = list(dict.fromkeys(axes))
+    return [a for a in range(ndim) if a not in first_use] + first_use[::-1]
+
+
 def _layouts(prog: _Program):
     """The physical layout of one tensor (outer -> inner) entering every stage, and the final one.
 
     Each product writes its new axis outermost, so the axis the layout held
-    second from the inside is the next innermost: the first layout lists the
-    contracted axes in reverse order of first use, untouched axes outside; a
+    second from the inside is the next innermost (:func:`_first_layout`); a
     Hadamard stage keeps the layout. All live tensors share it. The batch is
     outside every layout. ``None`` if the program's order breaks this cycle.
     """
-    first_use = []
-    for a in prog.axes:
-        if a not in first_use:
-            first_use.append(a)
-    P = [a for a in range(prog.ndim) if a not in first_use] + first_use[::-1]
+    P = _first_layout(prog.axes, prog.ndim)
     ext = dict(enumerate(prog.in_shape))
     seq = []
     for st in prog.stages:
@@ -260,13 +262,9 @@ def _layouts(prog: _Program):
     return seq, (P, ext)
 
 
-def _axes_cycle(axes, ndim: int, in_shape) -> Optional[str]:
+def _axes_cycle(axes, ndim: int) -> Optional[str]:
     """Why a product order breaks the layout cycle (a sentence), or ``None``."""
-    first_use = []
-    for a in axes:
-        if a not in first_use:
-            first_use.append(a)
-    P = [a for a in range(ndim) if a not in first_use] + first_use[::-1]
+    P = _first_layout(axes, ndim)
     for a in axes:
         if P[-1] != a:
             return f"the contraction order {tuple(axes)} needs a transpose between products"
@@ -293,14 +291,15 @@ def fusable(plan, shape=None) -> Optional[str]:
         return "the composed method decodes after every product"
     if any(np.iscomplexobj(op) for op in plan.operators):
         return "complex operators are not fused"
-    try:
-        in_shape = list(shape) if shape is not None else _in_shape(plan)
-    except ValueError as exc:
-        return str(exc)
+    if shape is None:
+        try:
+            _in_shape(plan)  # every axis's length must come from an operator
+        except ValueError as exc:
+            return str(exc)
     for op in plan.operators:
         if _width(op.shape[1]) is None:
             return f"an operator has {op.shape[1]} columns; the fused kernel takes at most {4 * WIDTHS[-1]}"
-    return _axes_cycle(plan.axes, plan.ndim, in_shape)
+    return _axes_cycle(plan.axes, plan.ndim)
 
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -341,7 +340,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     in_shape, first, stages, dexp, factor = list(prog.in_shape), prog.first, prog.stages, prog.dexp, prog.factor
     seq, last = _layouts(prog)
     if seq is None:
-        raise ValueError(_axes_cycle(prog.axes, prog.ndim, prog.in_shape))
+        raise ValueError(_axes_cycle(prog.axes, prog.ndim))
     Pf, extf = last
     out_shape = tuple(extf[a] for a in range(prog.ndim))
 
