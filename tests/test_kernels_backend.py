@@ -95,11 +95,11 @@ class FakeModule:
     # ----- emulations ---------------------------------------------------------------------------
 
     def _rns_encode(self, grid, block, args, smem, name):
-        xbits, N, ev, inner, L, P, IP, H, C18, C36, pw, ldpw, pa, per, out = args
+        xbits, N, ev, inner, L, P, IP, H, CP, pw, ldpw, pa, per, out = args
         assert xbits.dtype == np.uint64 and ev.dtype == np.int64 and out.dtype == np.int8
         assert pw.dtype == np.float32 and pa.dtype == per.dtype == np.int32 and pw.shape[1] == ldpw
         self.lib.h_encode(_ptr(xbits), ctypes.c_int64(N), _ptr(ev), ctypes.c_int64(inner), ctypes.c_int(L), _ptr(P),
-                          _ptr(IP), _ptr(H), _ptr(C18), _ptr(C36), _ptr(pw), ctypes.c_int(ldpw), _ptr(pa), _ptr(per),
+                          _ptr(IP), _ptr(H), _ptr(CP), _ptr(pw), ctypes.c_int(ldpw), _ptr(pa), _ptr(per),
                           _ptr(out))
 
     def _rns_drop_extend(self, grid, block, args, smem, name):

@@ -35,7 +35,7 @@ def lib(tmp_path_factory):
     L.h_reduce_i32.argtypes = [i32p, I64, F32, F32, F32, F32, i8p]
     L.h_reduce_small_i8.argtypes = [i32p, I64, F32, F32, F32, i8p]
     L.h_reduce_acc.argtypes = [i32p, I64, INT, F32, F32, F32, F32, i8p]
-    L.h_encode.argtypes = [u64p, I64, i64p, I64, INT, f32p, f32p, f32p, f32p, f32p, f32p, INT, i32p, i32p, i8p]
+    L.h_encode.argtypes = [u64p, I64, i64p, I64, INT, f32p, f32p, f32p, f32p, f32p, INT, i32p, i32p, i8p]
     L.h_drop_extend.argtypes = [i8p, I64, i32p, f32p, i8p]
     L.h_drop_extend.restype = INT
     L.h_decode_fp64.argtypes = [i8p, I64, i32p, f32p, f64p, F64, i64p, I64, I64, f64p]
@@ -146,9 +146,9 @@ def test_encode_entry(lib, moduli):
     e[:200] = rng.integers(-70, 70, 200)
     e[200:260] = 5000
     e[260:300] = -5000
-    P, IP, H, C18, C36, pw, pa, per = tables.encode_tables(tuple(moduli))
+    P, IP, H, CP, pw, pa, per = tables.encode_tables(tuple(moduli))
     out = np.empty((len(moduli), n), np.int8)
-    lib.h_encode(x.view(np.uint64), n, e, 1, len(moduli), P, IP, H, C18, C36, np.ascontiguousarray(pw),
+    lib.h_encode(x.view(np.uint64), n, e, 1, len(moduli), P, IP, H, CP, np.ascontiguousarray(pw),
                  pw.shape[1], pa, per, out)
     ref = arith.encode_ref(x, e, moduli, 53)
     assert np.array_equal(out, ref)
@@ -160,9 +160,9 @@ def test_encode_exponent_runs(lib):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((40, 5))
     ev = rng.integers(-10, 60, 40).astype(np.int64)
-    P, IP, H, C18, C36, pw, pa, per = tables.encode_tables(moduli)
+    P, IP, H, CP, pw, pa, per = tables.encode_tables(moduli)
     out = np.empty((15, x.size), np.int8)
-    lib.h_encode(x.reshape(-1).view(np.uint64), x.size, ev, 5, 15, P, IP, H, C18, C36, np.ascontiguousarray(pw),
+    lib.h_encode(x.reshape(-1).view(np.uint64), x.size, ev, 5, 15, P, IP, H, CP, np.ascontiguousarray(pw),
                  pw.shape[1], pa, per, out)
     assert np.array_equal(out.reshape(15, 40, 5), arith.encode_ref(x, ev[:, None], moduli, 53))
 

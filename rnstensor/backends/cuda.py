@@ -312,13 +312,13 @@ class CudaBackend:
         ev, inner = _exponent_runs(exponent, xd.shape)
         if not mods or xd.size == 0:
             return self._out(out, host)
-        P, IP, H, C18, C36, pw, pa, per = self._dev(("enc", mods), lambda: tables.encode_tables(mods))
+        P, IP, H, CP, pw, pa, per = self._dev(("enc", mods), lambda: tables.encode_tables(mods))
         evd = cp.asarray(ev)
         n = xd.size
         self._fn("entry", "rns_encode")(
             (self._grid(n, 256),), (256,),
             (xd.reshape(-1).view(cp.uint64), np.int64(n), evd, np.int64(inner), np.int32(len(mods)),
-             P, IP, H, C18, C36, pw, np.int32(pw.shape[1]), pa, per, out),
+             P, IP, H, CP, pw, np.int32(pw.shape[1]), pa, per, out),
         )
         return self._out(out, host)
 

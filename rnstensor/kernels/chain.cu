@@ -28,12 +28,17 @@
 // rnstensor.kernels.fused; floats, float64s and the operators' int8 residues sit in three more
 // arrays. The operators are copied to shared memory once per block; the tables are read through the
 // cache (every thread reads the same entry).
-// A plan's specialized build includes its program as constexpr arrays (rns_spec::PI / PF / QD and
-// the operators as int32 words OPW; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
+// A plan's specialized build includes its program as constexpr arrays (rns_spec::PI / PF / QD; the
+// operators as int32 words OPW in constant memory; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
 // The body then reads them instead of its pointer arguments, so every size, offset and table entry
 // is a compile-time constant: the loops over planes, digits and operator rows unroll completely,
 // tables become instruction immediates and the digits stay in registers.
 #if defined(RNS_SPEC_INCLUDE)
+#if defined(__CUDACC__)
+#define RNS_SPEC_WORDS __constant__  // not const: its values must stay in the constant bank
+#else
+#define RNS_SPEC_WORDS static
+#endif
 #include "rns_chain_spec.h"
 #define RNS_SPEC 1
 #define RNS_SPEC_MAXM 49  // digits of at most the whole pool: register arrays, only the used ones survive
@@ -51,7 +56,7 @@
 #define RC_CAP 7       // bytes per plane in each slot (multiple of 16)
 #define RC_LMAX 8      // most planes at any step
 #define RC_OPBYTES 9   // operator bytes (multiple of 16)
-#define RC_ENC_F 10    // float offset of the encode tables: P, IP, H, C18, C36 (L0 each), pw (L0 x ldpw)
+#define RC_ENC_F 10    // float offset of the encode tables: P, IP, H (L0 each), CP (3 x L0), pw (L0 x ldpw)
 #define RC_ENC_LDPW 11
 #define RC_ENC_I 12    // int offset of pa, per (L0 each)
 #define RC_ENC_MAP 13  // int offset: (extent, physical stride) per logical input axis, then the batch stride
@@ -105,11 +110,20 @@ __device__ __forceinline__ void rns_atomic_or(int* a, int v) { atomicOr(a, v); }
 #endif
 // (the host SIMT harness, chain_host.cpp, defines RNS_CHAIN_SMEM and the two atomics)
 
+// Entry indices within a block's tensors: 32-bit in a specialized build (its extents are constants, so
+// each division is a multiply), 64-bit in the generic one (whose runtime 32-bit division sequences
+// take registers that sm_80's 128-register build does not have: it would spill).
+#if defined(RNS_SPEC)
+typedef unsigned rns_place_t;
+#else
+typedef rns_i64 rns_place_t;
+#endif
+
 // Physical offset of logical entry q (row-major over the map's extents) of tensor b.
-__device__ __forceinline__ rns_i64 rns_chain_place(const rns_i32* map, int ndim, rns_i64 q, int b) {
-    rns_i64 off = (rns_i64)b * map[2 * ndim];
+__device__ __forceinline__ rns_place_t rns_chain_place(const rns_i32* map, int ndim, rns_place_t q, int b) {
+    rns_place_t off = (rns_place_t)b * map[2 * ndim];
     for (int a = ndim - 1; a >= 0; --a) {
-        const rns_i64 n = map[2 * a];
+        const rns_place_t n = (rns_place_t)map[2 * a];
         off += (q % n) * map[2 * a + 1];
         q /= n;
     }
@@ -172,7 +186,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
             rns_i8* out = dst + (rns_i64)l * cap + o;
             RNS_SPEC_UNROLL
             for (int j = 0; j < n_out; ++j) {
-                rns_i32 acc = 0;
+                rns_i32 acc = RNS_MAGIC_BITS;  // the sum's bits are those of the float 1.5 2^23 + sum
 #pragma unroll
                 for (int t = 0; t < TM; ++t) {
                     if (t < nt) {
@@ -186,7 +200,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
                         for (int w = 0; w < W; ++w) acc = rns_dp4a(Aj[w], x[t][w], acc);
                     }
                 }
-                out[j * jstride] = rns_reduce_small_i8(acc, p, ip, h);
+                out[j * jstride] = rns_reduce_magic_i8(rns_bits_float(acc), p, ip, h);
             }
         }
     }
@@ -216,7 +230,7 @@ __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_
     rns_i8* dst = slot[st[RS_OUT]];
     for (int i = threadIdx.x; i < nb * nq; i += blockDim.x) {
         const int b = i / nq, q = i - b * nq;
-        const rns_i64 off = rns_chain_place(map, ndim, q, b);
+        const rns_place_t off = rns_chain_place(map, ndim, q, b);
         const bool live = b < fd.nt;
         const rns_i8* f = fd.field + (fd.t0 + (live ? b : 0)) * nf * (rns_i64)nq + q;
         RNS_SPEC_UNROLL
@@ -357,12 +371,13 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
         const rns_i32* ei = pi + pi[RC_ENC_I];
         const rns_i32* map = pi + pi[RC_ENC_MAP];
         const int ldpw = pi[RC_ENC_LDPW];
-        for (rns_i64 i = threadIdx.x; i < nb * nin; i += blockDim.x) {
-            const int b = (int)(i / nin);
+        const int n_in = (int)nin;
+        for (int i = threadIdx.x; i < nb * n_in; i += blockDim.x) {
+            const int b = i / n_in;
             const rns_u64 xb = b < nt ? X[t0 * nin + i] : 0ULL;
-            const rns_i64 off = rns_chain_place(map, ndim, i - b * nin, b);
-            rns_encode_entry(xb, (rns_i64)amax[b], L0, ef, ef + L0, ef + 2 * L0, ef + 3 * L0, ef + 4 * L0,
-                             ef + 5 * L0, ldpw, ei, ei + L0, slot[0] + off, cap);
+            const rns_place_t off = rns_chain_place(map, ndim, i - b * n_in, b);
+            rns_encode_entry(xb, (rns_i64)amax[b], L0, ef, ef + L0, ef + 2 * L0, ef + 3 * L0, ef + 6 * L0, ldpw,
+                             ei, ei + L0, slot[0] + off, cap);
         }
     }
     __syncthreads();
@@ -386,9 +401,10 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
         float* d = scratch + threadIdx.x;
         const int ds = blockDim.x;
 #endif
-        for (rns_i64 i = threadIdx.x; i < nt * nout; i += blockDim.x) {
-            const int b = (int)(i / nout);
-            const rns_i64 q = i - b * nout;
+        const int n_out = (int)nout;
+        for (int i = threadIdx.x; i < nt * n_out; i += blockDim.x) {
+            const int b = i / n_out;
+            const int q = i - b * n_out;
             const rns_i8* x = fin + rns_chain_place(map, ndim, q, b);
             const rns_i64 e = (rns_i64)dexp[q] - (rns_i64)amax[b] + (pi[RC_NFIELD] ? fexp[t0 + b] : 0);
             if (EXACT)

@@ -9,14 +9,14 @@
 #include "rns_arith.cuh"
 
 // x (N) float64 as bits, exponents ev (runs of `inner`), L moduli -> out (L, N).
-// pw: (L, ldpw) table of [2^i]_p; pa, per: its 2-adic offset and period.
+// CP: (3, L) weights of the significand's 14-bit pieces; pw: (L, ldpw) table of [2^i]_p; pa, per: its 2-adic offset and period.
 extern "C" __global__ void __launch_bounds__(256) rns_encode(
     const rns_u64* __restrict__ xbits, rns_i64 N, const rns_i64* __restrict__ ev, rns_i64 inner, int L,
     const float* __restrict__ P, const float* __restrict__ IP, const float* __restrict__ H,
-    const float* __restrict__ C18, const float* __restrict__ C36, const float* __restrict__ pw, int ldpw,
+    const float* __restrict__ CP, const float* __restrict__ pw, int ldpw,
     const rns_i32* __restrict__ pa, const rns_i32* __restrict__ per, rns_i8* __restrict__ out) {
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
-        rns_encode_entry(xbits[i], rns_entry_exponent(ev, inner, i), L, P, IP, H, C18, C36, pw, ldpw, pa, per,
+        rns_encode_entry(xbits[i], rns_entry_exponent(ev, inner, i), L, P, IP, H, CP, pw, ldpw, pa, per,
                          out + i, N);
     }
 }

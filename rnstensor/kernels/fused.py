@@ -497,12 +497,12 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
         ints[base0 + _STEP * n: base0 + _STEP * (n + 1)] = vals
 
     enc = tables.encode_tables(tuple(first))
-    Pm, IPm, Hm, C18, C36, pw, pa, per = enc
+    Pm, IPm, Hm, CP, pw, pa, per = enc
     dib, dfb, qd = tables.decode_tables(tuple(prog.final_active))
     hdr = {
         0: prog.ndim, 1: len(records), 2: n_in_entries, 3: math.prod(out_shape), 4: nb, 5: len(first),
         6: prog.bits, 7: cap, 8: lmax, 9: opbytes,
-        10: add_floats(Pm, IPm, Hm, C18, C36, pw), 11: pw.shape[1], 12: add_ints(np.concatenate([pa, per])),
+        10: add_floats(Pm, IPm, Hm, CP, pw), 11: pw.shape[1], 12: add_ints(np.concatenate([pa, per])),
         13: place_map(seq[0][0], seq[0][1]), 14: place_map(Pf, extf), 15: slot_of[prog.final],
         16: add_ints(dib), 17: add_floats(dfb), 18: nfield, 19: nq, 20: nslots[0], 21: base0,
     }
@@ -625,14 +625,14 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     return per_op[key]
 
 
-def _c_array(kind: str, name: str, values) -> str:
+def _c_array(kind: str, name: str, values, qualifier: str = "constexpr") -> str:
     if kind == "int":
         body = ",".join(str(int(v)) for v in values)
     elif kind == "float":  # hex literals: every float32 exactly
         body = ",".join(float(v).hex() + "f" for v in np.asarray(values, np.float32))
     else:
         body = ",".join(float(v).hex() for v in np.asarray(values, np.float64))
-    return f"constexpr {kind} {name}[]={{{body or '0'}}};"
+    return f"{qualifier} {kind} {name}[]={{{body or '0'}}};"
 
 
 #: programs with at most this many ops are specialized by default (the compile time grows with the
@@ -667,6 +667,8 @@ def spec_header(program: ChainProgram) -> dict[str, str]:
         _c_array("int", "PI", program.ints),
         _c_array("float", "PF", program.floats),
         _c_array("double", "QD", program.qd),
-        _c_array("int", "OPW", words),
+        # constant memory, not constexpr: dp4a takes a constant-bank operand but no immediate, so
+        # constexpr words would each cost a move into a register first
+        _c_array("int", "OPW", words, "RNS_SPEC_WORDS"),
     )) + "\n}  // namespace rns_spec\n"
     return {SPEC_HEADER: text}

@@ -31,6 +31,14 @@
 
 #if defined(__CUDACC__)
 #define RNS_HD __host__ __device__ __forceinline__
+// Rare paths (wide encodings, subnormal inputs): out of line in a plan's specialized build, whose
+// unrolled body has registers to spare around a call and gains instruction-cache room; inline
+// elsewhere (a call under a 128-register cap would spill).
+#if defined(RNS_SPEC)
+#define RNS_RARE __host__ __device__ __noinline__
+#else
+#define RNS_RARE RNS_HD
+#endif
 // Loops over planes and digits: completely unrolled where their trip counts are compile-time
 // constants (a plan's specialized chain kernel), left alone where they are not.
 #define RNS_UNROLL _Pragma("unroll")
@@ -41,6 +49,7 @@
 #include <math.h>
 #include <string.h>
 #define RNS_HD static inline
+#define RNS_RARE static
 #endif
 
 // for (k = 0; k < i; ++k) inside a loop over i < n: a specialized kernel (RNS_SPEC) runs k to the
@@ -157,13 +166,18 @@ RNS_HD float rns_bits_float(rns_i32 b) {
 }
 
 // [t]_p for an integer-valued float32 with |t| < 2^22 - 1 (see the header).
-// The quotient q = rint((t + d) ip) of the reduction (d == 0 for an odd p: no add, which a
-// specialized kernel's constant p turns into no instruction at all).
-RNS_HD float rns_reduce_quotient(float t, float p, float ip, float h) {
+// The quotient q = rint((t + d) ip) of the reduction in magic form, q + 1.5 2^23 (exact: |q| < 2^22),
+// whose bits are 0x4B400000 + q (d == 0 for an odd p: no add, which a specialized kernel's constant
+// p turns into no instruction at all).
+RNS_HD float rns_reduce_quotient_magic(float t, float p, float ip, float h) {
     // (p - h) + 1/2 - p/2: 1/2 if p is even, else 0. Plain operators (every step is exact, fused
     // or not), so a compile-time p folds it and the test below to nothing.
     const float d = (p - h) + 0.5f - 0.5f * p;
-    return rns_fadd(rns_fma(d == 0.0f ? t : rns_fadd(t, d), ip, RNS_MAGIC), -RNS_MAGIC);
+    return rns_fma(d == 0.0f ? t : rns_fadd(t, d), ip, RNS_MAGIC);
+}
+
+RNS_HD float rns_reduce_quotient(float t, float p, float ip, float h) {
+    return rns_fadd(rns_reduce_quotient_magic(t, p, ip, h), -RNS_MAGIC);
 }
 
 RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) { return rns_fma(-rns_reduce_quotient(t, p, ip, h), p, t); }
@@ -171,13 +185,21 @@ RNS_HD float rns_reduce_f32(float t, float p, float ip, float h) { return rns_fm
 // The int8 of an integer-valued float with |r| <= 128: the low byte of r + 1.5 2^23 (no F2I).
 RNS_HD rns_i8 rns_to_i8(float r) { return (rns_i8)rns_float_bits(rns_fadd(r, RNS_MAGIC)); }
 
-// The int8 residue [a]_p of an int32 with |a| < 2^22 - 1, from the bits: tM = 1.5 2^23 + a is the
-// float with bits 0x4B400000 + a (no I2F), and the reduction's last FMA, tM - q p = 1.5 2^23 + [a]_p,
-// is exact and carries the residue in its low byte (no F2I).
+// [a]_p as an int8 from tM = 1.5 2^23 + a (a float, |a| < 2^22 - 1: its bits are 0x4B400000 + a),
+// in three instructions (four for an even p): t = tM - 1.5 2^23 and the quotient's magic form qM
+// (bits 0x4B400000 + q) are floats, and the residue is the low byte of the integer
+// bits(tM) - bits(qM) p = 0x4B400000 (1 - p) + (a - q p): 0x4B400000 is a multiple of 2^20, so modulo
+// 2^8 this is a - q p = [a]_p (unsigned arithmetic: the product wraps, its low bits do not change).
+RNS_HD rns_i8 rns_reduce_magic_i8(float tM, float p, float ip, float h) {
+    const float qM = rns_reduce_quotient_magic(rns_fadd(tM, -RNS_MAGIC), p, ip, h);
+    return (rns_i8)((rns_u32)rns_float_bits(tM) - (rns_u32)rns_float_bits(qM) * (rns_u32)(rns_i32)p);
+}
+
+// The int8 residue [a]_p of an int32 with |a| < 2^22 - 1, from the bits: 1.5 2^23 + a is the float
+// with bits 0x4B400000 + a (no I2F). A dp4a sum started at RNS_MAGIC_BITS is that float already.
+#define RNS_MAGIC_BITS 0x4B400000
 RNS_HD rns_i8 rns_reduce_small_i8(rns_i32 a, float p, float ip, float h) {
-    const float tM = rns_bits_float(0x4B400000 + a);
-    const float q = rns_reduce_quotient(rns_fadd(tM, -RNS_MAGIC), p, ip, h);
-    return (rns_i8)rns_float_bits(rns_fma(-q, p, tM));
+    return rns_reduce_magic_i8(rns_bits_float(RNS_MAGIC_BITS + a), p, ip, h);
 }
 
 // [a]_p for every int32 a; c16 = [2^16]_p centered (0 for p = 256).
@@ -269,32 +291,81 @@ RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTabl
 
 // ----- encode from the IEEE bits ---------------------------------------------------------------
 //
-// x 2^e = m 2^k with the 53-bit significand m. k <= 0: v = round_half_even(m / 2^-k)
-// by integer shifts (|v| <= 2^53); k > 0: v = m 2^k is an integer already and
-// [v]_p = [[m]_p [2^k]_p]_p. The signed v (|v| <= 2^53) splits into 18-bit
-// pieces v = a2 2^36 + a1 2^18 + a0 (a2 signed, |a2| <= 2^17; 0 <= a1, a0 < 2^18):
-// [v]_p = [[a2]_p c36 + [a1]_p c18 + a0]_p with |.| < 2^18 + 2^15, exact.
+// x 2^e = m 2^k with the 53-bit significand m. Where |x 2^e| <= 2^53 (every entry of an encoding
+// of at most 53 bits), v = round_half_even(x 2^e) is one float64-to-int64 conversion: the scaling
+// by two powers of two is exact whenever |x 2^e| >= 2^-1022, and below that v = 0 however it
+// rounds. Above 2^53 (wider encodings), v = m 2^k with k > 0 is an integer already and
+// [v]_p = [[m]_p [2^k]_p]_p: the split takes m and leaves 2^k for later (also the path of inf and
+// nan, by the bits, as the CPU backend). The signed v splits into balanced 14-bit pieces
+// v = a3 2^42 + a2 2^28 + a1 2^14 + a0 (-2^13 <= a0, a1, a2 < 2^13, |a3| <= 2^11 + 1), so with the
+// centered weights c_i = [2^(14 i)]_p (|c_i| <= 128) the sum t = a0 + a1 c1 + a2 c2 + a3 c3 has
+// |t| <= 2^13 + 128 (2^14 + 2^11 + 1) < 2^22 - 1: one reduction per plane. Accumulated from
+// a0 + 1.5 2^23 (its bits: 0x4B400000 + a0), every partial sum is an exact float in [2^23, 2^24),
+// the form rns_reduce_magic_i8 takes.
 struct RnsSplit {
-    rns_i32 a2, a1, a0;
-    rns_i64 kbig;  // k > 0: the power of two still to apply; else 0
+    float a0M, a1, a2, a3;  // 1.5 2^23 + a0, and the other pieces
+    rns_i64 kbig;           // k > 0: the power of two still to apply; else 0
 };
 
-RNS_HD RnsSplit rns_encode_split(rns_u64 bits, rns_i64 e) {
-    rns_i64 ef = (rns_i64)((bits >> 52) & 2047);
-    rns_i64 m = (rns_i64)(bits & ((1ULL << 52) - 1)) | (ef != 0 ? (1LL << 52) : 0);
-    rns_i64 k = (ef > 1 ? ef : 1) - 1075 + e;
-    rns_i64 sh = -k;
-    sh = sh < 0 ? 0 : (sh > 62 ? 62 : sh);
+// The balanced low 14 bits of v, in [-2^13, 2^13).
+RNS_HD rns_i32 rns_low14(rns_i64 v) { return (rns_i32)((v & 0x3fff) ^ 0x2000) - 0x2000; }
+
+// 2^e for a normal exponent -1022 <= e <= 1023, from its bits.
+RNS_HD double rns_pow2(int e) { return rns_bits_to_double((rns_u64)(e + 1023) << 52); }
+
+RNS_HD rns_i64 rns_clamp_normal_exponent(rns_i64 e) { return e < -1022 ? -1022 : (e > 1023 ? 1023 : e); }
+
+// round_half_even(y) for |y| <= 2^53 (the current rounding mode on the host: nearest-even by default).
+RNS_HD rns_i64 rns_rint_i64(double y) {
+#if defined(__CUDA_ARCH__)
+    return __double2ll_rn(y);
+#else
+    return (rns_i64)llrint(y);
+#endif
+}
+
+// v = m 2^-sh rounded half to even, times the sign, and the power of two 2^kbig still to apply, for
+// an x 2^e above 2^53 or not finite: the rare path (RNS_RARE).
+struct RnsWide {
+    rns_i64 v, kbig;
+};
+
+RNS_RARE RnsWide rns_encode_wide(rns_u64 bits, rns_i64 e) {
+    const rns_i64 ef = (rns_i64)((bits >> 52) & 2047);
+    const rns_i64 m = (rns_i64)(bits & ((1ULL << 52) - 1)) | (ef != 0 ? (1LL << 52) : 0);
+    const rns_i64 k = (ef > 1 ? ef : 1) - 1075 + e;
+    const rns_i64 sh = k > 0 ? 0 : (-k > 62 ? 62 : -k);
     rns_i64 v = m >> sh;
-    rns_i64 rem = m - (v << sh);
-    rns_i64 half = (1LL << sh) >> 1;
+    const rns_i64 rem = m - (v << sh), half = (1LL << sh) >> 1;
     if (sh > 0 && (rem > half || (rem == half && (v & 1) == 1))) v += 1;
-    if (bits >> 63) v = -v;
+    RnsWide w;
+    w.v = (bits >> 63) ? -v : v;
+    w.kbig = k > 0 ? k : 0;
+    return w;
+}
+
+RNS_HD RnsSplit rns_encode_split(rns_u64 bits, rns_i64 e) {
+    const rns_i64 e1 = rns_clamp_normal_exponent(e), e2 = rns_clamp_normal_exponent(e - e1);
+    const double y = rns_dmul(rns_dmul(rns_bits_to_double(bits), rns_pow2((int)e1)), rns_pow2((int)e2));
+    RnsWide w;
+    if (y >= -9007199254740992.0 && y <= 9007199254740992.0) {  // |y| <= 2^53; false for inf and nan
+        w.v = rns_rint_i64(y);
+        w.kbig = 0;
+    } else {
+        w = rns_encode_wide(bits, e);
+    }
+    rns_i64 v = w.v;
+    const rns_i32 a0 = rns_low14(v);
+    v = (v - a0) >> 14;  // exact
+    const rns_i32 a1 = rns_low14(v);
+    v = (v - a1) >> 14;
+    const rns_i32 a2 = rns_low14(v);
     RnsSplit s;
-    s.a0 = (rns_i32)(v & 0x3ffff);
-    s.a1 = (rns_i32)((v >> 18) & 0x3ffff);
-    s.a2 = (rns_i32)(v >> 36);
-    s.kbig = k > 0 ? k : 0;
+    s.a0M = rns_bits_float(RNS_MAGIC_BITS + a0);
+    s.a1 = (float)a1;
+    s.a2 = (float)a2;
+    s.a3 = (float)((v - a2) >> 14);
+    s.kbig = w.kbig;
     return s;
 }
 
@@ -305,17 +376,13 @@ RNS_HD float rns_pow2_mod(rns_i64 k, const float* pw, rns_i32 pa, rns_i32 per) {
     return pw[idx];
 }
 
-// [v]_p of the split v (the power of two 2^kbig not yet applied); c18 = [2^18]_p, c36 = [2^36]_p centered.
-RNS_HD float rns_encode_residue(const RnsSplit& s, float p, float ip, float h, float c18, float c36) {
-    float r2 = rns_reduce_f32((float)s.a2, p, ip, h);
-    float r1 = rns_reduce_f32((float)s.a1, p, ip, h);
-    return rns_reduce_f32(r2 * c36 + r1 * c18 + (float)s.a0, p, ip, h);
+// [v]_p of the split v (the power of two 2^kbig not yet applied); c1, c2, c3 = [2^14]_p, [2^28]_p,
+// [2^42]_p centered.
+RNS_HD rns_i8 rns_encode_residue(const RnsSplit& s, float p, float ip, float h, float c1, float c2, float c3) {
+    return rns_reduce_magic_i8(rns_fma(s.a3, c3, rns_fma(s.a2, c2, rns_fma(s.a1, c1, s.a0M))), p, ip, h);
 }
 
 // ----- decode (fp64) ---------------------------------------------------------------------------
-
-// 2^e for a normal exponent -1022 <= e <= 1023, from its bits.
-RNS_HD double rns_pow2(int e) { return rns_bits_to_double((rns_u64)(e + 1023) << 52); }
 
 // y 2^e rounded once to nearest-even (as C's ldexp): scaling up is exact until
 // it overflows; scaling down rounds only in the last step.
@@ -386,22 +453,27 @@ RNS_HD rns_i64 rns_entry_exponent(const rns_i64* ev, rns_i64 inner, rns_i64 i) {
     return inner == 1 ? ev[i] : ev[i / inner];
 }
 
-// Every residue of one encoded entry: out[l * os] for l < L. The factor 2^kbig (an entry whose
-// significand lies above the encoding's 2^-e grid: wide encodings, subnormal inputs) is a second,
-// rare pass kept out of the per-plane code; pw/pa/per as rns_pow2_mod.
+// out[l * os] = [out[l * os] 2^k]_p for l < L (RNS_RARE: only wide encodings and subnormal inputs).
+RNS_RARE void rns_encode_pow2_pass(rns_i64 k, int L, const float* P, const float* IP, const float* H,
+                                       const float* pw, int ldpw, const rns_i32* pa, const rns_i32* per,
+                                       rns_i8* out, rns_i64 os) {
+    for (int l = 0; l < L; ++l) {
+        const float f = rns_pow2_mod(k, pw + (rns_i64)l * ldpw, pa[l], per[l]);
+        out[(rns_i64)l * os] = rns_to_i8(rns_reduce_f32((float)out[(rns_i64)l * os] * f, P[l], IP[l], H[l]));
+    }
+}
+
+// Every residue of one encoded entry: out[l * os] for l < L; CP: the (3, L) piece weights. The factor
+// 2^kbig (an entry whose significand lies above the encoding's 2^-e grid: wide encodings, subnormal
+// inputs) is a second, rare pass kept out of the per-plane code; pw/pa/per as rns_pow2_mod.
 RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, const float* IP, const float* H,
-                             const float* C18, const float* C36, const float* pw, int ldpw, const rns_i32* pa,
-                             const rns_i32* per, rns_i8* out, rns_i64 os) {
+                             const float* CP, const float* pw, int ldpw, const rns_i32* pa, const rns_i32* per,
+                             rns_i8* out, rns_i64 os) {
     const RnsSplit s = rns_encode_split(bits, e);
     RNS_UNROLL
-    for (int l = 0; l < L; ++l) out[(rns_i64)l * os] = rns_to_i8(rns_encode_residue(s, P[l], IP[l], H[l], C18[l], C36[l]));
-    if (s.kbig > 0) {
-        RNS_NO_UNROLL
-        for (int l = 0; l < L; ++l) {
-            const float f = rns_pow2_mod(s.kbig, pw + (rns_i64)l * ldpw, pa[l], per[l]);
-            out[(rns_i64)l * os] = rns_to_i8(rns_reduce_f32((float)out[(rns_i64)l * os] * f, P[l], IP[l], H[l]));
-        }
-    }
+    for (int l = 0; l < L; ++l)
+        out[(rns_i64)l * os] = rns_encode_residue(s, P[l], IP[l], H[l], CP[l], CP[L + l], CP[2 * L + l]);
+    if (s.kbig > 0) rns_encode_pow2_pass(s.kbig, L, P, IP, H, pw, ldpw, pa, per, out, os);
 }
 
 // The decode exponent e + k, clipped to +-2^20 (far outside float range either way).

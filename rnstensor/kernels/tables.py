@@ -66,8 +66,10 @@ def reduce_consts(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
 
 @lru_cache(maxsize=256)
 def encode_tables(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
-    """``(p, ip, h, c18, c36, pw, pa, per)`` for the encode kernel.
+    """``(p, ip, h, cp, pw, pa, per)`` for the encode kernel.
 
+    ``cp[i, l] = [2^(14 (i + 1))]_p`` (centered float32, ``(3, L)``): the
+    weights of the 14-bit pieces of the significand (``rns_encode_split``).
     ``pw[l, i] = [2^i]_p`` (centered float32) for ``i < pa + per``, where ``pa``
     is the 2-adic valuation of ``p`` and ``per`` the period of 2 modulo its odd
     part: ``[2^k]_p = pw[pa + (k - pa) % per]`` beyond the table.
@@ -82,9 +84,8 @@ def encode_tables(moduli: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     for i, p in enumerate(moduli):
         for k in range(width):
             pw[i, k] = centered(pow(2, k, p), p)
-    c18 = np.array([centered(1 << 18, q) for q in moduli], np.float32)
-    c36 = np.array([centered(1 << 36, q) for q in moduli], np.float32)
-    return (*mod_consts(moduli), *_ro(c18, c36, pw, pa, per))
+    cp = np.array([[centered(1 << (14 * i), q) for q in moduli] for i in (1, 2, 3)], np.float32).reshape(3, L)
+    return (*mod_consts(moduli), *_ro(cp, pw, pa, per))
 
 
 def mrc_coeffs(order: Sequence[int]) -> np.ndarray:
