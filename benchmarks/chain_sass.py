@@ -18,8 +18,13 @@ generic build's loops nest with data-dependent trip counts, so only its
 registers are reported. The issue
 bound is ``SMs * 4 schedulers * clock * 32 lanes / (instructions per DoF)``
 with the H200 datasheet's 132 SMs at 1.98 GHz — one instruction issued per
-scheduler per clock, the most any kernel gets; the GPU run measures what the
-kernel reaches against it.
+scheduler per clock, the most any kernel gets. The pipe bound replaces the
+instruction count by the busiest pipe's cycles per warp instruction of one SM
+sub-partition (:func:`pipe_cycles`: the FMA pipe's two 16-lane halves, IMAD and
+dp4a on the heavy half only, the 16-lane ALU, FP64 at half rate, conversions
+at 16 lanes per SM, one shared-memory wavefront per SM clock); its rates are
+Hopper leads, not measurements. The GPU run measures what the kernel reaches
+against both.
 
     python benchmarks/chain_sass.py            # table; --json FILE writes the numbers
 """
@@ -47,6 +52,36 @@ H200_CLOCK = 1.98e9
 _KINDS = {0: "product", 1: "hadamard", 2: "drop"}
 
 
+# opcode -> pipe for the pipe bound; anything else only takes its issue slot
+_FMA_HEAVY = ("IMAD", "IDP", "IMUL")
+_ALU = ("IADD3", "LOP3", "SHF", "LEA", "ISETP", "SEL", "PRMT", "IMNMX", "VIADD", "FLO", "POPC", "BFE", "BFI",
+        "SGXT", "IABS", "FSEL", "FSETP", "FMNMX")
+_FMA = ("FFMA", "FADD", "FMUL", "HFMA2", "HADD2", "HMUL2")
+_FP64 = ("DFMA", "DADD", "DMUL", "DSETP", "DMNMX")
+_XU = ("I2F", "F2I", "F2F", "I2I", "I2FP", "F2FP", "FRND", "MUFU")
+_MIO = ("LDS", "STS", "ATOMS", "LDSM", "STSM")
+
+
+def pipe_cycles(opcodes: dict) -> dict:
+    """Cycles of one SM sub-partition per warp for these warp instructions, pipe by pipe (Hopper leads).
+
+    ``issue``: one instruction per clock; ``fma``: the two 16-lane halves
+    (FFMA, FADD, ... on either, IMAD and dp4a on the heavy one only: also
+    ``fma_heavy``); ``alu``: 16 lanes; ``fp64``: 16 lanes (64 per SM);
+    ``xu``: conversions at 16 lanes per SM; ``mio``: one shared-memory
+    wavefront per SM clock, shared by four sub-partitions.
+    """
+    n = {"heavy": 0, "alu": 0, "fma": 0, "fp64": 0, "xu": 0, "mio": 0}
+    for op, c in opcodes.items():
+        base = op.split(".", 1)[0]
+        for key, names in (("heavy", _FMA_HEAVY), ("alu", _ALU), ("fma", _FMA), ("fp64", _FP64), ("xu", _XU),
+                           ("mio", _MIO)):
+            if base in names:
+                n[key] += c
+    return {"issue": sum(opcodes.values()), "fma": n["fma"] + n["heavy"], "fma_heavy": 2 * n["heavy"],
+            "alu": 2 * n["alu"], "fp64": 2 * n["fp64"], "xu": 8 * n["xu"], "mio": 4 * n["mio"]}
+
+
 def program_cost(prog, cubin, kernel: str = "rns_chain_fused") -> dict:
     """Instructions per DoF of a specialized build, from the loop bodies of its SASS.
 
@@ -62,7 +97,8 @@ def program_cost(prog, cubin, kernel: str = "rns_chain_fused") -> dict:
     K, nb, base, nin, nout = int(pi[1]), int(pi[4]), int(pi[21]), int(pi[2]), int(pi[3])
     if len(tops) < K + 2:
         raise ValueError(f"{len(tops)} outermost loops for {K} ops: not a specialized build?")
-    body = [sum(lp.opcodes.values()) for lp in tops[-(K + 2):]]
+    loops = tops[-(K + 2):]
+    body = [sum(lp.opcodes.values()) for lp in loops]
     stages = [("encode", body[0], nin)]
     for k in range(K):
         r = pi[base + 20 * k: base + 20 * (k + 1)]
@@ -71,7 +107,11 @@ def program_cost(prog, cubin, kernel: str = "rns_chain_fused") -> dict:
         stages.append((kind, body[1 + k], iters))
     stages.append(("decode", body[-1], nout))
     total = sum(n * it for _, n, it in stages)
-    return {"stages": stages, "per_dof": total / nout}
+    opcodes: dict = {}
+    for lp, (_, _, it) in zip(loops, stages):
+        for op, c in lp.opcodes.items():
+            opcodes[op] = opcodes.get(op, 0) + c * it / nout
+    return {"stages": stages, "per_dof": total / nout, "opcodes_per_dof": opcodes, "pipes": pipe_cycles(opcodes)}
 
 
 def _measure(name: str, prog, dofs_per_tensor: int) -> dict:
@@ -82,7 +122,11 @@ def _measure(name: str, prog, dofs_per_tensor: int) -> dict:
     cost = program_cost(prog, built.path)
     usage = build.resource_usage(built.path)["rns_chain_fused"]
     per_dof = cost["per_dof"]
+    pipes = cost["pipes"]
+    busiest = max(pipes, key=pipes.get)
     return {
+        "pipe_cycles_per_dof": {k: round(v, 1) for k, v in pipes.items()}, "busiest_pipe": busiest,
+        "pipe_bound_gdofs": round(H200_SMS * 4 * H200_CLOCK * 32 / pipes[busiest] / 1e9, 1),
         "program": name, "ops": int(prog.ints[1]), "tensors_per_block": prog.nb, "shared_bytes": prog.shared_bytes,
         "generic_registers": build.resource_usage(generic.path)["rns_chain_fused"].registers,
         "registers": usage.registers, "local_bytes": usage.local + usage.stack, "compile_s": round(compile_s, 1),
@@ -121,11 +165,15 @@ def main(argv=None) -> list[dict]:
     rows = [measure(n) for n in args.n]
     rows += [measure_fem(k, int(p)) for k, p in (f.split(":") for f in args.fem)]
     print(f"{'program':<14} {'ops':>4} {'instr/DoF':>10} {'regs':>5} {'generic regs':>12} {'compile s':>9} "
-          f"{'issue bound GDoF/s':>19}   stages (body x iterations per tensor)")
+          f"{'issue bound':>11} {'pipe bound':>10} {'busiest':>9}   stages (body x iterations per tensor)")
     for r in rows:
         st = " ".join(f"{k[0]}{n}x{it}" for k, n, it in r["stages"])
         print(f"{r['program']:<14} {r['ops']:>4} {r['instructions_per_dof']:>10} {r['registers']:>5} "
-              f"{r['generic_registers']:>12} {r['compile_s']:>9} {r['issue_bound_gdofs']:>19}   {st}")
+              f"{r['generic_registers']:>12} {r['compile_s']:>9} {r['issue_bound_gdofs']:>11} "
+              f"{r['pipe_bound_gdofs']:>10} {r['busiest_pipe']:>9}   {st}")
+    print("pipe cycles per DoF:", "; ".join(f"{r['program']}: " + ", ".join(
+        f"{k} {v}" for k, v in r["pipe_cycles_per_dof"].items()) for r in rows))
+    print("GDoF/s on an H200 (132 SMs, 1.98 GHz); the pipe rates are Hopper leads, not measurements")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return rows

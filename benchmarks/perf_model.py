@@ -118,8 +118,8 @@ def _reports(module: str, arch: str = "sm_90a") -> dict:
 def op_costs(rep: dict) -> dict:
     """Instructions per multiply-add and per reduction, read off a kernel's innermost loops.
 
-    ``mac``: the smallest (most unrolled) ``body / FFMA`` of the innermost loops
-    with FFMAs and no reduction (the dot-product loops); ``red``: the median
+    ``mac``: the smallest (most unrolled) ``body / (FFMA + 4 IDP)`` of the
+    innermost loops with FFMAs or dp4a and no reduction (the dot-product loops); ``red``: the median
     ``body / reductions`` of the innermost loops with centered reductions
     (:func:`sass_count.is_reduction`; the body carries the loads, the conversion
     and the store of that digit or plane too); ``plain``: the smallest body per FFMA-free loop
@@ -132,8 +132,8 @@ def op_costs(rep: dict) -> dict:
         o, tot = lp["opcodes"], lp["counts"]["total"]
         if lp.get("reductions"):
             reds.append(tot / lp["reductions"])
-        elif o.get("FFMA"):
-            macs.append(tot / o["FFMA"])
+        elif o.get("FFMA") or o.get("IDP"):  # a dp4a is four multiply-adds
+            macs.append(tot / (o.get("FFMA", 0) + 4 * o.get("IDP", 0)))
         elif o.get("DFMA") or o.get("DADD") or o.get("DMUL"):
             n = max(o.get("LDG", 0), o.get("LDS", 0), 1)
             plain.append(tot / n)

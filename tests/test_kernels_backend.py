@@ -105,8 +105,8 @@ class FakeModule:
     def _rns_drop_extend(self, grid, block, args, smem, name):
         X, N, out = args
         ib, fb = self.globals["rns_drop_ib"], self.globals["rns_drop_fb"]
-        g, nr, m = int(ib[0]), int(ib[1]), int(ib[2])
-        assert smem >= (max(g, m, 1) + max(nr, 1)) * block[0] * 4, "too little scratch"
+        nr, wg, wm = int(ib[1]), int(ib[4]), int(ib[5])
+        assert smem >= (max(wg, wm) + max(nr, 1)) * block[0] * 4, "too little scratch"
         assert X.flags.c_contiguous and out.shape == (int(ib[3]), N)
         assert self.lib.h_drop_extend(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(out)) == 0
 

@@ -29,7 +29,7 @@
 // arrays. The operators are copied to shared memory once per block; the tables are read through the
 // cache (every thread reads the same entry).
 // A plan's specialized build includes its program as constexpr arrays (rns_spec::PI / PF / QD; the
-// operators as int32 words OPW in constant memory; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
+// operators as int32 words OPW and a copy PIW of PI, for the drops' coefficient words, in constant memory; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
 // The body then reads them instead of its pointer arguments, so every size, offset and table entry
 // is a compile-time constant: the loops over planes, digits and operator rows unroll completely,
 // tables become instruction immediates and the digits stay in registers.
@@ -41,7 +41,8 @@
 #endif
 #include "rns_chain_spec.h"
 #define RNS_SPEC 1
-#define RNS_SPEC_MAXM 49  // digits of at most the whole pool: register arrays, only the used ones survive
+#define RNS_SPEC_MAXM 49  // planes of at most the whole pool: register arrays, only the used ones survive
+#define RNS_SPEC_MAXW 13  // packed digit words of at most the whole pool
 #endif
 #include "rns_arith.cuh"
 
@@ -215,7 +216,7 @@ struct RnsChainField {
 };
 
 // A Hadamard op: out[l][x] = [sum_t f_t[l][x] x_t[l][x]]_p for the logical entries x of every tensor of the
-// block (|sum| <= 3 * 2^14: one reduction). The field is read in logical order (coalesced); past the batch
+// block (|sum| <= 3 * 2^14: one reduction, from the sum's magic-form bits). The field is read in logical order (coalesced); past the batch
 // end it reads nothing.
 __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                    const RnsSlots& slot, int cap, const RnsChainField& fd) {
@@ -235,15 +236,15 @@ __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_
         const rns_i8* f = fd.field + (fd.t0 + (live ? b : 0)) * nf * (rns_i64)nq + q;
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
-            float acc = 0.0f;
+            rns_i32 acc = RNS_MAGIC_BITS;  // integer multiply-adds: no int8-to-float conversions
 #pragma unroll
             for (int t = 0; t < RNS_TMAX; ++t) {
                 if (t < nt) {
-                    const float fv = live ? (float)f[fplane[l] * fd.fstride + terms[2 * t + 1] * (rns_i64)nq] : 0.0f;
-                    acc += (float)slot[terms[2 * t]][(rns_i64)l * cap + off] * fv;
+                    const rns_i32 fv = live ? (rns_i32)f[fplane[l] * fd.fstride + terms[2 * t + 1] * (rns_i64)nq] : 0;
+                    acc += (rns_i32)slot[terms[2 * t]][(rns_i64)l * cap + off] * fv;
                 }
             }
-            dst[(rns_i64)l * cap + off] = rns_to_i8(rns_reduce_f32(acc, P[l], IP[l], H[l]));
+            dst[(rns_i64)l * cap + off] = rns_reduce_magic_i8(rns_bits_float(acc), P[l], IP[l], H[l]);
         }
     }
 }
@@ -252,21 +253,24 @@ __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_
 // are left as they are: a product multiplies them by zero columns, nothing else reads them.
 __device__ __forceinline__ void rns_chain_drop(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                const RnsSlots& slot, int cap, float* scratch) {
+#if defined(RNS_SPEC)
+    const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F], rns_spec::PIW + st[RS_DROP_I]);
+#else
     const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
+#endif
     const rns_i8* src = slot[st[RS_IN]];
     rns_i8* dst = slot[st[RS_OUT]];
     // the real entries e of all tensors, at their places past the innermost axis' padding
     const int entries = st[RS_SLOTS], inner = st[RS_NLAST], innerpad = st[RS_NLASTPAD];
 #if defined(RNS_SPEC)
-    float D[RNS_SPEC_MAXM], Yd[RNS_SPEC_MAXM];  // registers once unrolled
+    rns_i32 D[RNS_SPEC_MAXW], Yd[RNS_SPEC_MAXM];  // registers once unrolled
     for (int e = threadIdx.x; e < entries; e += blockDim.x) {
         const int q = (e / inner) * innerpad + e % inner;
         rns_drop_extend_entry(src + q, cap, tb, D, Yd, 1, dst + q, cap);
     }
 #else
-    const int nd = max(max(tb.g, tb.m), 1);
-    float* D = scratch + threadIdx.x;
-    float* Yd = scratch + nd * blockDim.x + threadIdx.x;
+    rns_i32* D = reinterpret_cast<rns_i32*>(scratch) + threadIdx.x;
+    rns_i32* Yd = D + max(tb.wg, tb.wm) * blockDim.x;
     for (int e = threadIdx.x; e < entries; e += blockDim.x) {
         const int q = (e / inner) * innerpad + e % inner;
         rns_drop_extend_entry(src + q, cap, tb, D, Yd, blockDim.x, dst + q, cap);
@@ -391,14 +395,18 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
 
     // 5. decode in logical order
     {
+#if defined(RNS_SPEC)
+        const RnsDecodeTables tb = rns_decode_tables(pi + pi[RC_DEC_I], pf + pi[RC_DEC_F], rns_spec::PIW + pi[RC_DEC_I]);
+#else
         const RnsDecodeTables tb = rns_decode_tables(pi + pi[RC_DEC_I], pf + pi[RC_DEC_F]);
+#endif
         const rns_i32* map = pi + pi[RC_DEC_MAP];
         const rns_i8* fin = slot[pi[RC_DEC_BUF]];
 #if defined(RNS_SPEC)
-        float d[RNS_SPEC_MAXM];  // registers: every index is a constant once the digit loops unroll
+        rns_i32 d[RNS_SPEC_MAXW];  // registers: every index is a constant once the digit loops unroll
         const int ds = 1;
 #else
-        float* d = scratch + threadIdx.x;
+        rns_i32* d = reinterpret_cast<rns_i32*>(scratch) + threadIdx.x;
         const int ds = blockDim.x;
 #endif
         const int n_out = (int)nout;
@@ -410,8 +418,7 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
             if (EXACT)
                 Y[t0 * nout + i] = rns_decode_exact_entry(x, cap, tb, qd, F, nf, fneg != 0, e, d, ds);
             else
-                Y[t0 * nout + i] = rns_decode_fp64_entry(x, cap, tb.perm, tb.m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, qd, d,
-                                                         ds, f, rns_clip_exponent(e));
+                Y[t0 * nout + i] = rns_decode_fp64_entry(x, cap, tb, qd, d, ds, f, rns_clip_exponent(e));
         }
     }
 }

@@ -37,49 +37,48 @@ extern "C" __global__ void __launch_bounds__(256) rns_elementwise(
 // The drop/extension tables of the current call (rnstensor.kernels.tables.drop_tables),
 // copied in before each launch: every thread reads the same entry at the same
 // time, which the constant cache broadcasts, and no table pointer takes a register.
-#define RNS_DROP_IB 1024
-#define RNS_DROP_FB 14336
+#define RNS_DROP_IB 4096
+#define RNS_DROP_FB 4096
 __constant__ rns_i32 rns_drop_ib[RNS_DROP_IB];
 __constant__ float rns_drop_fb[RNS_DROP_FB];
 
 // X (L_in, N) -> out (T, N) through Alg. 1 for each dropped modulus, then Alg. 4.
-// Dynamic shared memory: (max(g, m, 1) + max(nr, 1)) * blockDim.x floats.
+// Dynamic shared memory: (max(wg, wm) + max(nr, 1)) * blockDim.x words (packed digits, remaining planes).
 extern "C" __global__ void __launch_bounds__(128) rns_drop_extend(const rns_i8* __restrict__ X, rns_i64 N,
                                                                  rns_i8* __restrict__ out) {
-    extern __shared__ float rns_scratch[];
+    extern __shared__ rns_i32 rns_words[];
     const RnsDropTables tb = rns_drop_tables(rns_drop_ib, rns_drop_fb);
-    const int nd = max(max(tb.g, tb.m), 1);
-    float* D = rns_scratch + threadIdx.x;
-    float* Y = rns_scratch + nd * blockDim.x + threadIdx.x;
+    rns_i32* D = rns_words + threadIdx.x;
+    rns_i32* Y = rns_words + max(tb.wg, tb.wm) * blockDim.x + threadIdx.x;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x)
         rns_drop_extend_entry(X + i, N, tb, D, Y, blockDim.x, out + i, N);
 }
 
 // X (m, N) -> out (N) float64: MRC digits, Horner, times f 2^(ev[i / inner] + k).
-// Dynamic shared memory: m * blockDim.x floats.
+// Dynamic shared memory: m * blockDim.x words (ceil(m / 4) used).
 extern "C" __global__ void __launch_bounds__(128) rns_decode_fp64(
     const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
     const double* __restrict__ qd, double f, const rns_i64* __restrict__ ev, rns_i64 inner, rns_i64 k,
     double* __restrict__ out) {
-    extern __shared__ float rns_scratch[];
+    extern __shared__ rns_i32 rns_words[];
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
-    float* d = rns_scratch + threadIdx.x;
+    rns_i32* d = rns_words + threadIdx.x;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
         const rns_i64 e = rns_clip_exponent(rns_entry_exponent(ev, inner, i) + k);
-        out[i] = rns_decode_fp64_entry(X + i, N, tb.perm, tb.m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, qd, d, blockDim.x,
-                                       f, e);
+        out[i] = rns_decode_fp64_entry(X + i, N, tb, qd, d, blockDim.x, f, e);
     }
 }
 
 // X (m, N) -> out (N) float64, correctly rounded v F 2^(ev[i / inner] + k) (F: odd factor limbs).
-// Dynamic shared memory: m * blockDim.x floats. Limbs live in local memory (not a hot kernel).
-extern "C" __global__ void __launch_bounds__(128) rns_decode_exact(
+// Dynamic shared memory: m * blockDim.x words. Limbs live in local memory (not a hot kernel); at least
+// 8 blocks per SM leaves ptxas 64 registers (it aims at 32 otherwise, and spills).
+extern "C" __global__ void __launch_bounds__(128, 8) rns_decode_exact(
     const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
     const double* __restrict__ qd, const rns_u32* __restrict__ F, int nf, int fneg, const rns_i64* __restrict__ ev,
     rns_i64 inner, rns_i64 k, double* __restrict__ out) {
-    extern __shared__ float rns_scratch[];
+    extern __shared__ rns_i32 rns_words[];
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
-    float* d = rns_scratch + threadIdx.x;
+    rns_i32* d = rns_words + threadIdx.x;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x)
         out[i] = rns_decode_exact_entry(X + i, N, tb, qd, F, nf, fneg != 0, rns_entry_exponent(ev, inner, i) + k, d,
                                         blockDim.x);

@@ -670,5 +670,6 @@ def spec_header(program: ChainProgram) -> dict[str, str]:
         # constant memory, not constexpr: dp4a takes a constant-bank operand but no immediate, so
         # constexpr words would each cost a move into a register first
         _c_array("int", "OPW", words, "RNS_SPEC_WORDS"),
+        _c_array("int", "PIW", program.ints, "RNS_SPEC_WORDS"),  # the drops' coefficient words, likewise
     )) + "\n}  // namespace rns_spec\n"
     return {SPEC_HEADER: text}

@@ -36,7 +36,7 @@ void h_encode(const rns_u64* bits, rns_i64 N, const rns_i64* ev, rns_i64 inner, 
 int h_drop_extend(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb, rns_i8* out) {
     const RnsDropTables tb = rns_drop_tables(ib, fb);
     if (tb.g > RNS_MAXM || tb.m > RNS_MAXM || tb.nr > RNS_MAXM) return -1;
-    float D[RNS_MAXM], Y[RNS_MAXM];
+    rns_i32 D[RNS_MAXM], Y[RNS_MAXM];
     for (rns_i64 i = 0; i < N; ++i) rns_drop_extend_entry(X + i, N, tb, D, Y, 1, out + i, N);
     return 0;
 }
@@ -45,10 +45,10 @@ int h_decode_fp64(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb
                   const rns_i64* ev, rns_i64 inner, rns_i64 k, double* out) {
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
     if (tb.m > RNS_MAXM || tb.m < 1) return -1;
-    float d[RNS_MAXM];
+    rns_i32 d[RNS_MAXM];
     for (rns_i64 i = 0; i < N; ++i) {
         const rns_i64 e = rns_clip_exponent(rns_entry_exponent(ev, inner, i) + k);
-        out[i] = rns_decode_fp64_entry(X + i, N, tb.perm, tb.m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, qd, d, 1, f, e);
+        out[i] = rns_decode_fp64_entry(X + i, N, tb, qd, d, 1, f, e);
     }
     return 0;
 }
@@ -57,7 +57,7 @@ int h_decode_exact(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* f
                    const rns_u32* F, int nf, int fneg, const rns_i64* ev, rns_i64 inner, rns_i64 k, double* out) {
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
     if (tb.m > RNS_MAXM || tb.m < 1) return -1;
-    float d[RNS_MAXM];
+    rns_i32 d[RNS_MAXM];
     for (rns_i64 i = 0; i < N; ++i)
         out[i] = rns_decode_exact_entry(X + i, N, tb, qd, F, nf, fneg != 0, rns_entry_exponent(ev, inner, i) + k, d, 1);
     return 0;

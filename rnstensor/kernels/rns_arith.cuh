@@ -190,10 +190,15 @@ RNS_HD rns_i8 rns_to_i8(float r) { return (rns_i8)rns_float_bits(rns_fadd(r, RNS
 // (bits 0x4B400000 + q) are floats, and the residue is the low byte of the integer
 // bits(tM) - bits(qM) p = 0x4B400000 (1 - p) + (a - q p): 0x4B400000 is a multiple of 2^20, so modulo
 // 2^8 this is a - q p = [a]_p (unsigned arithmetic: the product wraps, its low bits do not change).
-RNS_HD rns_i8 rns_reduce_magic_i8(float tM, float p, float ip, float h) {
+// rns_reduce_magic_word returns that word (its upper bytes are not a sign extension).
+RNS_HD rns_u32 rns_reduce_magic_word(float tM, float p, float ip, float h) {
     const float qM = rns_reduce_quotient_magic(rns_fadd(tM, -RNS_MAGIC), p, ip, h);
-    return (rns_i8)((rns_u32)rns_float_bits(tM) - (rns_u32)rns_float_bits(qM) * (rns_u32)(rns_i32)p);
+    // bits(p + 1.5 2^23) = 0x4B400000 + p multiplies like p modulo 2^20 (no F2I for a runtime p; a
+    // constant p folds)
+    return (rns_u32)rns_float_bits(tM) - (rns_u32)rns_float_bits(qM) * (rns_u32)rns_float_bits(rns_fadd(p, RNS_MAGIC));
 }
+
+RNS_HD rns_i8 rns_reduce_magic_i8(float tM, float p, float ip, float h) { return (rns_i8)rns_reduce_magic_word(tM, p, ip, h); }
 
 // The int8 residue [a]_p of an int32 with |a| < 2^22 - 1, from the bits: 1.5 2^23 + a is the float
 // with bits 0x4B400000 + a (no I2F). A dp4a sum started at RNS_MAGIC_BITS is that float already.
@@ -215,77 +220,111 @@ RNS_HD float rns_reduce_acc(rns_i32 a, bool small, float p, float ip, float h, f
     return small ? rns_reduce_f32((float)a, p, ip, h) : rns_reduce_i32(a, p, ip, h, c16);
 }
 
-// ----- mixed-radix digits with one reduction per digit ----------------------------------------
+// ----- mixed-radix digits as packed int8 words ---------------------------------------------------
 //
-// For a conversion order q_0, q_1, ... (W_i = q_0 ... q_{i-1}) the centered
-// digits of v satisfy d_i = [ C[i][i] x_i + sum_{k<i} C[i][k] d_k ]_{q_i} with
-// C[i][i] = [W_i^{-1}]_{q_i} and C[i][k] = [-W_k W_i^{-1}]_{q_i} (host tables,
-// centered, |C| <= 128). At most 49 terms of magnitude <= 2^14: every partial
-// sum is an exact float32 integer below 2^20, in any order. The "+ 0.0f" turns
-// a -0.0 from x * cx into +0.0 so no digit is ever -0.0 (as on the CPU).
-//
-// x[perm[i] * xs] is the residue of the entry on q_i; d[i * ds] receives digit i.
+// Digits and the drop's coefficients are int8 (centered, magnitude <= 128), so four multiply-adds
+// are one dp4a: digit i sits in byte i % 4 of word D[(i / 4) * ds]. A sum started at RNS_MAGIC_BITS
+// is the float 1.5 2^23 + sum, reduced by rns_reduce_magic_word; every sum here has at most 50 terms
+// of magnitude <= 2^14 (< 2^20). A residue whose upper bytes are not its sign extension (a loaded
+// byte, a rns_reduce_magic_word result) enters through a coefficient word with zero upper bytes
+// (the "diagonal" words Cd below), which reads its low byte alone.
+
+// w with byte k (0..3) replaced by the low byte of b (one PRMT on the device).
+RNS_HD rns_i32 rns_put_byte(rns_i32 w, rns_u32 b, int k) {
+#if defined(__CUDA_ARCH__)
+    return (rns_i32)__byte_perm((unsigned)w, b, 0x3210u + ((4u - (unsigned)k) << (4 * k)));
+#else
+    const int sh = 8 * k;
+    return (rns_i32)(((rns_u32)w & ~(0xffu << sh)) | ((b & 0xffu) << sh));
+#endif
+}
+
+// For a conversion order q_0, q_1, ... (W_i = q_0 ... q_{i-1}) the centered digits of v are
+// d_i = [C[i][i] x_i + sum_{k<i} C[i][k] d_k]_{q_i} with C[i][i] = [W_i^{-1}]_{q_i} and
+// C[i][k] = [-W_k W_i^{-1}]_{q_i} (host tables: row i of C holds C[i][k], k < i, in byte k of its wc
+// words; Cd[i] is C[i][i] in the low byte). x[perm[i] * xs] is the residue on q_i; the digits go
+// into the ceil(m / 4) words of D.
 template <typename T>
-RNS_HD void rns_mrc_digits(const T* x, rns_i64 xs, const rns_i32* perm, int m, const float* C, int ldc,
-                           const float* P, const float* IP, const float* H, float* d, int ds) {
+RNS_HD void rns_mrc_digit_words(const T* x, rns_i64 xs, const rns_i32* perm, int m, const rns_i32* C, int wc,
+                                const rns_i32* Cd, const float* P, const float* IP, const float* H, rns_i32* D,
+                                int ds) {
+    const int nw = (m + 3) / 4;
+    RNS_UNROLL
+    for (int w = 0; w < nw; ++w) D[w * ds] = 0;
     RNS_UNROLL
     for (int i = 0; i < m; ++i) {
-        const float* Ci = C + (rns_i64)i * ldc;
-        float cx = Ci[i];
-        float acc = (cx == 0.0f) ? 0.0f : (float)x[(rns_i64)perm[i] * xs] * cx + 0.0f;
-        RNS_FOR_BELOW(k, i, m) acc += Ci[k] * d[k * ds];
-        d[i * ds] = rns_reduce_f32(acc, P[i], IP[i], H[i]);
+        rns_i32 acc = rns_dp4a(Cd[i], (rns_i32)x[(rns_i64)perm[i] * xs], RNS_MAGIC_BITS);
+        const rns_i32* Ci = C + (rns_i64)i * wc;
+        RNS_FOR_BELOW(w, (i + 3) / 4, nw) acc = rns_dp4a(Ci[w], D[w * ds], acc);
+        const int iw = (i / 4) * ds;
+        D[iw] = rns_put_byte(D[iw], rns_reduce_magic_word(rns_bits_float(acc), P[i], IP[i], H[i]), i % 4);
     }
 }
 
+// Digit i of the packed words D (sign-extended).
+RNS_HD rns_i32 rns_digit(const rns_i32* D, int ds, int i) { return (rns_i32)(rns_i8)(D[(i / 4) * ds] >> (8 * (i % 4))); }
+
 // ----- drop x g and base extension, one entry --------------------------------------------------
 //
-// The tables are those of the CPU backend's _drop_plan (rnstensor/backends/cpu.py):
-//  1. digits r_i of v over the dropped moduli in drop order (dperm, A, dP/dIP/dH);
+// The tables are those of the CPU backend's _drop_plan (rnstensor/backends/cpu.py), packed by
+// rnstensor.kernels.tables.drop_tables (coefficient rows as int8 words):
+//  1. digits r_i of v over the dropped moduli in drop order (dperm, A/Ad, dP/dIP/dH);
 //  2. the remaining planes [v_g]_p = [Bc[j] x_p + sum_i E[j][i] r_i]_p (rsrc, Bc, E, r*);
-//  3. if m > 0, digits of v_g over the remaining moduli, even one first (mperm, Cm, m*);
+//  3. if m > 0, digits of v_g over the remaining moduli, even one first (mperm, Cm/Cmd, m*);
 //  4. every output plane: a kept plane (tsrc[t] >= 0) or [sum_i Tw[t][i] d_i]_t.
-// Scratch: D (max(g, m) floats, stride ds) and Y (nr floats, stride ds).
+// Scratch: D (ceil(max(g, m) / 4) words, stride ds) and Y (nr words, stride ds).
+//
+// The tables are 32-bit offsets into the packed buffers (the int buffer ib, its coefficient words at the
+// same offsets in iw, the float buffer fb), not pointers: the generic fused kernel runs under a
+// 128-register cap, where two dozen 64-bit pointers live across the entry loop would spill.
+// P, IP, H of a group of moduli are consecutive in fb (n floats each).
 struct RnsDropTables {
+    const rns_i32* ib; const rns_i32* iw; const float* fb;
     int g, nr, m, T;
-    const rns_i32* dperm; const float* A; int ldA; const float* dP; const float* dIP; const float* dH;
-    const rns_i32* rsrc; const float* Bc; const float* E; int ldE; const float* rP; const float* rIP; const float* rH;
-    const rns_i32* mperm; const float* Cm; int ldC; const float* mP; const float* mIP; const float* mH;
-    const rns_i32* tsrc; const float* Tw; int ldT; const float* tP; const float* tIP; const float* tH;
+    int wg, wm;  // words of a digit vector: ceil(g / 4), ceil(m / 4)
+    int dperm, A, Ad, dP;   // 1. (ints: dperm; words: A, Ad; floats: dP)
+    int rsrc, Bc, E, rP;    // 2.
+    int mperm, Cm, Cmd, mP; // 3.
+    int tsrc, Tw, tP;       // 4.
 };
 
-RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTables& tb, float* D, float* Y, int ds,
-                                  rns_i8* out, rns_i64 os) {
-    rns_mrc_digits(x, xs, tb.dperm, tb.g, tb.A, tb.ldA, tb.dP, tb.dIP, tb.dH, D, ds);
+RNS_HD void rns_drop_extend_entry(const rns_i8* x, rns_i64 xs, const RnsDropTables& tb, rns_i32* D, rns_i32* Y,
+                                  int ds, rns_i8* out, rns_i64 os) {
+    const int g = tb.g, nr = tb.nr, m = tb.m;
+    rns_mrc_digit_words(x, xs, tb.ib + tb.dperm, g, tb.iw + tb.A, tb.wg, tb.iw + tb.Ad, tb.fb + tb.dP,
+                        tb.fb + tb.dP + g, tb.fb + tb.dP + 2 * g, D, ds);
     RNS_UNROLL
-    for (int j = 0; j < tb.nr; ++j) {
-        float xv = (float)x[(rns_i64)tb.rsrc[j] * xs];
-        if (tb.g == 0) {
+    for (int j = 0; j < nr; ++j) {
+        const rns_i32 xv = (rns_i32)x[(rns_i64)tb.ib[tb.rsrc + j] * xs];
+        if (g == 0) {
             Y[j * ds] = xv;
             continue;
         }
-        float c = tb.Bc[j];
-        const float* Ej = tb.E + (rns_i64)j * tb.ldE;
-        float acc = (c == 0.0f) ? 0.0f : xv * c + 0.0f;
+        rns_i32 acc = rns_dp4a(tb.iw[tb.Bc + j], xv, RNS_MAGIC_BITS);
+        const rns_i32* Ej = tb.iw + tb.E + j * tb.wg;
         RNS_UNROLL
-        for (int i = 0; i < tb.g; ++i) acc += Ej[i] * D[i * ds];
-        Y[j * ds] = rns_reduce_f32(acc, tb.rP[j], tb.rIP[j], tb.rH[j]);
+        for (int w = 0; w < tb.wg; ++w) acc = rns_dp4a(Ej[w], D[w * ds], acc);
+        const float* rP = tb.fb + tb.rP + j;
+        Y[j * ds] = (rns_i32)rns_reduce_magic_word(rns_bits_float(acc), rP[0], rP[nr], rP[2 * nr]);
     }
-    if (tb.m > 0) rns_mrc_digits(Y, (rns_i64)ds, tb.mperm, tb.m, tb.Cm, tb.ldC, tb.mP, tb.mIP, tb.mH, D, ds);
+    if (m > 0)
+        rns_mrc_digit_words(Y, (rns_i64)ds, tb.ib + tb.mperm, m, tb.iw + tb.Cm, tb.wm, tb.iw + tb.Cmd, tb.fb + tb.mP,
+                            tb.fb + tb.mP + m, tb.fb + tb.mP + 2 * m, D, ds);
     RNS_UNROLL
     for (int t = 0; t < tb.T; ++t) {
-        int s = tb.tsrc[t];
-        float r;
+        const int s = tb.ib[tb.tsrc + t];
+        rns_u32 r;
         if (s >= 0) {
-            r = Y[s * ds];
+            r = (rns_u32)Y[s * ds];
         } else {
-            const float* Wt = tb.Tw + (rns_i64)t * tb.ldT;
-            float acc = 0.0f;
+            const rns_i32* Wt = tb.iw + tb.Tw + t * tb.wm;
+            rns_i32 acc = RNS_MAGIC_BITS;
             RNS_UNROLL
-            for (int i = 0; i < tb.m; ++i) acc += Wt[i] * D[i * ds];
-            r = rns_reduce_f32(acc, tb.tP[t], tb.tIP[t], tb.tH[t]);
+            for (int w = 0; w < tb.wm; ++w) acc = rns_dp4a(Wt[w], D[w * ds], acc);
+            const float* tP = tb.fb + tb.tP + t;
+            r = rns_reduce_magic_word(rns_bits_float(acc), tP[0], tP[tb.T], tP[2 * tb.T]);
         }
-        out[(rns_i64)t * os] = rns_to_i8(r);
+        out[(rns_i64)t * os] = (rns_i8)r;
     }
 }
 
@@ -405,47 +444,62 @@ RNS_HD double rns_ldexp(double y, rns_i64 e) {
     return rns_dmul(rns_dmul(mant, rns_pow2((int)t + 100)), rns_pow2(-100));  // exact, then one rounding
 }
 
-// Alg. 5 ReconstructFP64 for one entry: MRC digits (conversion order, into d),
-// Horner in float64 with every product and sum rounded separately, times the
-// float factor f, times 2^e.
-RNS_HD double rns_decode_fp64_entry(const rns_i8* x, rns_i64 xs, const rns_i32* perm, int m, const float* C, int ldc,
-                                    const float* P, const float* IP, const float* H, const double* qd, float* d,
-                                    int ds, double f, rns_i64 e) {
-    rns_mrc_digits(x, xs, perm, m, C, ldc, P, IP, H, d, ds);
-    double v = (double)d[(m - 1) * ds];
-    RNS_UNROLL
-    for (int j = m - 2; j >= 0; --j) v = rns_dadd(rns_dmul(qd[j], v), (double)d[j * ds]);
-    return rns_ldexp(rns_dmul(v, f), e);
-}
-
 // ----- packed host tables (built by rnstensor.kernels.tables) ------------------------------------
 //
 // One int32 buffer and one float32 buffer per call; the int buffer starts with a
 // header of sizes, leading dimensions and offsets (into ib for int tables, into
 // fb for float tables), so a kernel takes two pointers whatever the basis.
-RNS_HD RnsDropTables rns_drop_tables(const rns_i32* ib, const float* fb) {
+// iw: where the coefficient words are read (the same offsets as in ib): ib itself, or a copy in
+// constant memory where ib is compile-time (a dp4a takes a constant-bank operand, not an immediate).
+RNS_HD RnsDropTables rns_drop_tables(const rns_i32* ib, const float* fb, const rns_i32* iw) {
     RnsDropTables t;
+    t.ib = ib; t.iw = iw; t.fb = fb;
     t.g = ib[0]; t.nr = ib[1]; t.m = ib[2]; t.T = ib[3];
-    t.ldA = ib[4]; t.ldE = ib[5]; t.ldC = ib[6]; t.ldT = ib[7];
-    t.dperm = ib + ib[8]; t.rsrc = ib + ib[9]; t.mperm = ib + ib[10]; t.tsrc = ib + ib[11];
-    t.A = fb + ib[12]; t.dP = fb + ib[13]; t.dIP = fb + ib[14]; t.dH = fb + ib[15];
-    t.Bc = fb + ib[16]; t.E = fb + ib[17]; t.rP = fb + ib[18]; t.rIP = fb + ib[19]; t.rH = fb + ib[20];
-    t.Cm = fb + ib[21]; t.mP = fb + ib[22]; t.mIP = fb + ib[23]; t.mH = fb + ib[24];
-    t.Tw = fb + ib[25]; t.tP = fb + ib[26]; t.tIP = fb + ib[27]; t.tH = fb + ib[28];
+    t.wg = ib[4]; t.wm = ib[5];
+    t.dperm = ib[8]; t.rsrc = ib[9]; t.mperm = ib[10]; t.tsrc = ib[11];
+    t.A = ib[12]; t.Ad = ib[13]; t.Bc = ib[14]; t.E = ib[15]; t.Cm = ib[16]; t.Cmd = ib[17]; t.Tw = ib[18];
+    t.dP = ib[19]; t.rP = ib[22]; t.mP = ib[25]; t.tP = ib[28];  // IP and H follow each P (ib[20, 21], ...)
     return t;
 }
 
+RNS_HD RnsDropTables rns_drop_tables(const rns_i32* ib, const float* fb) { return rns_drop_tables(ib, fb, ib); }
+
+// The decode tables: conversion order (perm), the MRC coefficients as rns_mrc_digit_words takes them
+// (C rows of wc words, Cd), the moduli constants (P, then IP and H); offsets into the buffers as in
+// RnsDropTables, iw as in rns_drop_tables.
 struct RnsDecodeTables {
-    int m, ldc;
-    const rns_i32* perm; const float* C; const float* P; const float* IP; const float* H;
+    const rns_i32* ib; const rns_i32* iw; const float* fb;
+    int m, wc;
+    int perm, C, Cd, P;
 };
 
-RNS_HD RnsDecodeTables rns_decode_tables(const rns_i32* ib, const float* fb) {
+RNS_HD RnsDecodeTables rns_decode_tables(const rns_i32* ib, const float* fb, const rns_i32* iw) {
     RnsDecodeTables t;
-    t.m = ib[0]; t.ldc = ib[1];
-    t.perm = ib + ib[2];
-    t.C = fb + ib[3]; t.P = fb + ib[4]; t.IP = fb + ib[5]; t.H = fb + ib[6];
+    t.ib = ib; t.iw = iw; t.fb = fb;
+    t.m = ib[0]; t.wc = ib[1];
+    t.perm = ib[2]; t.C = ib[3]; t.Cd = ib[4]; t.P = ib[5];  // IP, H follow P (ib[6], ib[7])
     return t;
+}
+
+RNS_HD RnsDecodeTables rns_decode_tables(const rns_i32* ib, const float* fb) { return rns_decode_tables(ib, fb, ib); }
+
+// The mixed-radix digits of one entry into the words D (ceil(m / 4), stride ds).
+RNS_HD void rns_decode_digits(const rns_i8* x, rns_i64 xs, const RnsDecodeTables& tb, rns_i32* D, int ds) {
+    const int m = tb.m;
+    rns_mrc_digit_words(x, xs, tb.ib + tb.perm, m, tb.iw + tb.C, tb.wc, tb.iw + tb.Cd, tb.fb + tb.P,
+                        tb.fb + tb.P + m, tb.fb + tb.P + 2 * m, D, ds);
+}
+
+// Alg. 5 ReconstructFP64 for one entry: MRC digits (conversion order, into the words D), Horner in
+// float64 with every product and sum rounded separately, times the float factor f, times 2^e.
+RNS_HD double rns_decode_fp64_entry(const rns_i8* x, rns_i64 xs, const RnsDecodeTables& tb, const double* qd,
+                                    rns_i32* D, int ds, double f, rns_i64 e) {
+    const int m = tb.m;
+    rns_decode_digits(x, xs, tb, D, ds);
+    double v = (double)rns_digit(D, ds, m - 1);
+    RNS_UNROLL
+    for (int j = m - 2; j >= 0; --j) v = rns_dadd(rns_dmul(qd[j], v), (double)rns_digit(D, ds, j));
+    return rns_ldexp(rns_dmul(v, f), e);
 }
 
 // The exponent of flattened entry i: ev[i / inner] (trailing axes it broadcasts over not materialized).
@@ -520,21 +574,21 @@ RNS_HD bool rns_limb_any_below(const rns_u32* M, int n, rns_i64 hi) {
 // v F 2^e rounded once; F = odd factor limbs F[0..nf), fneg: the factor is negative.
 // Needs nl(v) + nf <= RNS_MAXLIMB (the host checks). d: digit scratch (stride ds).
 RNS_HD double rns_decode_exact_entry(const rns_i8* x, rns_i64 xs, const RnsDecodeTables& tb, const double* qd,
-                                     const rns_u32* F, int nf, bool fneg, rns_i64 e, float* d, int ds) {
+                                     const rns_u32* F, int nf, bool fneg, rns_i64 e, rns_i32* D, int ds) {
     const int m = tb.m;
-    rns_mrc_digits(x, xs, tb.perm, m, tb.C, tb.ldc, tb.P, tb.IP, tb.H, d, ds);
+    rns_decode_digits(x, xs, tb, D, ds);
     int s = 0;
     for (int i = m - 1; i >= 0 && s == 0; --i) {
-        float di = d[i * ds];
-        s = di > 0.0f ? 1 : (di < 0.0f ? -1 : 0);
+        const rns_i32 di = rns_digit(D, ds, i);
+        s = di > 0 ? 1 : (di < 0 ? -1 : 0);
     }
     if (s == 0) return 0.0;
     rns_u32 V[RNS_MAXLIMB];
     int n = 1;
-    V[0] = (rns_u32)(s * (int)d[(m - 1) * ds]);
+    V[0] = (rns_u32)(s * rns_digit(D, ds, m - 1));
     for (int j = m - 2; j >= 0; --j) {
         const rns_i64 q = (rns_i64)qd[j];
-        rns_i64 carry = (rns_i64)(s * (int)d[j * ds]);
+        rns_i64 carry = (rns_i64)(s * rns_digit(D, ds, j));
         for (int i = 0; i < n; ++i) {
             rns_i64 t = (rns_i64)V[i] * q + carry;
             V[i] = (rns_u32)(t & 0xffffffffLL);

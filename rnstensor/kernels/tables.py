@@ -24,6 +24,7 @@ __all__ = [
     "encode_tables",
     "mrc_coeffs",
     "drop_tables",
+    "byte_words",
     "decode_tables",
     "factor_limbs",
     "MAX_LIMBS",
@@ -36,10 +37,10 @@ __all__ = [
 #: limbs of 32 bits the exact decode holds (RNS_MAXLIMB in rns_arith.cuh): |v| and |v| times the factor
 MAX_LIMBS = 40
 #: int32 entries in the header of a packed drop table (see rns_drop_tables in rns_arith.cuh)
-DROP_HEADER = 29
+DROP_HEADER = 31
 #: capacity of the kernel's __constant__ tables (RNS_DROP_IB, RNS_DROP_FB in entry.cu)
-DROP_IB_MAX = 1024
-DROP_FB_MAX = 14336
+DROP_IB_MAX = 4096
+DROP_FB_MAX = 4096
 
 
 def _ro(*arrays):
@@ -117,6 +118,23 @@ class _Packer:
         return _ro(ib, fb)
 
 
+def byte_words(rows: Sequence[Sequence[int]], words: int) -> np.ndarray:
+    """int8 rows packed four to an int32 word (byte ``k`` of word ``w``: entry ``4 w + k``), zero-padded: ``(len(rows), words)``."""
+    b = np.zeros((len(rows), 4 * words), np.int8)
+    for i, row in enumerate(rows):
+        b[i, : len(row)] = np.asarray(row, np.int64).astype(np.int8)
+    return b.view("<i4").astype(np.int32).reshape(len(rows), words)
+
+
+def _mrc_words(order: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The one-reduction MRC coefficients as ``rns_mrc_digit_words`` takes them: row ``i`` (``C[i, k]``, ``k < i``) and ``C[i, i]`` in a low byte."""
+    C = mrc_coeffs(order).astype(np.int64)
+    m = len(order)
+    rows = byte_words([C[i, :i] for i in range(m)], max((m + 3) // 4, 1))
+    diag = byte_words([[C[i, i]] for i in range(m)], 1).reshape(-1)
+    return rows, diag
+
+
 @lru_cache(maxsize=512)
 def _drop_tables(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int, ...], extend: bool):
     sc = drop_extend_schedule(active, basis, order, extend, "drops")
@@ -124,34 +142,31 @@ def _drop_tables(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[i
         len(order), sc.dperm, sc.alive, sc.rem, sc.morder, sc.mperm, sc.tsrc, sc.targets,
     )
     out_active = sc.out_active
-    Bc = list(sc.Bc)
-    E = np.zeros((len(rem), max(g, 1)), np.float32)
-    for j, row in enumerate(sc.E):
-        E[j, : len(row)] = row
-    Tw = np.zeros((len(targets), max(len(morder), 1)), np.float32)
-    for t, row in enumerate(sc.Tw):
-        Tw[t, : len(row)] = row
-    A = mrc_coeffs(order)
-    Cm = mrc_coeffs(morder)
+    wg, wm = max((g + 3) // 4, 1), max((len(morder) + 3) // 4, 1)
+    Bc = byte_words([[c] for c in sc.Bc], 1).reshape(-1)
+    E = byte_words(sc.E, wg)
+    Tw = byte_words(sc.Tw, wm)
+    A, Ad = _mrc_words(order)
+    Cm, Cmd = _mrc_words(morder)
     pk = _Packer(DROP_HEADER)
-    pk.ib[0:8] = [g, len(rem), len(morder), len(targets), A.shape[1], E.shape[1], Cm.shape[1], Tw.shape[1]]
-    pk.ints(8, dperm)
-    pk.ints(9, alive)
-    pk.ints(10, mperm)
-    pk.ints(11, tsrc)
-    for slot, arr in zip(range(12, 29), (A, *mod_consts(order), Bc, E, *mod_consts(rem), Cm, *mod_consts(morder),
-                                         Tw, *mod_consts(targets))):
+    pk.ib[0:8] = [g, len(rem), len(morder), len(targets), wg, wm, 0, 0]
+    for slot, arr in zip(range(8, 19), (dperm, alive, mperm, tsrc, A, Ad, Bc, E, Cm, Cmd, Tw)):
+        pk.ints(slot, np.asarray(arr, np.int64).reshape(-1))
+    for slot, arr in zip(range(19, 31), (*mod_consts(order), *mod_consts(rem), *mod_consts(morder),
+                                         *mod_consts(targets))):
         pk.floats(slot, arr)
     ib, fb = pk.done()
-    return ib, fb, out_active, max(g, len(morder), 1), max(len(rem), 1)
+    return ib, fb, out_active, max(wg, wm), max(len(rem), 1)
 
 
 def drop_tables(active: Sequence[int], basis: Sequence[int], drops, extend: bool):
     """Packed tables for one ``drop_extend`` call (see ``rns_drop_extend_entry``).
 
     Returns ``(ib, fb, out_active, nd, nr)``: the int32 and float32 buffers, the
-    moduli of the output planes, and the scratch sizes per entry (digits ``nd``,
-    remaining planes ``nr``).
+    moduli of the output planes, and the scratch sizes per entry in 32-bit
+    words (packed digits ``nd``, remaining planes ``nr``). The int buffer holds
+    the header (sizes, offsets), the permutations and the int8 coefficient
+    rows as words (:func:`byte_words`); the float buffer the moduli constants.
     """
     active = tuple(int(p) for p in active)
     order = drop_order(active, drops)
@@ -160,14 +175,16 @@ def drop_tables(active: Sequence[int], basis: Sequence[int], drops, extend: bool
 
 @lru_cache(maxsize=256)
 def decode_tables(active: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ib, fb, qd)`` for the fp64 decode: conversion order (even modulus first), MRC coefficients, moduli as float64."""
+    """``(ib, fb, qd)`` for the decode: conversion order (even modulus first), MRC coefficient words, moduli as float64."""
     active = tuple(int(p) for p in active)
     order = mrc_order(active)
-    C = mrc_coeffs(order)
-    pk = _Packer(7)
+    C, Cd = _mrc_words(order)
+    pk = _Packer(8)
     pk.ib[0:2] = [len(order), C.shape[1]]
     pk.ints(2, [active.index(q) for q in order])
-    for slot, arr in zip(range(3, 7), (C, *mod_consts(order))):
+    pk.ints(3, C.reshape(-1))
+    pk.ints(4, Cd)
+    for slot, arr in zip(range(5, 8), mod_consts(order)):
         pk.floats(slot, arr)
     ib, fb = pk.done()
     qd = np.array(order, np.float64)
