@@ -185,7 +185,7 @@ def static_per_entry(kernel: str, costs: dict, **kw) -> float:
         m = kw["s"]
         return _FIXED + m * (m - 1) // 2 * mac + m * red + m * (costs.get("plain") or 7.0)
     if kernel == "rns_encode":
-        return _FIXED + kw["s"] * 4 * red  # four reductions per plane (rns_encode_residue)
+        return _FIXED + kw["s"] * (red + 3 * mac)  # per plane three FFMA over the pieces and one reduction
     raise ValueError(f"no static estimate for {kernel}")
 
 

@@ -217,8 +217,9 @@ def test_drop_extend_entry(lib, basis, drops, extend):
 
 def test_drop_tables_fit_the_constant_bank():
     pool = POOL
-    ib, fb, *_ = tables.drop_tables(pool, pool, 24, True)
-    assert ib.size <= tables.DROP_IB_MAX and fb.size <= tables.DROP_FB_MAX
+    for drops in (1, 24, len(pool) - 1):  # few, half, all but one: the largest coefficient tables
+        ib, fb, *_ = tables.drop_tables(pool, pool, drops, True)
+        assert ib.size <= tables.DROP_IB_MAX and fb.size <= tables.DROP_FB_MAX, drops
     with pytest.raises(ValueError, match="cannot drop modulus 3"):
         tables.drop_tables(pool[:5], pool[:5], (3,), True)
 
@@ -301,3 +302,13 @@ def test_ldexp_rounds_once(lib):
     with np.errstate(over="ignore"):
         ref = np.ldexp(y, e.astype(np.int32))
     _same_bits(got, ref)
+
+
+def test_byte_words_packs_int8_rows_little_endian():
+    rows = [[-128, 127, 1, -1, 5], [], [3]]
+    w = tables.byte_words(rows, 2)
+    assert w.dtype == np.int32 and w.shape == (3, 2)
+    for row, words in zip(rows, w):
+        got = [(int(words[k // 4]) >> (8 * (k % 4)) & 0xFF) for k in range(8)]
+        want = [v & 0xFF for v in row] + [0] * (8 - len(row))
+        assert got == want

@@ -216,7 +216,7 @@ class CudaBackend:
         ``'auto'`` (default): specialized up to
         :data:`rnstensor.kernels.fused.SPEC_MAX_OPS` ops (chains, the mass
         operator), generic beyond (the Poisson operator, whose unrolled build
-        takes about a minute to compile).
+        takes about two minutes to compile on 2 cores).
     """
 
     name = "cuda"

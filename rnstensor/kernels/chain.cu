@@ -35,7 +35,7 @@
 // tables become instruction immediates and the digits stay in registers.
 #if defined(RNS_SPEC_INCLUDE)
 #if defined(__CUDACC__)
-#define RNS_SPEC_WORDS __constant__  // not const: its values must stay in the constant bank
+#define RNS_SPEC_WORDS __constant__  // not const: the values stay in the constant bank (ULDC), not immediates
 #else
 #define RNS_SPEC_WORDS static
 #endif
@@ -192,7 +192,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
                 for (int t = 0; t < TM; ++t) {
                     if (t < nt) {
 #if defined(RNS_SPEC)
-                        const rns_i32* A = rns_spec::OPW + terms[2 * t + 1] / 4;  // immediates once unrolled
+                        const rns_i32* A = rns_spec::OPW + terms[2 * t + 1] / 4;  // constants once unrolled
 #else
                         const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + terms[2 * t + 1]);
 #endif
