@@ -56,6 +56,16 @@ def test_ptxas_reports_no_spills(cubins, arch):
 @needs_nvrtc
 @needs_cuobjdump
 @pytest.mark.parametrize("arch", build.ARCHS)
+def test_fused_chain_sass_uses_int8_tensor_cores(cubins, arch):
+    # the fused kernel's full-tile products (8 outputs from 5..8 inputs) run mma.sync m16n8k16 .s8
+    code = build.sass(cubins[("chain", arch)].path, ["rns_chain_fused"])["rns_chain_fused"]
+    imma = [ln for ln in code.splitlines() if "IMMA" in ln]
+    assert imma and all("IMMA.16816.S8.S8" in ln for ln in imma), imma[:2]
+
+
+@needs_nvrtc
+@needs_cuobjdump
+@pytest.mark.parametrize("arch", build.ARCHS)
 def test_product_sass_uses_int8_tensor_cores(cubins, arch):
     code = build.sass(cubins[("product", arch)].path, PRODUCT_KERNELS)
     for k in PRODUCT_KERNELS:

@@ -45,6 +45,7 @@
 #define RNS_SPEC_MAXW 13  // packed digit words of at most the whole pool
 #endif
 #include "rns_arith.cuh"
+#include "rns_mma.cuh"
 
 // program header (int32 slots)
 #define RC_NDIM 0      // logical tensor axes d
@@ -207,6 +208,82 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
     }
 }
 
+// A product op on the tensor cores, for one term with rows of 2 words (5 <= n_in <= 8) and 8 operator
+// rows: mma.sync m16n8k16 with two planes block-diagonal. (The kernel handles fewer rows and words too,
+// but its 4-instruction epilogue per output then also runs for the tile's empty rows: per stored
+// residue it beats the dp4a path only on full tiles, 6.5 instructions against 7.2 at n = 8.) A warp takes 8 rows of the input (the
+// B columns) and, for each pair of planes (p0, p1), the 16 x 16 A = [A_p0 0; 0 A_p1] (k: 8 inputs of p0,
+// then 8 of p1). Lane (g, t) works on plane p0 + t / 2, word t % 2: it holds row g of that plane's
+// operator in a0 (t < 2) or a1 (t >= 2), zero in the other, and loads that word of input row g as b0.
+// Its four sums d0, d1 (p0, operator row g, input rows 2t, 2t + 1) and d2, d3 (p1) start at the magic's
+// bits, so each is the float 1.5 2^23 + sum for rns_reduce_magic_i8 (|sum| <= 8 * 2^14). A specialized
+// build loads each lane's operator words of all planes once per op, into registers.
+__device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
+                                                      const RnsSlots& slot, const rns_i8* ops, int cap) {
+    const int L = st[RS_L], M = st[RS_M], MT = st[RS_MT], n_out = st[RS_NOUT], W = st[RS_W];
+    const int nlast = st[RS_NLAST], nlastpad = st[RS_NLASTPAD], osb = st[RS_OSB];
+    const int jstride = (MT / nlast) * nlastpad;
+    const rns_i32* terms = pi + st[RS_TERMS];
+    const float* P = pf + st[RS_RED];
+    const float* IP = P + L;
+    const float* H = IP + L;
+    rns_i8* dst = slot[st[RS_OUT]];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, half = t >> 1, word = t & 1;
+    const bool arow = word < W && g < n_out;
+    const int wsel = word < W ? word : 0;  // an unused word reads word 0 (its A entries are zero)
+    const rns_i32* X = reinterpret_cast<const rns_i32*>(slot[terms[0]]);
+#if defined(RNS_SPEC)
+    const rns_i32* A = rns_spec::OPW + terms[1] / 4;  // constant memory (rows <= 2 words)
+    rns_u32 as0[(RNS_SPEC_MAXM + 1) / 2], as1[(RNS_SPEC_MAXM + 1) / 2];  // this lane's a0, a1 of every pair
+    RNS_SPEC_UNROLL
+    for (int l0 = 0; l0 < L; l0 += 2) {
+        const int l = l0 + half;
+        const rns_u32 av = arow && l < L ? (rns_u32)A[(l * n_out + g) * W + word] : 0u;
+        as0[l0 / 2] = half ? 0u : av;
+        as1[l0 / 2] = half ? av : 0u;
+    }
+#else
+    const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + terms[1]);  // shared memory
+#endif
+    const bool full = M % 8 == 0, all_rows = n_out == 8;  // constants in a specialized build
+    const int groups = (M + 7) / 8;
+    for (int grp = threadIdx.x >> 5; grp < groups; grp += blockDim.x >> 5) {  // warp-uniform
+        // this lane's B column, clamped to the last row: in bounds, and a clamped column feeds only
+        // outputs that are not stored
+        const int rb = min(grp * 8 + g, M - 1) * W + wsel;
+        int o[2];
+        bool oin[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {  // this lane's output rows 2t, 2t + 1
+            const int rr = grp * 8 + 2 * t + i, b = rr / MT, rt = rr - b * MT;
+            oin[i] = (full || rr < M) && (all_rows || g < n_out);
+            o[i] = b * osb + (rt / nlast) * nlastpad + rt % nlast + g * jstride;
+        }
+        RNS_SPEC_UNROLL
+        for (int l0 = 0; l0 < L; l0 += 2) {
+            const bool two = l0 + 1 < L;
+            const int lb = two ? l0 + half : l0;  // an odd last plane: the other half reads p0 (A is zero)
+#if defined(RNS_SPEC)
+            const rns_u32 a0 = as0[l0 / 2], a1 = as1[l0 / 2];
+#else
+            const rns_u32 av = arow && l0 + half < L ? (rns_u32)A[((l0 + half) * n_out + g) * W + word] : 0u;
+            const rns_u32 a0 = half ? 0u : av, a1 = half ? av : 0u;
+#endif
+            const rns_u32 b0 = (rns_u32)X[(rns_i64)lb * (cap / 4) + rb];
+            int d[4];
+            rns_mma_s8_k16(d, a0, a1, b0, RNS_MAGIC_BITS);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int l = l0 + (i >> 1);
+                if (i < 2 || two) {
+                    const rns_i8 r = rns_reduce_magic_i8(rns_bits_float(d[i]), P[l], IP[l], H[l]);
+                    if (oin[i & 1]) dst[(rns_i64)l * cap + o[i & 1]] = r;
+                }
+            }
+        }
+    }
+}
+
 // The per-element field of the Hadamard ops: (planes, batch, components, entries) int8, plane stride
 // fstride; this block's first tensor t0 and its tensor count nt (the rest of the block is past the end).
 struct RnsChainField {
@@ -286,6 +363,8 @@ __device__ __forceinline__ void rns_chain_op(const rns_i32* pi, const rns_i32* s
         rns_chain_drop(pi, st, pf, slot, cap, scratch);
     } else if (st[RS_KIND] == 1) {
         rns_chain_hadamard(pi, st, pf, slot, cap, fd);
+    } else if (st[RS_W] == 2 && st[RS_NOUT] == 8 && st[RS_NT] == 1) {  // a full tile: see rns_chain_product_mma
+        rns_chain_product_mma(pi, st, pf, slot, ops, cap);
     } else {
         switch (st[RS_W]) {
             case 1: rns_chain_product<1>(pi, st, pf, slot, ops, cap); break;

@@ -21,6 +21,7 @@
 // Block: 128 threads (4 warps), a tile of 128 columns x BN operator rows; warp w
 // owns columns 32w .. 32w + 31 as two m16 tiles and all BN/8 n8 tiles.
 #include "rns_arith.cuh"
+#include "rns_mma.cuh"
 
 #define RNS_BM 128
 #define RNS_BK 32
@@ -32,17 +33,6 @@
 struct __align__(8) rns_w2 { rns_u32 x, y; };
 struct __align__(16) rns_w4 { rns_u32 x, y, z, w; };
 
-__device__ __forceinline__ void rns_mma_s8(int (&d)[4], rns_u32 a0, rns_u32 a1, rns_u32 a2, rns_u32 a3, rns_u32 b0,
-                                           rns_u32 b1) {
-#if defined(__CUDA_ARCH__)
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    rns_host_mma_s8(d, a0, a1, a2, a3, b0, b1);  // the host SIMT emulation (simt_host.cpp)
-#endif
-}
 
 // The tiles of one k-step pass through registers: a thread loads its share of
 // the next X and operator tiles from global memory before the MMAs of the

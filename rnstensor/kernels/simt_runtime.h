@@ -60,3 +60,33 @@ template <class F>
 static void rns_simt_launch(rns_dim3 grid, unsigned block, F body) {
     rns_simt_launch(grid, block, body, [] {});
 }
+
+// mma.sync m16n8k32 .s8 in software, warp-collective, with the PTX fragment layout (rns_mma.cuh).
+struct RnsFrag {
+    unsigned a[4], b[2];
+};
+static RnsFrag rns_frag[32][32];  // [warp][lane]
+
+static inline void rns_host_mma_s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                   unsigned b1) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    rns_frag[w][lane] = RnsFrag{{a0, a1, a2, a3}, {b0, b1}};
+    rns_warp_barrier[w]->arrive_and_wait();
+    auto A = [&](int r, int k) {
+        const unsigned reg = rns_frag[w][(r & 7) * 4 + ((k & 15) >> 2)].a[(r >> 3) + 2 * (k >> 4)];
+        return (int)(signed char)(reg >> (8 * (k & 3)));
+    };
+    auto B = [&](int k, int n) {
+        const unsigned reg = rns_frag[w][n * 4 + ((k & 15) >> 2)].b[k >> 4];
+        return (int)(signed char)(reg >> (8 * (k & 3)));
+    };
+    int out[4];
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        long long s = d[i];
+        for (int k = 0; k < 32; ++k) s += A(r, k) * B(k, n);
+        out[i] = (int)(unsigned)(unsigned long long)s;  // wraps as int32 like the hardware would
+    }
+    rns_warp_barrier[w]->arrive_and_wait();  // every lane has read the fragments
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
