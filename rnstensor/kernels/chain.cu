@@ -154,6 +154,23 @@ struct RnsSlots {
     __device__ __forceinline__ rns_i8* operator[](int k) const { return base + k * stride; }
 };
 
+// A product op's record, decoded: sizes, the output's layout (jstride: between operator rows), the
+// terms, the planes' reduction constants, the output slot.
+struct RnsProductOp {
+    int L, M, MT, n_out, nt, W, nlast, nlastpad, osb, jstride;
+    const rns_i32* terms;
+    const float *P, *IP, *H;
+    rns_i8* dst;
+};
+
+__device__ __forceinline__ RnsProductOp rns_product_op(const rns_i32* pi, const rns_i32* st, const float* pf,
+                                                       const RnsSlots& slot) {
+    const int L = st[RS_L], MT = st[RS_MT], nlast = st[RS_NLAST], nlastpad = st[RS_NLASTPAD];
+    const float* P = pf + st[RS_RED];
+    return RnsProductOp{L, st[RS_M], MT, st[RS_NOUT], st[RS_NT], st[RS_W], nlast, nlastpad, st[RS_OSB],
+                        (MT / nlast) * nlastpad, pi + st[RS_TERMS], P, P + L, P + 2 * L, slot[st[RS_OUT]]};
+}
+
 // A product op: every row r of the inputs (all planes, all operator rows) per thread; rows are
 // (tensor b, row r' of that tensor). The TM x W words of the terms' rows stay in registers: sums of two
 // products for rows of at most 4 words (n_in <= 16), one product beyond (the host builds no other sum);
@@ -161,14 +178,8 @@ struct RnsSlots {
 template <int W>
 __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                   const RnsSlots& slot, const rns_i8* ops, int cap) {
-    const int L = st[RS_L], M = st[RS_M], MT = st[RS_MT], n_out = st[RS_NOUT], nt = st[RS_NT];
-    const int nlast = st[RS_NLAST], nlastpad = st[RS_NLASTPAD], osb = st[RS_OSB];
-    const int jstride = (MT / nlast) * nlastpad;
-    const rns_i32* terms = pi + st[RS_TERMS];
-    const float* P = pf + st[RS_RED];
-    const float* IP = P + L;
-    const float* H = IP + L;
-    rns_i8* dst = slot[st[RS_OUT]];
+    [[maybe_unused]] const auto [L, M, MT, n_out, nt, words, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
+        rns_product_op(pi, st, pf, slot);
     for (int r = threadIdx.x; r < M; r += blockDim.x) {
         const int b = r / MT, rt = r - b * MT;
         const int o = b * osb + (rt / nlast) * nlastpad + rt % nlast;
@@ -220,14 +231,8 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
 // build loads each lane's operator words of all planes once per op, into registers.
 __device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                       const RnsSlots& slot, const rns_i8* ops, int cap) {
-    const int L = st[RS_L], M = st[RS_M], MT = st[RS_MT], n_out = st[RS_NOUT], W = st[RS_W];
-    const int nlast = st[RS_NLAST], nlastpad = st[RS_NLASTPAD], osb = st[RS_OSB];
-    const int jstride = (MT / nlast) * nlastpad;
-    const rns_i32* terms = pi + st[RS_TERMS];
-    const float* P = pf + st[RS_RED];
-    const float* IP = P + L;
-    const float* H = IP + L;
-    rns_i8* dst = slot[st[RS_OUT]];
+    [[maybe_unused]] const auto [L, M, MT, n_out, nt, W, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
+        rns_product_op(pi, st, pf, slot);
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, half = t >> 1, word = t & 1;
     const bool arow = word < W && g < n_out;
     const int wsel = word < W ? word : 0;  // an unused word reads word 0 (its A entries are zero)
