@@ -42,10 +42,8 @@
 // Loops over planes and digits: completely unrolled where their trip counts are compile-time
 // constants (a plan's specialized chain kernel), left alone where they are not.
 #define RNS_UNROLL _Pragma("unroll")
-#define RNS_NO_UNROLL _Pragma("unroll 1")
 #else
 #define RNS_UNROLL
-#define RNS_NO_UNROLL
 #include <math.h>
 #include <string.h>
 #define RNS_HD static inline
@@ -199,13 +197,6 @@ RNS_HD rns_u32 rns_reduce_magic_word(float tM, float p, float ip, float h) {
 }
 
 RNS_HD rns_i8 rns_reduce_magic_i8(float tM, float p, float ip, float h) { return (rns_i8)rns_reduce_magic_word(tM, p, ip, h); }
-
-// [a]_p as an int8 from a plain int32 |a| < 2^22 - 1 (a tensor-core accumulator that started at zero):
-// t = (float)a is exact, and a - bits(qM) bits(p + 1.5 2^23) is a - q p modulo 2^20 as above.
-RNS_HD rns_i8 rns_reduce_int_i8(rns_i32 a, float p, float ip, float h) {
-    const float qM = rns_reduce_quotient_magic((float)a, p, ip, h);
-    return (rns_i8)((rns_u32)a - (rns_u32)rns_float_bits(qM) * (rns_u32)rns_float_bits(rns_fadd(p, RNS_MAGIC)));
-}
 
 // The int8 residue [a]_p of an int32 with |a| < 2^22 - 1, from the bits: 1.5 2^23 + a is the float
 // with bits 0x4B400000 + a (no I2F). A dp4a sum started at RNS_MAGIC_BITS is that float already.
