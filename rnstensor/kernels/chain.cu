@@ -29,7 +29,8 @@
 // arrays. The operators are copied to shared memory once per block; the tables are read through the
 // cache (every thread reads the same entry).
 // A plan's specialized build includes its program as constexpr arrays (rns_spec::PI / PF / QD; the
-// operators as int32 words OPW and a copy PIW of PI, for the drops' coefficient words, in constant memory; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
+// operators as int32 words OPW and a copy PIW of PI, for the drops' and the decode's coefficient
+// words, in constant memory; rnstensor.kernels.fused.spec_header, option -DRNS_SPEC_INCLUDE).
 // The body then reads them instead of its pointer arguments, so every size, offset and table entry
 // is a compile-time constant: the loops over planes, digits and operator rows unroll completely,
 // tables become instruction immediates and the digits stay in registers.
@@ -154,6 +155,22 @@ struct RnsSlots {
     __device__ __forceinline__ rns_i8* operator[](int k) const { return base + k * stride; }
 };
 
+// Where a table's coefficient words are read: a specialized build's constant-memory copy PIW at the
+// offset p has in PI (dp4a takes a constant-bank word, not an immediate); p itself otherwise.
+__device__ __forceinline__ const rns_i32* rns_chain_words(const rns_i32* p) {
+#if defined(RNS_SPEC)
+    return rns_spec::PIW + (p - rns_spec::PI);
+#else
+    return p;
+#endif
+}
+
+// The output place of input row r of a product op (tensor b, row r - b MT of it), operator row 0.
+__device__ __forceinline__ int rns_product_place(int r, int MT, int osb, int nlast, int nlastpad) {
+    const int b = r / MT, rt = r - b * MT;
+    return b * osb + (rt / nlast) * nlastpad + rt % nlast;
+}
+
 // A product op's record, decoded: sizes, the output's layout (jstride: between operator rows), the
 // terms, the planes' reduction constants, the output slot.
 struct RnsProductOp {
@@ -181,8 +198,7 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
     [[maybe_unused]] const auto [L, M, MT, n_out, nt, words, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
         rns_product_op(pi, st, pf, slot);
     for (int r = threadIdx.x; r < M; r += blockDim.x) {
-        const int b = r / MT, rt = r - b * MT;
-        const int o = b * osb + (rt / nlast) * nlastpad + rt % nlast;
+        const int o = rns_product_place(r, MT, osb, nlast, nlastpad);
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
             constexpr int TM = W <= 4 ? RNS_PRODUCT_TMAX : 1;
@@ -219,50 +235,50 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
     }
 }
 
-// A product op on the tensor cores, for one term with rows of 2 words (5 <= n_in <= 8) and 8 operator
-// rows: mma.sync m16n8k16 with two planes block-diagonal. (The kernel handles fewer rows and words too,
-// but its 4-instruction epilogue per output then also runs for the tile's empty rows: per stored
-// residue it beats the dp4a path only on full tiles, 6.5 instructions against 7.2 at n = 8.) A warp takes 8 rows of the input (the
-// B columns) and, for each pair of planes (p0, p1), the 16 x 16 A = [A_p0 0; 0 A_p1] (k: 8 inputs of p0,
-// then 8 of p1). Lane (g, t) works on plane p0 + t / 2, word t % 2: it holds row g of that plane's
-// operator in a0 (t < 2) or a1 (t >= 2), zero in the other, and loads that word of input row g as b0.
-// Its four sums d0, d1 (p0, operator row g, input rows 2t, 2t + 1) and d2, d3 (p1) start at the magic's
-// bits, so each is the float 1.5 2^23 + sum for rns_reduce_magic_i8 (|sum| <= 8 * 2^14). A specialized
-// build loads each lane's operator words of all planes once per op, into registers.
+// A product op on the tensor cores, for a full tile: one term, rows of 2 words (5 <= n_in <= 8) and 8
+// operator rows (on partial tiles the 4-instruction epilogue per output would also run for the tile's
+// empty rows, and dp4a is cheaper: 6.5 instructions per stored residue against 7.2 at n = 8, but
+// 1621 against 1280 per DoF for an n = 4 chain). mma.sync m16n8k16 with two planes block-diagonal:
+// a warp takes 8 rows of the input (the B columns) and, for each pair of planes (p0, p1), the 16 x 16
+// A = [A_p0 0; 0 A_p1] (k: 8 inputs of p0, then 8 of p1). Lane (g, t) works on plane p0 + t / 2,
+// word t % 2: it holds row g of that plane's operator in a0 (t < 2) or a1 (t >= 2), zero in the other,
+// and loads that word of input row g as b0. Its four sums d0, d1 (p0, operator row g, input rows 2t,
+// 2t + 1) and d2, d3 (p1) start at the magic's bits, so each is the float 1.5 2^23 + sum for
+// rns_reduce_magic_i8 (|sum| <= 8 * 2^14). A specialized build loads each lane's operator words of all
+// planes once per op, into registers.
 __device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                       const RnsSlots& slot, const rns_i8* ops, int cap) {
     [[maybe_unused]] const auto [L, M, MT, n_out, nt, W, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
         rns_product_op(pi, st, pf, slot);
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, half = t >> 1, word = t & 1;
-    const bool arow = word < W && g < n_out;
-    const int wsel = word < W ? word : 0;  // an unused word reads word 0 (its A entries are zero)
     const rns_i32* X = reinterpret_cast<const rns_i32*>(slot[terms[0]]);
+    // this lane's operator word of plane l (W == 2, n_out == 8)
 #if defined(RNS_SPEC)
     const rns_i32* A = rns_spec::OPW + terms[1] / 4;  // constant memory (rows <= 2 words)
     rns_u32 as0[(RNS_SPEC_MAXM + 1) / 2], as1[(RNS_SPEC_MAXM + 1) / 2];  // this lane's a0, a1 of every pair
     RNS_SPEC_UNROLL
     for (int l0 = 0; l0 < L; l0 += 2) {
         const int l = l0 + half;
-        const rns_u32 av = arow && l < L ? (rns_u32)A[(l * n_out + g) * W + word] : 0u;
+        const rns_u32 av = l < L ? (rns_u32)A[(l * 8 + g) * 2 + word] : 0u;
         as0[l0 / 2] = half ? 0u : av;
         as1[l0 / 2] = half ? av : 0u;
     }
 #else
     const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + terms[1]);  // shared memory
 #endif
-    const bool full = M % 8 == 0, all_rows = n_out == 8;  // constants in a specialized build
+    const bool full = M % 8 == 0;  // a constant in a specialized build
     const int groups = (M + 7) / 8;
     for (int grp = threadIdx.x >> 5; grp < groups; grp += blockDim.x >> 5) {  // warp-uniform
         // this lane's B column, clamped to the last row: in bounds, and a clamped column feeds only
         // outputs that are not stored
-        const int rb = min(grp * 8 + g, M - 1) * W + wsel;
+        const int rb = min(grp * 8 + g, M - 1) * 2 + word;
         int o[2];
         bool oin[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {  // this lane's output rows 2t, 2t + 1
-            const int rr = grp * 8 + 2 * t + i, b = rr / MT, rt = rr - b * MT;
-            oin[i] = (full || rr < M) && (all_rows || g < n_out);
-            o[i] = b * osb + (rt / nlast) * nlastpad + rt % nlast + g * jstride;
+            const int rr = grp * 8 + 2 * t + i;
+            oin[i] = full || rr < M;
+            o[i] = rns_product_place(rr, MT, osb, nlast, nlastpad) + g * jstride;
         }
         RNS_SPEC_UNROLL
         for (int l0 = 0; l0 < L; l0 += 2) {
@@ -271,7 +287,7 @@ __device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const r
 #if defined(RNS_SPEC)
             const rns_u32 a0 = as0[l0 / 2], a1 = as1[l0 / 2];
 #else
-            const rns_u32 av = arow && l0 + half < L ? (rns_u32)A[((l0 + half) * n_out + g) * W + word] : 0u;
+            const rns_u32 av = l0 + half < L ? (rns_u32)A[((l0 + half) * 8 + g) * 2 + word] : 0u;
             const rns_u32 a0 = half ? 0u : av, a1 = half ? av : 0u;
 #endif
             const rns_u32 b0 = (rns_u32)X[(rns_i64)lb * (cap / 4) + rb];
@@ -298,8 +314,8 @@ struct RnsChainField {
 };
 
 // A Hadamard op: out[l][x] = [sum_t f_t[l][x] x_t[l][x]]_p for the logical entries x of every tensor of the
-// block (|sum| <= 3 * 2^14: one reduction, from the sum's magic-form bits). The field is read in logical order (coalesced); past the batch
-// end it reads nothing.
+// block (|sum| <= 3 * 2^14: one reduction, from the sum's magic-form bits). The field is read in logical
+// order (coalesced); past the batch end it reads nothing.
 __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                    const RnsSlots& slot, int cap, const RnsChainField& fd) {
     const int L = st[RS_L], ndim = pi[RC_NDIM], nb = pi[RC_NB], nq = pi[RC_NQ], nf = pi[RC_NFIELD];
@@ -335,11 +351,8 @@ __device__ __forceinline__ void rns_chain_hadamard(const rns_i32* pi, const rns_
 // are left as they are: a product multiplies them by zero columns, nothing else reads them.
 __device__ __forceinline__ void rns_chain_drop(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                const RnsSlots& slot, int cap, float* scratch) {
-#if defined(RNS_SPEC)
-    const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F], rns_spec::PIW + st[RS_DROP_I]);
-#else
-    const RnsDropTables tb = rns_drop_tables(pi + st[RS_DROP_I], pf + st[RS_DROP_F]);
-#endif
+    const rns_i32* ib = pi + st[RS_DROP_I];
+    const RnsDropTables tb = rns_drop_tables(ib, pf + st[RS_DROP_F], rns_chain_words(ib));
     const rns_i8* src = slot[st[RS_IN]];
     rns_i8* dst = slot[st[RS_OUT]];
     // the real entries e of all tensors, at their places past the innermost axis' padding
@@ -479,11 +492,8 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
 
     // 5. decode in logical order
     {
-#if defined(RNS_SPEC)
-        const RnsDecodeTables tb = rns_decode_tables(pi + pi[RC_DEC_I], pf + pi[RC_DEC_F], rns_spec::PIW + pi[RC_DEC_I]);
-#else
-        const RnsDecodeTables tb = rns_decode_tables(pi + pi[RC_DEC_I], pf + pi[RC_DEC_F]);
-#endif
+        const rns_i32* ib = pi + pi[RC_DEC_I];
+        const RnsDecodeTables tb = rns_decode_tables(ib, pf + pi[RC_DEC_F], rns_chain_words(ib));
         const rns_i32* map = pi + pi[RC_DEC_MAP];
         const rns_i8* fin = slot[pi[RC_DEC_BUF]];
 #if defined(RNS_SPEC)
