@@ -26,7 +26,8 @@ def kernel_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cubins(kernel_cache):
     """Every module for every arch it exists for (``build.modules_for``), compiled once per test session."""
-    return {(m, a): build.compile_module(m, a, cache=kernel_cache) for a in build.ARCHS for m in build.modules_for(a)}
+    pairs = [(m, a) for a in build.ARCHS for m in build.modules_for(a)]
+    return dict(zip(pairs, build.compile_modules(pairs, cache=kernel_cache)))
 
 
 BUILT_PAIRS = [(m, a) for a in build.ARCHS for m in sorted(build.modules_for(a))]
@@ -102,6 +103,32 @@ def test_cache_hit_and_key(kernel_cache):
     assert build._key("product", "sm_80", ()) != build._key("entry", "sm_80", ())
     # no temporary files are left behind
     assert not [p for p in kernel_cache.iterdir() if p.name.endswith(".tmp")]
+
+
+@needs_nvrtc
+def test_compile_modules_side_by_side(tmp_path):
+    reqs = [("entry", "sm_80", ("-DRNS_TEST_KEY=1",)), ("entry", "sm_80", ("-DRNS_TEST_KEY=2",)),
+            build.ModuleRequest("entry", "sm_80", ("-DRNS_TEST_KEY=1",))]
+    got = build.compile_modules(reqs, jobs=2, cache=tmp_path)
+    assert [b.path for b in got] == [build.compile_module(r[0], r[1], r[2], cache=tmp_path).path for r in reqs]
+    assert got[0].path == got[2].path != got[1].path  # one build per distinct request, in request order
+    assert all(b.path.exists() and b.arch == "sm_80" for b in got)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # a failed build in a worker comes back as the caller's error, with the NVRTC log
+    with pytest.raises(build.KernelBuildError, match="could not compile"):
+        build.compile_modules([("entry", "sm_80", ("-DRNS_TEST_KEY=3", "--no-such-option")),
+                               ("entry", "sm_80", ("-DRNS_TEST_KEY=4", "--no-such-option"))], jobs=2, cache=tmp_path)
+
+
+def test_compile_modules_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match=r"\(name, arch\[, options\[, headers\]\]\)"):
+        build.compile_modules(["entry"], cache=tmp_path)
+    with pytest.raises(ValueError, match="jobs must be a positive int"):
+        build.compile_modules([("entry", "sm_80")], jobs=0, cache=tmp_path)
+    with pytest.raises(ValueError, match="built for sm_90a only"):
+        build.compile_modules([("product_wgmma", "sm_80")], cache=tmp_path)
+    with pytest.raises(ValueError, match="module must be one of"):
+        build.compile_modules([("nope", "sm_80")], cache=tmp_path)
 
 
 def test_bad_names():

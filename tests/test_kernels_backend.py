@@ -505,6 +505,37 @@ def test_chain_through_the_backend(fake, monkeypatch):
     same(rt.dgemm(a, b, backend="cuda"), rt.dgemm(a, b, backend="cpu"))
 
 
+def test_prebuild_fills_the_cache(fake, monkeypatch):
+    # every build a program needs, made side by side before the first launch; the runs then compile nothing
+    import rnstensor as rt
+    from rnstensor import backends
+    from rnstensor.fem import PoissonOperator, TensorBasis, box_mesh
+    from rnstensor.kernels import fused
+
+    be, launches = fake
+    monkeypatch.setitem(backends._BACKENDS, "cuda", be)
+    rng = np.random.default_rng(11)
+    plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2])  # fresh operators: a new build
+    basis = TensorBasis(3)
+    poisson = fused.operator_program(PoissonOperator(basis, box_mesh(basis, shape=(2, 1, 1)).G))
+    chain = fused.chain_program(plan, (4, 4, 4))
+    assert fused.specialize_by_default(chain) and not fused.specialize_by_default(poisson)
+    # the modules of the arch, the chain's own build; Poisson runs the generic chain module (counted once)
+    assert be.prebuild([chain, poisson, chain], jobs=2) == len(build.modules_for("sm_90a")) + 1
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled after prebuild")
+
+    monkeypatch.setattr(build, "_nvrtc_compile", no_compile)
+    X = rng.uniform(-1, 1, (2, 4, 4, 4))
+    same(plan.run(X, backend="cuda", fused=True), plan.run(X, backend="cpu"))
+    assert launches[-1] == "rns_chain_fused"
+    for m in build.modules_for("sm_90a"):
+        build.compile_module(m, "sm_90a")
+    with pytest.raises(TypeError, match="ChainProgram"):
+        be.prebuild([plan])
+
+
 def test_fused_fem_operators_through_the_backend(fake, monkeypatch):
     # the mass and Poisson operators as one kernel: their fields (w detJ, G residues) and exponents go to the device
     from rnstensor import backends

@@ -584,20 +584,72 @@ class CudaBackend:
 
     # ----- the fused chain --------------------------------------------------------------------
 
-    def _chain_module(self, program):
-        """The module of ``program``'s kernel: its own specialized build, or the generic one."""
+    def _chain_build(self, program) -> tuple:
+        """``(options, headers)`` of the build that runs ``program``: its own specialized one, or the generic one."""
         from ..kernels import fused
 
         spec = self.specialize_chains
         if spec is False or (spec == "auto" and not fused.specialize_by_default(program)):
-            return self._module("chain")
+            return (), None
+        return fused.SPEC_OPTIONS, fused.spec_header(program)
 
+    def _chain_module(self, program):
+        """The loaded module of ``program``'s kernel (:meth:`_chain_build`)."""
+        options, headers = self._chain_build(program)
+        if headers is None:
+            return self._module("chain")
         hit = self._spec_modules.get(program)
         if hit is None:
             if len(self._spec_modules) > 64:
                 self._spec_modules.clear()
-            hit = self._spec_modules[program] = self._module("chain", fused.SPEC_OPTIONS, fused.spec_header(program))
+            hit = self._spec_modules[program] = self._module("chain", options, headers)
         return hit
+
+    def prebuild(self, programs: Sequence = (), jobs: int | None = None) -> int:
+        """Compile this device's kernel modules and the fused kernels of ``programs`` side by side, before they are needed.
+
+        The first call of a plan on this backend otherwise waits for NVRTC:
+        about 5-25 s for each specialized fused kernel and 30 s for the
+        modules, one after the other. This builds them all at once, one
+        process per core (:func:`rnstensor.kernels.build.compile_modules`),
+        into the disk cache that later calls (and later processes) read.
+
+        Parameters
+        ----------
+        programs : sequence of ChainProgram
+            Fused programs (:func:`rnstensor.kernels.fused.chain_program` of
+            a plan and input shape, :func:`~rnstensor.kernels.fused.operator_program`
+            of a FEM operator); each gets the build :attr:`specialize_chains` selects.
+        jobs : int, optional
+            Worker processes (default: every core this process may use).
+
+        Returns
+        -------
+        int
+            The number of distinct builds (cached ones included).
+
+        Examples
+        --------
+        >>> import numpy as np, rnstensor as rt
+        >>> from rnstensor.kernels import fused
+        >>> plan = rt.plan_chain([np.eye(8)] * 3, [0, 1, 2])
+        >>> be = rt.backends.get_backend("cuda")  # doctest: +SKIP
+        >>> be.prebuild([fused.chain_program(plan, (8, 8, 8))])  # doctest: +SKIP
+        5
+        """
+        from ..kernels import fused
+
+        requests = {(m, (), None) for m in build.modules_for(self.arch)}
+        for program in programs:
+            if not isinstance(program, fused.ChainProgram):
+                raise TypeError(
+                    f"programs must hold ChainProgram objects (rnstensor.kernels.fused.chain_program(plan, shape) "
+                    f"or operator_program(op)); got {type(program).__name__}"
+                )
+            options, headers = self._chain_build(program)
+            requests.add(("chain", options, tuple(sorted(headers.items())) if headers else None))
+        build.compile_modules([(m, self.arch, o, dict(h) if h else None) for m, o, h in requests], jobs)
+        return len(requests)
 
     def chain(self, program, x, decode: str, field=None, fexp=None):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.

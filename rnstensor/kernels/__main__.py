@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .build import ARCHS, KernelBuildError, build_all, resource_usage, sass
+from .build import ARCHS, KernelBuildError, build_all, compile_modules, modules_for, resource_usage, sass
 
 __all__ = ["main"]
 
@@ -19,9 +19,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b.add_argument("--arch", action="append", help=f"target arch, repeatable (default: {' '.join(ARCHS)})")
     b.add_argument("--out", required=True, help="directory for <module>.<arch>.cubin")
     b.add_argument("--quiet", action="store_true", help="no resource table")
+    b.add_argument("--jobs", type=int, default=None, help="builds side by side (default: every core)")
     args = ap.parse_args(argv)
+    archs = args.arch or ARCHS
     try:
-        for arch in args.arch or ARCHS:
+        compile_modules([(m, a) for a in archs for m in modules_for(a)], args.jobs)  # every arch at once
+        for arch in archs:
             for built in build_all(arch, args.out):
                 if args.quiet:
                     continue

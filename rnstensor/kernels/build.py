@@ -17,10 +17,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 __all__ = [
     "ARCHS",
@@ -36,6 +37,8 @@ __all__ = [
     "module_source",
     "cache_dir",
     "compile_module",
+    "compile_modules",
+    "ModuleRequest",
     "build_all",
     "nvrtc_version",
     "find_tool",
@@ -150,6 +153,15 @@ def _check_arch(arch: str) -> str:
     if not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise ValueError(f"arch must look like 'sm_80', 'sm_89' or 'sm_90a'; got {arch!r}")
     return arch
+
+
+def _check_module_arch(name: str, arch: str) -> None:
+    if name not in MODULES:
+        raise ValueError(f"module must be one of {sorted(MODULES)}; got {name!r}")
+    _check_arch(arch)
+    only = MODULE_ARCHS.get(name)
+    if only is not None and arch not in only:
+        raise ValueError(f"module {name!r} is built for {', '.join(only)} only; got arch {arch!r}")
 
 
 def arch_for_capability(major: int, minor: int) -> str:
@@ -284,12 +296,7 @@ def compile_module(
     Built
         ``path`` to the cached cubin and the compile ``log`` (ptxas ``-v`` resource lines).
     """
-    if name not in MODULES:
-        raise ValueError(f"module must be one of {sorted(MODULES)}; got {name!r}")
-    _check_arch(arch)
-    only = MODULE_ARCHS.get(name)
-    if only is not None and arch not in only:
-        raise ValueError(f"module {name!r} is built for {', '.join(only)} only; got arch {arch!r}")
+    _check_module_arch(name, arch)
     options = tuple(options)
     root = Path(cache) if cache is not None else cache_dir()
     key = _key(name, arch, options, headers)
@@ -303,6 +310,88 @@ def compile_module(
     return Built(name, arch, path, log)
 
 
+class ModuleRequest(NamedTuple):
+    """One build for :func:`compile_modules`: the arguments of :func:`compile_module` but the cache."""
+
+    name: str
+    arch: str
+    options: tuple = ()
+    headers: dict | None = None
+
+
+def _default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def compile_modules(
+    requests: Sequence[ModuleRequest | tuple], jobs: int | None = None, cache: Path | str | None = None
+) -> list[Built]:
+    """Compile many modules at once, one worker process per build (NVRTC and ptxas use one core each).
+
+    A per-plan build of the fused chain kernel takes 5-25 s and the modules
+    of one arch about 30 s on one core; a test run or a benchmark that needs
+    a dozen of them spends minutes in NVRTC unless they are built side by
+    side before the first launch. Builds already in the cache and repeated
+    requests cost nothing; the results are those of :func:`compile_module`.
+
+    Parameters
+    ----------
+    requests : sequence of ModuleRequest or tuple
+        ``(name, arch)`` or ``(name, arch, options, headers)`` per build.
+    jobs : int, optional
+        Worker processes (default: the cores this process may use); ``1``
+        compiles in this process, one build after the other.
+    cache : path, optional
+        Cache directory (default :func:`cache_dir`).
+
+    Returns
+    -------
+    list of Built
+        One per request, in order.
+
+    Raises
+    ------
+    KernelBuildError
+        The first build that failed, with its NVRTC log.
+
+    Examples
+    --------
+    >>> from rnstensor.kernels import build
+    >>> built = build.compile_modules([("entry", a) for a in build.ARCHS], jobs=3)  # doctest: +SKIP
+    >>> [b.arch for b in built]  # doctest: +SKIP
+    ['sm_80', 'sm_89', 'sm_90a']
+    """
+    reqs = []
+    for r in requests:
+        if not isinstance(r, (tuple, list)) or not 2 <= len(r) <= 4:
+            raise ValueError(f"each request must be (name, arch[, options[, headers]]); got {r!r}")
+        reqs.append(ModuleRequest(r[0], r[1], tuple(r[2]) if len(r) > 2 else (), r[3] if len(r) > 3 else None))
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        raise ValueError(f"jobs must be a positive int or None; got {jobs!r}")
+    root = Path(cache) if cache is not None else cache_dir()
+    todo: dict[str, ModuleRequest] = {}
+    for r in reqs:
+        _check_module_arch(r.name, r.arch)
+        key = _key(r.name, r.arch, r.options, r.headers)
+        if not (root / f"{r.name}.{r.arch}.{key}.cubin").exists():
+            todo.setdefault(key, r)
+    workers = min(jobs or _default_jobs(), len(todo))
+    if workers > 1:
+        import multiprocessing
+
+        # the longest builds first (generated headers grow with the unrolled program), so none starts last;
+        # spawned workers: the caller may hold a CUDA context, which a forked child must not inherit
+        order = sorted(todo.values(), key=lambda r: -sum(len(t) for t in (r.headers or {}).values()))
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(compile_module, r.name, r.arch, r.options, root, r.headers) for r in order]
+            for f in futures:
+                f.result()
+    return [compile_module(r.name, r.arch, r.options, root, r.headers) for r in reqs]
+
+
 def cached_cubin(name: str, arch: str, options: Sequence[str] = (), cache: Path | str | None = None) -> Path | None:
     """The cached cubin of module ``name`` for ``arch`` if the current sources are built, else ``None`` (no compile)."""
     root = Path(cache) if cache is not None else cache_dir()
@@ -310,9 +399,11 @@ def cached_cubin(name: str, arch: str, options: Sequence[str] = (), cache: Path 
     return path if path.exists() else None
 
 
-def build_all(arch: str, out: Path | str | None = None, options: Sequence[str] = ()) -> list[Built]:
-    """Compile every module that exists for ``arch`` (:func:`modules_for`); with ``out``, also copy each cubin there as ``<name>.<arch>.cubin``."""
-    built = [compile_module(n, arch, options) for n in modules_for(arch)]
+def build_all(
+    arch: str, out: Path | str | None = None, options: Sequence[str] = (), jobs: int | None = None
+) -> list[Built]:
+    """Compile every module that exists for ``arch`` (:func:`modules_for`), ``jobs`` at a time (:func:`compile_modules`); with ``out``, also copy each cubin there as ``<name>.<arch>.cubin``."""
+    built = compile_modules([(n, arch, tuple(options)) for n in modules_for(arch)], jobs)
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,39 @@ def same(a, b):
     assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), np.argwhere(a != b)[:5]
 
 
+def _case_plan(shape, opshapes, axes, method):
+    rng = np.random.default_rng(sum(shape) + len(axes))
+    return rt.plan_chain(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15), rng
+
+
+def _cube_plan(seed, n):
+    rng = np.random.default_rng(seed)
+    return rt.plan_chain([rng.uniform(-1, 1, (n, n)) for _ in range(3)], (0, 1, 2)), rng
+
+
+FEM_CASES = [(2, 3), (4, 3), (8, 3), (6, 2)]
+
+
+def _fem_operator(kind, P, dim, backend):
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+
+    basis = TensorBasis(P, dim=dim)
+    mesh = box_mesh(basis, shape=(3, 2, 2)[:dim], curved=0.1)
+    op = MassOperator(basis, mesh.qdata, backend=backend) if kind == "mass" else PoissonOperator(
+        basis, mesh.G, backend=backend)
+    return op, mesh
+
+
+def spec_programs():
+    """The fused programs this module runs (tests/gpu/conftest.py builds their kernels side by side first)."""
+    plans = [(_case_plan(*case[:4])[0], case[0]) for case in CASES]
+    plans += [(_cube_plan(seed, n)[0], (n, n, n)) for seed, n in ((4, 4), (8, 8), (16, 16), (2, 8))]
+    out = [fused.chain_program(plan, shape) for plan, shape in plans]
+    out += [fused.operator_program(_fem_operator(kind, P, dim, "cpu")[0])
+            for kind in ("mass", "poisson") for P, dim in FEM_CASES]
+    return out
+
+
 def _inputs(rng, batch, shape):
     X = rng.uniform(-1, 1, batch + shape)
     X[(0,) * len(batch)] *= 2.0**-1060  # subnormal tensor
@@ -30,8 +63,7 @@ def _inputs(rng, batch, shape):
 @pytest.mark.parametrize("shape, opshapes, axes, method, batch", CASES)
 @pytest.mark.parametrize("decode", ["fp64", "exact"])
 def test_fused_equals_cpu(shape, opshapes, axes, method, batch, decode):
-    rng = np.random.default_rng(sum(shape) + len(axes))
-    plan = rt.plan_chain(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15)
+    plan, rng = _case_plan(shape, opshapes, axes, method)
     X = _inputs(rng, batch, shape)
     want = plan.run(X, decode, backend="cpu")
     same(plan.run(X, decode, backend="cuda", fused=True), want)
@@ -42,15 +74,13 @@ def test_fused_equals_cpu(shape, opshapes, axes, method, batch, decode):
 
 @pytest.mark.parametrize("n", [4, 8, 16])
 def test_fused_large_batches(n):
-    rng = np.random.default_rng(n)
-    plan = rt.plan_chain([rng.uniform(-1, 1, (n, n)) for _ in range(3)], (0, 1, 2))
+    plan, rng = _cube_plan(n, n)
     X = rng.standard_normal((3001, n, n, n)) * np.exp2(rng.integers(-40, 40, (3001, 1, 1, 1)))
     same(plan.run(cp.asarray(X), backend="cuda").get(), plan.run(X, backend="cpu"))
 
 
 def test_fused_float32_cupy_input_is_widened():
-    rng = np.random.default_rng(2)
-    plan = rt.plan_chain([rng.uniform(-1, 1, (8, 8)) for _ in range(3)], (0, 1, 2))
+    plan, rng = _cube_plan(2, 8)
     X = rng.standard_normal((5, 8, 8, 8)).astype(np.float32)
     same(plan.run(cp.asarray(X)).get(), plan.run(X, backend="cpu"))
 
@@ -74,16 +104,11 @@ def test_fused_errors():
 
 
 @pytest.mark.parametrize("kind", ["mass", "poisson"])
-@pytest.mark.parametrize("P, dim", [(2, 3), (4, 3), (8, 3), (6, 2)])
+@pytest.mark.parametrize("P, dim", FEM_CASES)
 def test_fused_fem_operator(kind, P, dim):
-    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
-
-    basis = TensorBasis(P, dim=dim)
-    mesh = box_mesh(basis, shape=(3, 2, 2)[:dim], curved=0.1)
+    cpu, mesh = _fem_operator(kind, P, dim, "cpu")
+    gpu, _ = _fem_operator(kind, P, dim, "cuda")
     u = np.random.default_rng(P).standard_normal((mesh.nelem,) + (P,) * dim)
-    make = (lambda be: MassOperator(basis, mesh.qdata, backend=be)) if kind == "mass" else (
-        lambda be: PoissonOperator(basis, mesh.G, backend=be))
-    cpu, gpu = make("cpu"), make("cuda")
     for decode in ("fp64", "exact"):
         want = cpu.apply(u, decode)
         same(gpu.apply(u, decode, fused=True), want)

@@ -16,13 +16,27 @@ def same(a, b):
     assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-@pytest.mark.parametrize("method", ["rescale_be", "rescale", "norescale", "composed"])
+METHODS = ["rescale_be", "rescale", "norescale", "composed"]
+
+
+def _chain_plan(method):
+    rng = np.random.default_rng(1)
+    return rt.plan_chain([rng.uniform(-1, 1, (8, 8)) for _ in range(3)], [0, 1, 2], method=method), rng
+
+
+def spec_programs():
+    """The fused programs this module runs (tests/gpu/conftest.py builds their kernels side by side first)."""
+    from rnstensor.kernels import fused
+
+    plans = [_chain_plan(m)[0] for m in METHODS]
+    return [fused.chain_program(p, (8, 8, 8)) for p in plans if fused.fusable(p) is None]
+
+
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("decode", ["fp64", "exact"])
 @pytest.mark.parametrize("fused", [None, False])  # the fused kernel where it applies, and step by step
 def test_chain(method, decode, fused):
-    rng = np.random.default_rng(1)
-    ops = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)]
-    plan = rt.plan_chain(ops, [0, 1, 2], method=method)
+    plan, rng = _chain_plan(method)
     X = rng.uniform(-1, 1, (16, 8, 8, 8))
     same(plan.run(X, decode, backend="cuda", fused=fused), plan.run(X, decode, backend="cpu"))
 
