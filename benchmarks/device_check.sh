@@ -46,7 +46,11 @@ KERNEL_RC=${PIPESTATUS[0]}
 "$PY" -c "from rnstensor.kernels import nvrtc_version; print('nvrtc', nvrtc_version())" 2>&1 | tee -a "$OUTDIR/kernel_build.log"
 
 echo "== [2/6] GPU tests (bitwise equality with the CPU backend) at $(( $(date +%s) - T0 )) s"
-timeout "$(cap 150 240)" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -n 25
+# one pytest-xdist worker per test module where xdist is installed: a kernel fault leaves CUDA's error sticky
+# for the rest of its process, so it then costs that module's remaining tests, not every later module's
+XDIST=""
+"$PY" -c "import xdist" 2>/dev/null && XDIST="-n 5 --dist loadfile"
+timeout "$(cap 150 240)" "$PY" -m pytest -q -p no:cacheprovider -rs $XDIST tests/gpu 2>&1 | tee "$OUTDIR/gpu_tests.log" | tail -n 25
 GPU_RC=${PIPESTATUS[0]}
 
 PRODUCT_RC=skipped

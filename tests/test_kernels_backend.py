@@ -514,6 +514,7 @@ def test_prebuild_fills_the_cache(fake, monkeypatch):
 
     be, launches = fake
     monkeypatch.setitem(backends._BACKENDS, "cuda", be)
+    monkeypatch.setattr(be, "specialize_chains", "auto")  # the default (another test switches it off)
     rng = np.random.default_rng(11)
     plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2])  # fresh operators: a new build
     basis = TensorBasis(3)
