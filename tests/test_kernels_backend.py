@@ -1,294 +1,40 @@
-"""CudaBackend's host side without a GPU: a stand-in for CuPy runs each launch through an emulation of its kernel.
+"""CudaBackend's host side without a GPU: the CuPy stand-in (tests/cupy_standin.py) runs each launch through an emulation of its kernel.
 
-The stand-in gives numpy arrays a device type and answers the few CuPy calls
-the backend makes; each kernel launch is checked (grid, block, shared memory)
-and emulated: encode, drop/extend, decode and the int32 reduction by the host
-build of the kernels' own arithmetic (rns_arith.cuh through ctypes, with the
-launch's argument list), the product and the elementwise kernels by plain
-numpy on the kernel's indexing model (plane strides, pre/post columns, tiles).
-The product launches run product.cu itself through its host SIMT build
-(simt_host.cpp: CPU threads, a software MMA) where a C++20 compiler exists,
-else a numpy model of the kernel's indexing. What this proves: the backend
-builds its tables, exponent runs, argument lists and launch shapes so that the
-kernels compute CpuBackend's bits. What it does not: the device code as the GPU
-runs it (tests/gpu/) or CuPy's own API.
+What this proves: the backend builds its tables, exponent runs, argument
+lists and launch shapes so that the kernels compute CpuBackend's bits. What
+it does not: the device code as the GPU runs it (tests/gpu/) or CuPy's own API.
 """
 
 from __future__ import annotations
 
-import ctypes
-import sys
-import types
-
+import cupy_standin
 import numpy as np
 import pytest
+from cupy_standin import DevArray, dev
 
-from rnstensor import arith
 from rnstensor.backends.cpu import CpuBackend
 from rnstensor.basis import Basis, int8_pool
-from rnstensor.kernels import build, tables
+from rnstensor.kernels import build
 
 CPU = CpuBackend()
 POOL = int8_pool()
 
 
-class DevArray(np.ndarray):
-    """A numpy array standing in for a device array."""
-
-    def __new__(cls, shape, dtype=float, memptr=None):
-        if memptr is not None:  # cupy.ndarray(shape, dtype, memptr) over a module global
-            assert memptr.dtype == np.dtype(dtype) and memptr.shape == tuple(np.atleast_1d(shape))
-            return memptr
-        return np.zeros(shape, dtype).view(cls)
-
-    @property
-    def data(self):  # cupy.ndarray.data is a MemoryPointer: the backend reads .ptr (alignment, cuBLAS)
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-    def set(self, arr):
-        self[...] = arr
-
-    def get(self):
-        return np.array(self)
-
-
-def dev(a, dtype=None):
-    return np.array(a, dtype=dtype).view(DevArray)
-
-
-def _ptr(a):
-    return np.asarray(a).ctypes.data_as(ctypes.c_void_p)
-
-
-class FakeModule:
-    simt = None  # the SIMT build of product.cu (ctypes), set by the fixture when it builds
-    wgmma = None  # the SIMT build of product_wgmma.cu (wgmma_host.cpp), likewise
-    chain = None  # the SIMT build of chain.cu (chain_host.cpp), likewise
-
-    def __init__(self, path, lib, launches):
-        data = open(path, "rb").read(4)
-        assert data == b"\x7fELF", "RawModule must get a cubin"
-        self.lib, self.launches = lib, launches
-        self.globals = {
-            "rns_drop_ib": dev(np.zeros(tables.DROP_IB_MAX, np.int32)),
-            "rns_drop_fb": dev(np.zeros(tables.DROP_FB_MAX, np.float32)),
-        }
-
-    def get_global(self, name):
-        return self.globals[name]
-
-    def get_function(self, name):
-        def launch(grid, block, args, shared_mem=0):
-            assert all(isinstance(g, (int, np.integer)) and 0 < g for g in grid), grid
-            assert len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
-            # above 48 KiB a kernel must have opted in (cudaFuncAttributeMaxDynamicSharedMemorySize)
-            assert shared_mem <= max(48 * 1024, getattr(launch, "max_dynamic_shared_size_bytes", 0))
-            for a in args:  # every argument a device array or a sized numpy scalar (or None: a null pointer)
-                assert a is None or isinstance(a, (DevArray, np.integer, np.floating)), (name, type(a))
-            self.launches.append(name)
-            method = "_rns_product3m" if name.startswith("rns_product3m") else (
-                "_rns_product" if name.startswith("rns_product") else "_" + name)
-            getattr(self, method)(grid, block, args, shared_mem, name)
-
-        return launch
-
-    # ----- emulations ---------------------------------------------------------------------------
-
-    def _rns_encode(self, grid, block, args, smem, name):
-        xbits, N, ev, inner, L, P, IP, H, CP, pw, ldpw, pa, per, out = args
-        assert xbits.dtype == np.uint64 and ev.dtype == np.int64 and out.dtype == np.int8
-        assert pw.dtype == np.float32 and pa.dtype == per.dtype == np.int32 and pw.shape[1] == ldpw
-        self.lib.h_encode(_ptr(xbits), ctypes.c_int64(N), _ptr(ev), ctypes.c_int64(inner), ctypes.c_int(L), _ptr(P),
-                          _ptr(IP), _ptr(H), _ptr(CP), _ptr(pw), ctypes.c_int(ldpw), _ptr(pa), _ptr(per),
-                          _ptr(out))
-
-    def _rns_drop_extend(self, grid, block, args, smem, name):
-        X, N, out = args
-        ib, fb = self.globals["rns_drop_ib"], self.globals["rns_drop_fb"]
-        nr, wg, wm = int(ib[1]), int(ib[4]), int(ib[5])
-        assert smem >= (max(wg, wm) + max(nr, 1)) * block[0] * 4, "too little scratch"
-        assert X.flags.c_contiguous and out.shape == (int(ib[3]), N)
-        assert self.lib.h_drop_extend(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(out)) == 0
-
-    def _rns_decode_fp64(self, grid, block, args, smem, name):
-        X, N, ib, fb, qd, f, ev, inner, k, out = args
-        assert smem >= int(ib[0]) * block[0] * 4
-        assert qd.dtype == np.float64 and ev.dtype == np.int64 and isinstance(f, np.float64)
-        assert self.lib.h_decode_fp64(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), ctypes.c_double(f),
-                                      _ptr(ev), ctypes.c_int64(inner), ctypes.c_int64(k), _ptr(out)) == 0
-
-    def _rns_decode_exact(self, grid, block, args, smem, name):
-        X, N, ib, fb, qd, F, nf, fneg, ev, inner, k, out = args
-        assert smem >= int(ib[0]) * block[0] * 4 and F.dtype == np.uint32 and F.size == nf
-        assert self.lib.h_decode_exact(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), _ptr(F),
-                                       ctypes.c_int(nf), ctypes.c_int(fneg), _ptr(ev), ctypes.c_int64(inner),
-                                       ctypes.c_int64(k), _ptr(out)) == 0
-
-    def _rns_chain_fused(self, grid, block, args, smem, name):
-        xb, B, out, pi, pf, qd, ops, dexp, f, field, fstride, fexp, flags = args
-        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 0, f, np.zeros(1, np.uint32), 0, 0,
-                    field, fstride, fexp, flags)
-
-    def _rns_chain_fused_exact(self, grid, block, args, smem, name):
-        xb, B, out, pi, pf, qd, ops, dexp, F, nf, fneg, field, fstride, fexp, flags = args
-        assert F.dtype == np.uint32 and F.size == nf
-        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 1, 1.0, F, nf, fneg, field, fstride, fexp,
-                    flags)
-
-    def _chain(self, grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, mode, f, F, nf, fneg, field, fstride,
-               fexp, flags):
-        assert self.chain is not None, "the SIMT build of chain.cu is needed"
-        assert xb.dtype == np.uint64 and out.dtype == np.float64 and pi.dtype == np.int32 and pf.dtype == np.float32
-        assert qd.dtype == np.float64 and ops.dtype == np.int8 and dexp.dtype == np.int32 and flags.dtype == np.int32
-        nb = int(pi[4])
-        assert block[0] == 256 and grid[0] == -(-int(B) // nb) and out.shape[0] == int(B)
-        if int(pi[18]):  # a program with Hadamard steps: its field and the field's exponents, on the device
-            assert isinstance(field, DevArray) and field.dtype == np.int8 and isinstance(fexp, DevArray)
-            assert fexp.dtype == np.int32 and fexp.shape == (int(B),) and int(fstride) == field[0].size
-        fptr, eptr = (None, None) if field is None else (_ptr(field), _ptr(fexp))
-        assert self.chain.emu_chain(_ptr(xb), ctypes.c_int64(B), _ptr(out), _ptr(pi), _ptr(pf), _ptr(qd), _ptr(ops),
-                                    _ptr(dexp), mode, ctypes.c_double(f), _ptr(F), int(nf), int(fneg), fptr,
-                                    ctypes.c_int64(fstride), eptr, _ptr(flags), ctypes.c_int64(smem), 0x5A) == 0
-
-    def _rns_reduce_i32(self, grid, block, args, smem, name):
-        acc, out, n, L, P, IP, H, C16 = args
-        for l in range(L):
-            self.lib.h_reduce_i32(_ptr(acc[l]), ctypes.c_int64(n), ctypes.c_float(P[l]), ctypes.c_float(IP[l]),
-                                  ctypes.c_float(H[l]), ctypes.c_float(C16[l]), _ptr(out.reshape(L, n)[l]))
-
-    def _rns_elementwise(self, grid, block, args, smem, name):
-        a, b, out, n, L, mode, P, IP, H = args
-        for l in range(L):
-            x, y = a.reshape(L, -1)[l].astype(np.int64), b.reshape(L, -1)[l].astype(np.int64)
-            t = x * y if mode == 0 else (x + y if mode == 1 else x - y)
-            out.reshape(L, -1)[l] = arith.centered_mod(t, int(P[l]))
-
-    def _rns_product3m(self, grid, block, args, smem, name):
-        Xre, Xim, Xs, Are, Aim, As, Ore, Oim, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16 = args
-        bn = int(name.rsplit("n", 1)[1])
-        M = int(pre) * int(post)
-        assert grid[0] * 128 >= M and grid[1] * bn >= n_out and grid[2] == Are.shape[0] and bn <= 32
-        if self.simt is not None:
-            u = ctypes.c_uint
-            assert self.simt.emu_product3m(bn, u(grid[0]), u(grid[1]), u(grid[2]), *map(_ptr, args[:8]), int(pre),
-                                           int(n_in), int(post), int(n_out), ctypes.c_int64(xplane),
-                                           ctypes.c_int64(oplane), *map(_ptr, args[14:])) == 0
-            return
-        for l in range(grid[2]):
-            p = int(P[l])
-
-            def mm(X, A):
-                Xl = np.asarray(X[l * xplane : l * xplane + M * n_in]).reshape(pre, n_in, post).astype(np.int64)
-                return arith.centered_mod(np.einsum("jk,akt->ajt", A[l].astype(np.int64), Xl), p)
-
-            t1, t2, t3 = mm(Xre, Are), mm(Xim, Aim), mm(Xs, As)
-            Ore[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(t1 - t2, p).reshape(-1)
-            Oim[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(t3 - t1 - t2, p).reshape(-1)
-
-    def _rns_gemm_wgmma(self, grid, block, args, smem, name):
-        X, A, out, M, N, K, xplane, aplane, oplane, P, IP, H, C16 = args
-        bn = int(name.rsplit("n", 1)[1])
-        assert block == (256,) and smem == 0 and K % 16 == 0
-        assert grid[0] * 128 >= M and grid[1] * bn >= N and grid[2] == A.shape[0]
-        assert X.dtype == A.dtype == out.dtype == np.int8 and X.flags.c_contiguous and A.flags.c_contiguous
-        assert X.ctypes.data % 16 == 0 and A.ctypes.data % 16 == 0
-        assert xplane == M * K and aplane == N * K and oplane == M * N and X.size >= grid[2] * xplane
-        if self.wgmma is not None:
-            u = ctypes.c_uint
-            assert self.wgmma.emu_gemm_wgmma(bn, 1, 0, u(grid[0]), u(grid[1]), u(grid[2]), _ptr(X), _ptr(A), _ptr(out),
-                                             int(M), int(N), int(K), ctypes.c_int64(xplane), ctypes.c_int64(aplane),
-                                             ctypes.c_int64(oplane), *map(_ptr, args[9:])) == 0
-            return
-        for l in range(grid[2]):
-            Xl = np.asarray(X).reshape(-1)[l * xplane : (l + 1) * xplane].reshape(M, K).astype(np.int64)
-            acc = Xl @ np.asarray(A[l]).astype(np.int64).reshape(N, K).T
-            np.asarray(out).reshape(-1)[l * oplane : (l + 1) * oplane] = arith.centered_mod(acc, int(P[l])).reshape(-1)
-
-    _rns_gemm_wgmma_n64 = _rns_gemm_wgmma
-    _rns_gemm_wgmma_n128 = _rns_gemm_wgmma
-
-    def _rns_product(self, grid, block, args, smem, name):
-        X, A, out, pre, n_in, post, n_out, xplane, oplane, P, IP, H, C16 = args
-        bn = int(name.rsplit("n", 1)[1])
-        M = int(pre) * int(post)
-        assert M < 2**31 and block == (128,)
-        assert grid[0] * 128 >= M and grid[1] * bn >= n_out and grid[2] == A.shape[0]
-        assert X.ndim == out.ndim == 1 and X.dtype == out.dtype == np.int8 and A.flags.c_contiguous
-        if self.simt is not None:
-            u = ctypes.c_uint
-            assert self.simt.emu_product(bn, u(grid[0]), u(grid[1]), u(grid[2]), _ptr(X), _ptr(A), _ptr(out), int(pre),
-                                         int(n_in), int(post), int(n_out), ctypes.c_int64(xplane),
-                                         ctypes.c_int64(oplane), _ptr(P), _ptr(IP), _ptr(H), _ptr(C16)) == 0
-            return
-        for l in range(grid[2]):
-            Xl = np.asarray(X[l * xplane : l * xplane + M * n_in]).reshape(pre, n_in, post).astype(np.int64)
-            acc = np.einsum("jk,akt->ajt", A[l].astype(np.int64), Xl)
-            out[l * oplane : l * oplane + pre * n_out * post] = arith.centered_mod(acc, int(P[l])).reshape(-1)
-
-
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    try:
-        build.nvrtc_version()
-    except build.KernelBuildError:  # pragma: no cover
-        pytest.skip("NVRTC (the 'test' extras) is not installed")
-    try:
-        lib = ctypes.CDLL(str(build.host_library(cache=tmp_path_factory.mktemp("host-lib"))))
-    except build.KernelBuildError as exc:  # pragma: no cover
-        pytest.skip(f"no host C++ compiler: {exc}")
-    lib.h_decode_fp64.restype = ctypes.c_int
-    lib.h_drop_extend.restype = ctypes.c_int
-    lib.h_decode_exact.restype = ctypes.c_int
-    try:
-        FakeModule.simt = ctypes.CDLL(str(build.simt_library(cache=tmp_path_factory.mktemp("simt-lib"))))
-    except build.KernelBuildError:  # pragma: no cover - no C++20 compiler: the numpy model of the kernel
-        FakeModule.simt = None
-    try:
-        FakeModule.wgmma = ctypes.CDLL(str(build.wgmma_library(cache=tmp_path_factory.mktemp("wgmma-lib"))))
-    except build.KernelBuildError:  # pragma: no cover
-        FakeModule.wgmma = None
-    try:
-        FakeModule.chain = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("chain-lib"))))
-    except build.KernelBuildError:  # pragma: no cover
-        FakeModule.chain = None
-    launches: list[str] = []
-    cp = types.ModuleType("cupy")
-    cp.ndarray = DevArray
-    for t in ("int8", "int32", "int64", "uint64", "float32", "float64"):
-        setattr(cp, t, getattr(np, t))
-    cp.asarray = lambda a, dtype=None: a if isinstance(a, DevArray) and dtype is None else dev(a, dtype)
-    cp.asnumpy = lambda a: np.array(a)
-    cp.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(DevArray)
-    cp.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(DevArray)
-    cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(DevArray)
-    props = {"major": 9, "minor": 0, "name": b"Fake H200"}
-    cp.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDeviceProperties=lambda i: props),
-        Device=lambda: types.SimpleNamespace(id=0),
-    )
-    cp.RawModule = lambda path: FakeModule(path, lib, launches)
-    saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = cp
-    import os
-
-    old_cache = os.environ.get("RNSTENSOR_KERNEL_CACHE")
     # the session's kernel cache, shared with tests/test_kernels.py
     shared = tmp_path_factory.getbasetemp() / "rnstensor-kernel-cache"
     shared.mkdir(exist_ok=True)
-    os.environ["RNSTENSOR_KERNEL_CACHE"] = str(shared)
+    try:
+        _, launches, restore = cupy_standin.install(tmp_path_factory.mktemp("standin"), shared)
+    except build.KernelBuildError as exc:  # pragma: no cover
+        pytest.skip(f"NVRTC (the 'test' extras) or a host C++ compiler is missing: {exc}")
     try:
         from rnstensor.backends.cuda import CudaBackend
 
         yield CudaBackend(), launches
     finally:
-        if saved is None:
-            sys.modules.pop("cupy", None)
-        else:
-            sys.modules["cupy"] = saved
-        if old_cache is None:
-            os.environ.pop("RNSTENSOR_KERNEL_CACHE", None)
-        else:
-            os.environ["RNSTENSOR_KERNEL_CACHE"] = old_cache
+        restore()
 
 
 def planes(rng, moduli, shape):
@@ -456,6 +202,31 @@ def test_drop_extend(fake, basis, drops, extend):
     got, act = be.drop_extend(dev(X), active, basis, drops, extend)
     assert tuple(act) == tuple(ref_act)
     same(got, ref)
+
+
+def test_drop_extend_from_many_threads(fake):
+    # the drop tables are one constant bank per module: concurrent callers (Dask's threaded scheduler)
+    # must each launch on their own tables
+    from concurrent.futures import ThreadPoolExecutor
+
+    be, _ = fake
+    basis = Basis.int8(15)
+    rng = np.random.default_rng(12)
+    jobs = []
+    for i in range(24):
+        active = tuple(rng.permutation(basis.moduli).tolist())
+        jobs.append((active, planes(rng, active, (3, 7)), 1 + i % 7))
+
+    def run(job):
+        active, X, drops = job
+        return [be.drop_extend(dev(X), active, basis, drops, True)[0] for _ in range(6)]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, jobs))
+    for (active, X, drops), got in zip(jobs, results):
+        ref, _ = CPU.drop_extend(X, active, basis, drops, True)
+        for g in got:
+            same(g, ref)
 
 
 @pytest.mark.parametrize("mode", ["fp64", "exact"])

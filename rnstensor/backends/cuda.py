@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -253,6 +254,8 @@ class CudaBackend:
             raise ValueError(f"specialize_chains must be 'auto', True or False; got {specialize_chains!r}")
         self.specialize_chains = specialize_chains
         self._spec_modules: dict = {}
+        self._drop_lock = threading.Lock()
+        self._drop_done = None  # the event after the last drop_extend launch (its tables are in use until then)
 
     # ----- plumbing ---------------------------------------------------------------------------
 
@@ -571,15 +574,23 @@ class CudaBackend:
         mod = self._module("entry")
         cib = cp.ndarray((tables.DROP_IB_MAX,), cp.int32, mod.get_global("rns_drop_ib"))
         cfb = cp.ndarray((tables.DROP_FB_MAX,), cp.float32, mod.get_global("rns_drop_fb"))
-        # stream-ordered copies: the previous launch on this stream has read its tables
-        cib[: ib.size].set(ib)
-        cfb[: fb.size].set(fb)
         Xc = self._contig(X).reshape(len(active), N)
         out = cp.empty((len(out_active), N), cp.int8)
         block = 128 if (ndig + nrem) * 128 * 4 <= 48 * 1024 else 64
-        mod.get_function("rns_drop_extend")(
-            (self._grid(N, block),), (block,), (Xc, np.int64(N), out), shared_mem=(ndig + nrem) * block * 4
-        )
+        # the tables are one __constant__ bank per module: callers on other threads (Dask's threaded
+        # scheduler) take turns, and the copies wait on the device until the previous launch, on whatever
+        # stream, is done reading it
+        with self._drop_lock:
+            stream = cp.cuda.get_current_stream()
+            if self._drop_done is not None:
+                stream.wait_event(self._drop_done)
+            cib[: ib.size].set(ib)
+            cfb[: fb.size].set(fb)
+            mod.get_function("rns_drop_extend")(
+                (self._grid(N, block),), (block,), (Xc, np.int64(N), out), shared_mem=(ndig + nrem) * block * 4
+            )
+            self._drop_done = cp.cuda.Event(block=False, disable_timing=True)
+            self._drop_done.record(stream)
         return self._out(out.reshape((len(out_active),) + shape), host), tuple(out_active)
 
     # ----- the fused chain --------------------------------------------------------------------
