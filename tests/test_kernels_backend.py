@@ -265,7 +265,7 @@ def test_chain_through_the_backend(fake, monkeypatch):
         monkeypatch.setattr(DevArray, "__module__", __name__)
         assert isinstance(got, DevArray) and launches[-1].startswith("rns_chain_fused")
         same(got, want)
-    be.specialize_chains = False  # the generic kernel (a chain is specialized by default)
+    monkeypatch.setattr(be, "specialize_chains", False)  # the generic kernel (a chain is specialized by default)
     same(plan.run(X, backend="cuda", fused=True), plan.run(X, backend="cpu"))
     X[1, 2, 3, 4] = np.nan
     monkeypatch.setattr(DevArray, "__module__", "cupy")
@@ -285,7 +285,7 @@ def test_prebuild_fills_the_cache(fake, monkeypatch):
 
     be, launches = fake
     monkeypatch.setitem(backends._BACKENDS, "cuda", be)
-    monkeypatch.setattr(be, "specialize_chains", "auto")  # the default (another test switches it off)
+    assert be.specialize_chains == "auto"  # the default, which the other tests restore
     rng = np.random.default_rng(11)
     plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2])  # fresh operators: a new build
     basis = TensorBasis(3)
