@@ -439,7 +439,7 @@ def prebuild(env: Env, res: dict, rows: list) -> None:
     programs = [fused.chain_program(_chain_plans(n)[1], (n, n, n)) for n in CHAIN_SIZES if n <= FUSED_MAX_N]
     programs += [fused.operator_program(_fem_setup(kind, P, 1, "cpu")[4]) for kind, P in FEM_CASES]
     builds = get_backend("cuda").prebuild(programs)
-    res["prebuild"] = {"builds": builds, "seconds": time.perf_counter() - t0, "jobs": os.cpu_count()}
+    res["prebuild"] = {"builds": builds, "seconds": time.perf_counter() - t0, "jobs": len(os.sched_getaffinity(0))}
     rows.append(("kernel builds (NVRTC, side by side)", f"{res['prebuild']['seconds']:.1f} s", f"{builds} builds"))
 
 

@@ -282,16 +282,11 @@ def _host_libraries(root: Path):
 def _module(lib, launches: list) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.ndarray = DevArray
-    for t in ("int8", "int32", "int64", "uint8", "uint32", "uint64", "float32", "float64", "complex128"):
-        setattr(cp, t, getattr(np, t))
-    cp.nan = np.nan
     cp.asarray = lambda a, dtype=None: a if isinstance(a, DevArray) and dtype is None else dev(a, dtype)
     cp.asnumpy = lambda a: np.array(a)
     cp.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(DevArray)
     cp.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(DevArray)
     cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(DevArray)
-    for name in ("matmul", "fmod", "floor", "where", "abs", "max", "stack", "concatenate", "ascontiguousarray"):
-        setattr(cp, name, lambda *a, _f=getattr(np, name), **k: np.asarray(_f(*a, **k)).view(DevArray))
     props = {"major": 9, "minor": 0, "name": b"Fake H200"}
     cp.cuda = types.SimpleNamespace(
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDeviceProperties=lambda i: props),
@@ -302,13 +297,19 @@ def _module(lib, launches: list) -> types.ModuleType:
     cp.RawModule = lambda path: FakeModule(path, lib, launches)
 
     def numpy_fallback(name: str):
-        # what else a caller asks of CuPy (Dask's CuPy dispatch: take, nannumel, ...) is numpy's, on DevArrays
+        # everything else (dtypes, nan, matmul, fmod, Dask's take and nannumel, ...) is numpy's, with arrays
+        # and reductions returned as device arrays, as CuPy returns them
         f = getattr(np, name)
         if not callable(f) or isinstance(f, type):
             return f
-        return lambda *a, **k: (lambda r: r.view(DevArray) if isinstance(r, np.ndarray) else r)(f(*a, **k))
 
-    cp.__getattr__ = numpy_fallback
+        def on_device(*args, **kwargs):
+            r = f(*args, **kwargs)
+            return np.asarray(r).view(DevArray) if isinstance(r, (np.ndarray, np.generic)) else r
+
+        return on_device
+
+    cp.__getattr__ = numpy_fallback  # a module's __getattr__ (PEP 562) answers the names it lacks
     return cp
 
 

@@ -1,4 +1,4 @@
-"""CudaBackend's host side without a GPU: the CuPy stand-in (tests/cupy_standin.py) runs each launch through an emulation of its kernel.
+"""CudaBackend's host side without a GPU: the CuPy stand-in (tests/cupy_standin.py) emulates each launch.
 
 What this proves: the backend builds its tables, exponent runs, argument
 lists and launch shapes so that the kernels compute CpuBackend's bits. What

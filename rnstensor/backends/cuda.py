@@ -617,7 +617,7 @@ class CudaBackend:
         return hit
 
     def prebuild(self, programs: Sequence = (), jobs: int | None = None) -> int:
-        """Compile this device's kernel modules and the fused kernels of ``programs`` side by side, before they are needed.
+        """Compile this device's modules and the fused kernels of ``programs`` side by side, ahead of use.
 
         The first call of a plan on this backend otherwise waits for NVRTC:
         about 5-25 s for each specialized fused kernel and 30 s for the
@@ -650,17 +650,15 @@ class CudaBackend:
         """
         from ..kernels import fused
 
-        requests = {(m, (), None) for m in build.modules_for(self.arch)}
+        requests = [(m, self.arch) for m in build.modules_for(self.arch)]
         for program in programs:
             if not isinstance(program, fused.ChainProgram):
                 raise TypeError(
                     f"programs must hold ChainProgram objects (rnstensor.kernels.fused.chain_program(plan, shape) "
                     f"or operator_program(op)); got {type(program).__name__}"
                 )
-            options, headers = self._chain_build(program)
-            requests.add(("chain", options, tuple(sorted(headers.items())) if headers else None))
-        build.compile_modules([(m, self.arch, o, dict(h) if h else None) for m, o, h in requests], jobs)
-        return len(requests)
+            requests.append(("chain", self.arch, *self._chain_build(program)))
+        return len({b.path for b in build.compile_modules(requests, jobs)})
 
     def chain(self, program, x, decode: str, field=None, fexp=None):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.

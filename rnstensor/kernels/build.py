@@ -402,7 +402,11 @@ def cached_cubin(name: str, arch: str, options: Sequence[str] = (), cache: Path 
 def build_all(
     arch: str, out: Path | str | None = None, options: Sequence[str] = (), jobs: int | None = None
 ) -> list[Built]:
-    """Compile every module that exists for ``arch`` (:func:`modules_for`), ``jobs`` at a time (:func:`compile_modules`); with ``out``, also copy each cubin there as ``<name>.<arch>.cubin``."""
+    """Compile every module that exists for ``arch`` (:func:`modules_for`), ``jobs`` at a time.
+
+    Builds run side by side (:func:`compile_modules`); with ``out``, each
+    cubin is also copied there as ``<name>.<arch>.cubin``.
+    """
     built = compile_modules([(n, arch, tuple(options)) for n in modules_for(arch)], jobs)
     if out is not None:
         out = Path(out)

@@ -111,5 +111,6 @@ def _kernels_built_side_by_side(request):
     if reporter is not None and capture is not None:  # past the capture: device_check.sh's log shows the time
         what = (f"{result['builds']} kernel builds" if "builds" in result
                 else f"kernel prebuild FAILED ({result['error']})")
+        took = f"{time.perf_counter() - t0:.1f} s (CPU backend warm in {t_cpu:.1f} s)"
         with capture.global_and_fixture_disabled():
-            reporter.write_line(f"[tests/gpu] {what}; {time.perf_counter() - t0:.1f} s (CPU backend warm in {t_cpu:.1f} s)")
+            reporter.write_line(f"[tests/gpu] {what}; {took}")
