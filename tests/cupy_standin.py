@@ -44,7 +44,7 @@ class DevArray(np.ndarray):
 
     @property
     def data(self):  # cupy.ndarray.data is a MemoryPointer: the backend reads .ptr (alignment, cuBLAS)
-        return types.SimpleNamespace(ptr=self.ctypes.data)
+        return _MemoryPointer(self)
 
     def set(self, arr):
         self[...] = arr
@@ -52,6 +52,16 @@ class DevArray(np.ndarray):
 
     def get(self):
         return np.array(self)
+
+
+class _MemoryPointer:
+    """cupy.cuda.MemoryPointer of a DevArray: its address, and device-to-device copies between two."""
+
+    def __init__(self, a: np.ndarray):
+        self.a, self.ptr = a, a.ctypes.data
+
+    def copy_from_device_async(self, src: "_MemoryPointer", size: int, stream=None) -> None:
+        ctypes.memmove(self.ptr, src.ptr, size)
 
 
 def dev(a, dtype=None):
@@ -243,12 +253,17 @@ class _Event:
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.recorded = False
+        self.t = None
 
     def record(self, stream=None):
-        self.recorded = True
+        self.recorded, self.t = True, time.perf_counter()
 
     def synchronize(self):
         pass
+
+
+def _elapsed_ms(a: _Event, b: _Event) -> float:
+    return (b.t - a.t) * 1e3
 
 
 class _Stream:
@@ -279,6 +294,26 @@ def _host_libraries(root: Path):
     return lib
 
 
+def _on_device(f):
+    """numpy's ``f`` with array and scalar results returned as DevArrays."""
+
+    def call(*args, **kwargs):
+        r = f(*args, **kwargs)
+        return np.asarray(r).view(DevArray) if isinstance(r, (np.ndarray, np.generic)) else r
+
+    return call
+
+
+class _SourceModule:
+    """cupy.RawModule(code=...): its kernels' launches are recorded and do nothing."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def get_function(self, name):
+        return lambda grid, block, args, shared_mem=0: self.launches.append(name)
+
+
 def _module(lib, launches: list) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.ndarray = DevArray
@@ -287,27 +322,27 @@ def _module(lib, launches: list) -> types.ModuleType:
     cp.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(DevArray)
     cp.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(DevArray)
     cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(DevArray)
-    props = {"major": 9, "minor": 0, "name": b"Fake H200"}
+    props = {"major": 9, "minor": 0, "name": b"Fake H200", "multiProcessorCount": 132, "l2CacheSize": 60 << 20}
     cp.cuda = types.SimpleNamespace(
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDeviceProperties=lambda i: props),
-        Device=lambda: types.SimpleNamespace(id=0),
+        Device=lambda: types.SimpleNamespace(id=0, synchronize=lambda: None),
         Event=_Event,
+        get_elapsed_time=_elapsed_ms,
         get_current_stream=lambda: _STREAM,
     )
-    cp.RawModule = lambda path: FakeModule(path, lib, launches)
+    cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    # a module from a cubin runs the emulations; one from CUDA source (a benchmark's micro kernels) only
+    # records its launches: the stand-in compiles no CUDA C++
+    cp.RawModule = lambda path=None, code=None: (
+        FakeModule(path, lib, launches) if path is not None else _SourceModule(launches))
+    cp.random = types.SimpleNamespace(**{
+        name: _on_device(getattr(np.random, name)) for name in ("random", "randint", "standard_normal", "uniform")})
 
     def numpy_fallback(name: str):
         # everything else (dtypes, nan, matmul, fmod, Dask's take and nannumel, ...) is numpy's, with arrays
         # and reductions returned as device arrays, as CuPy returns them
         f = getattr(np, name)
-        if not callable(f) or isinstance(f, type):
-            return f
-
-        def on_device(*args, **kwargs):
-            r = f(*args, **kwargs)
-            return np.asarray(r).view(DevArray) if isinstance(r, (np.ndarray, np.generic)) else r
-
-        return on_device
+        return _on_device(f) if callable(f) and not isinstance(f, type) else f
 
     cp.__getattr__ = numpy_fallback  # a module's __getattr__ (PEP 562) answers the names it lacks
     return cp

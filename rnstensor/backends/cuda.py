@@ -133,6 +133,18 @@ def _cupy():
     return cupy
 
 
+def _cublas_bindings():
+    """CuPy's thin cuBLAS wrapper (``gemmEx``, ``gemmStridedBatchedEx``, pointer modes), or ``None``."""
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except ImportError:
+        try:  # where a CuPy keeps it under cupy.cuda only
+            from cupy.cuda import cublas
+        except ImportError:
+            return None
+    return cublas
+
+
 def cuda_available() -> bool:
     """Whether CuPy imports and sees at least one CUDA device."""
     try:
@@ -447,9 +459,8 @@ class CudaBackend:
     def _product_cublas(self, op, X, out, pre, n_in, post, n_out, L, consts) -> bool:
         """cuBLAS INT8 GEMM (int32 out) + the reduction kernel; False where the layout does not allow it."""
         cp = self._cp
-        try:
-            from cupy_backends.cuda.libs import cublas
-        except ImportError:  # a CuPy without its cuBLAS bindings: the fused kernel computes the same bits
+        cublas = _cublas_bindings()
+        if cublas is None:  # a CuPy without its cuBLAS bindings: the fused kernel computes the same bits
             return False
 
         if n_in > _CUBLAS_MAX_K or n_in % 4:
