@@ -46,6 +46,7 @@ def spec_programs():
     """The fused programs this module runs (tests/gpu/conftest.py builds their kernels side by side first)."""
     plans = [(_case_plan(*case[:4])[0], case[0]) for case in CASES]
     plans += [(_cube_plan(seed, n)[0], (n, n, n)) for seed, n in ((4, 4), (8, 8), (16, 16), (2, 8))]
+    plans.append((_same_operator_plan()[0], (8, 8, 8)))
     out = [fused.chain_program(plan, shape) for plan, shape in plans]
     out += [fused.operator_program(_fem_operator(kind, P, dim, "cpu")[0])
             for kind in ("mass", "poisson") for P, dim in FEM_CASES]
@@ -85,10 +86,14 @@ def test_fused_float32_cupy_input_is_widened():
     same(plan.run(cp.asarray(X)).get(), plan.run(X, backend="cpu"))
 
 
-def test_fused_errors():
+def _same_operator_plan():
     rng = np.random.default_rng(3)
     A = rng.uniform(-1, 1, (8, 8))
-    plan = rt.plan_chain([A, A, A], (0, 1, 2))
+    return rt.plan_chain([A, A, A], (0, 1, 2)), A, rng
+
+
+def test_fused_errors():
+    plan, A, rng = _same_operator_plan()
     X = cp.asarray(rng.standard_normal((4, 8, 8, 8)))
     X[1, 2, 3, 4] = cp.nan
     with pytest.raises(ValueError, match="non-finite"):
