@@ -73,7 +73,7 @@ def _ptr(a):
 
 
 class FakeModule:
-    simt = None  # the SIMT build of product.cu (ctypes), set by the fixture when it builds
+    simt = None  # the SIMT build of product.cu (ctypes), set by _host_libraries where a C++20 compiler exists
     wgmma = None  # the SIMT build of product_wgmma.cu (wgmma_host.cpp), likewise
     chain = None  # the SIMT build of chain.cu (chain_host.cpp), likewise
     # launches of more multiply-adds run the numpy model instead of the SIMT builds, None: no limit (the

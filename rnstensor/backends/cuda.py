@@ -606,25 +606,24 @@ class CudaBackend:
 
     # ----- the fused chain --------------------------------------------------------------------
 
-    def _chain_build(self, program) -> tuple:
-        """``(options, headers)`` of the build that runs ``program``: its own specialized one, or the generic one."""
+    def _specializes(self, program) -> bool:
+        """Whether ``program`` runs in its own specialized build (else the generic one), per :attr:`specialize_chains`."""
         from ..kernels import fused
 
         spec = self.specialize_chains
-        if spec is False or (spec == "auto" and not fused.specialize_by_default(program)):
-            return (), None
-        return fused.SPEC_OPTIONS, fused.spec_header(program)
+        return spec is True or (spec == "auto" and fused.specialize_by_default(program))
 
     def _chain_module(self, program):
-        """The loaded module of ``program``'s kernel (:meth:`_chain_build`)."""
-        options, headers = self._chain_build(program)
-        if headers is None:
+        """The loaded module of ``program``'s kernel: its own specialized build, or the generic one."""
+        from ..kernels import fused
+
+        if not self._specializes(program):
             return self._module("chain")
         hit = self._spec_modules.get(program)
-        if hit is None:
+        if hit is None:  # the header is generated on a miss only (milliseconds: not on every call)
             if len(self._spec_modules) > 64:
                 self._spec_modules.clear()
-            hit = self._spec_modules[program] = self._module("chain", options, headers)
+            hit = self._spec_modules[program] = self._module("chain", fused.SPEC_OPTIONS, fused.spec_header(program))
         return hit
 
     def prebuild(self, programs: Sequence = (), jobs: int | None = None) -> int:
@@ -641,7 +640,8 @@ class CudaBackend:
         programs : sequence of ChainProgram
             Fused programs (:func:`rnstensor.kernels.fused.chain_program` of
             a plan and input shape, :func:`~rnstensor.kernels.fused.operator_program`
-            of a FEM operator); each gets the build :attr:`specialize_chains` selects.
+            of a FEM operator); each gets the build :attr:`specialize_chains` selects (the
+            generic module is among this device's modules).
         jobs : int, optional
             Worker processes (default: every core this process may use).
 
@@ -668,7 +668,8 @@ class CudaBackend:
                     f"programs must hold ChainProgram objects (rnstensor.kernels.fused.chain_program(plan, shape) "
                     f"or operator_program(op)); got {type(program).__name__}"
                 )
-            requests.append(("chain", self.arch, *self._chain_build(program)))
+            if self._specializes(program):
+                requests.append(("chain", self.arch, fused.SPEC_OPTIONS, fused.spec_header(program)))
         return len({b.path for b in build.compile_modules(requests, jobs)})
 
     def chain(self, program, x, decode: str, field=None, fexp=None):
