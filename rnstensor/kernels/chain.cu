@@ -192,23 +192,28 @@ __device__ __forceinline__ RnsProductOp rns_product_op(const rns_i32* pi, const 
 // (tensor b, row r' of that tensor). The TM x W words of the terms' rows stay in registers: sums of two
 // products for rows of at most 4 words (n_in <= 16), one product beyond (the host builds no other sum);
 // so the generic build needs 128 registers, two blocks of 256 threads per SM.
-template <int W>
+// WMAX: the row's words at most. Rows of up to 4 words have exactly WMAX (W == WMAX); wider ones (n_in > 16,
+// rare: d <= 2) share WMAX = 16 and skip the missing words, a constant test in a specialized build and a
+// uniform one in the generic build. With one instantiation per width 1..16, NVRTC 13.0 (the H200 image's)
+// gives the generic kernel 255 registers (one block per SM; 13.5: 127), with 8 and 12 also instantiated
+// 128 and 140 bytes of spills; with these five, 128 and none under both.
+template <int WMAX>
 __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                   const RnsSlots& slot, const rns_i8* ops, int cap) {
-    [[maybe_unused]] const auto [L, M, MT, n_out, nt, words, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
+    [[maybe_unused]] const auto [L, M, MT, n_out, nt, W, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
         rns_product_op(pi, st, pf, slot);
     for (int r = threadIdx.x; r < M; r += blockDim.x) {
         const int o = rns_product_place(r, MT, osb, nlast, nlastpad);
         RNS_SPEC_UNROLL
         for (int l = 0; l < L; ++l) {
-            constexpr int TM = W <= 4 ? RNS_PRODUCT_TMAX : 1;
-            rns_i32 x[TM][W];
+            constexpr int TM = WMAX <= 4 ? RNS_PRODUCT_TMAX : 1;
+            rns_i32 x[TM][WMAX];
 #pragma unroll
             for (int t = 0; t < TM; ++t) {
                 if (t < nt) {
                     const rns_i32* xr = reinterpret_cast<const rns_i32*>(slot[terms[2 * t]] + (rns_i64)l * cap) + (rns_i64)r * W;
 #pragma unroll
-                    for (int w = 0; w < W; ++w) x[t][w] = xr[w];
+                    for (int w = 0; w < WMAX; ++w) x[t][w] = WMAX <= 4 || w < W ? xr[w] : 0;
                 }
             }
             const float p = P[l], ip = IP[l], h = H[l];
@@ -226,7 +231,8 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
 #endif
                         const rns_i32* Aj = A + ((rns_i64)l * n_out + j) * W;
 #pragma unroll
-                        for (int w = 0; w < W; ++w) acc = rns_dp4a(Aj[w], x[t][w], acc);
+                        for (int w = 0; w < WMAX; ++w)
+                            if (WMAX <= 4 || w < W) acc = rns_dp4a(Aj[w], x[t][w], acc);
                     }
                 }
                 out[j * jstride] = rns_reduce_magic_i8(rns_bits_float(acc), p, ip, h);
@@ -389,19 +395,7 @@ __device__ __forceinline__ void rns_chain_op(const rns_i32* pi, const rns_i32* s
             case 2: rns_chain_product<2>(pi, st, pf, slot, ops, cap); break;
             case 3: rns_chain_product<3>(pi, st, pf, slot, ops, cap); break;
             case 4: rns_chain_product<4>(pi, st, pf, slot, ops, cap); break;
-            case 5: rns_chain_product<5>(pi, st, pf, slot, ops, cap); break;
-            case 6: rns_chain_product<6>(pi, st, pf, slot, ops, cap); break;
-            case 7: rns_chain_product<7>(pi, st, pf, slot, ops, cap); break;
-            case 8: rns_chain_product<8>(pi, st, pf, slot, ops, cap); break;
-            case 9: rns_chain_product<9>(pi, st, pf, slot, ops, cap); break;
-            case 10: rns_chain_product<10>(pi, st, pf, slot, ops, cap); break;
-            case 11: rns_chain_product<11>(pi, st, pf, slot, ops, cap); break;
-            case 12: rns_chain_product<12>(pi, st, pf, slot, ops, cap); break;
-            case 13: rns_chain_product<13>(pi, st, pf, slot, ops, cap); break;
-            case 14: rns_chain_product<14>(pi, st, pf, slot, ops, cap); break;
-            case 15: rns_chain_product<15>(pi, st, pf, slot, ops, cap); break;
-            case 16: rns_chain_product<16>(pi, st, pf, slot, ops, cap); break;
-            default: break;  // the host only builds programs with these widths
+            default: rns_chain_product<16>(pi, st, pf, slot, ops, cap); break;  // the host builds W <= 16
         }
     }
     if (st[RS_SYNC]) __syncthreads();
