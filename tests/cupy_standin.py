@@ -16,7 +16,9 @@ GPU runs it, or CuPy's own behaviour beyond the calls answered here.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import re
 import sys
 import threading
 import time
@@ -28,9 +30,70 @@ import numpy as np
 from rnstensor import arith
 from rnstensor.kernels import build, tables
 
-__all__ = ["DevArray", "FakeModule", "dev", "install"]
+__all__ = ["DevArray", "FakeModule", "dev", "install", "kernel_signatures", "check_launch_args"]
 
 _LAUNCH_LOCK = threading.Lock()
+
+
+# C parameter types of the kernels (rns_arith.cuh's typedefs included) as numpy dtypes
+_C_DTYPES = {
+    "rns_i8": "i1", "signed char": "i1", "rns_u8": "u1", "unsigned char": "u1", "rns_i32": "i4", "int": "i4",
+    "rns_u32": "u4", "unsigned": "u4", "unsigned int": "u4", "rns_i64": "i8", "long long": "i8",
+    "rns_u64": "u8", "unsigned long long": "u8", "float": "f4", "double": "f8",
+}
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([\w#]+)\s*\(([^)]*)\)')
+
+
+def kernel_signatures(source: str) -> dict[str, list[tuple[np.dtype, bool]]]:
+    """``{kernel name pattern: [(dtype, is pointer), ...]}`` of every ``extern "C" __global__`` kernel of a source.
+
+    A name built by token pasting (``rns_product_n##BN``) becomes the regular
+    expression ``rns_product_n\\w+``.
+    """
+    out = {}
+    for name, params in _KERNEL.findall(source.replace("\\\n", " ")):
+        sig = []
+        for param in params.split(","):
+            words = param.replace("__restrict__", " ").replace("const", " ").replace("*", " * ").split()
+            pointer = "*" in words
+            ctype = " ".join(w for w in words[:-1] if w != "*")
+            if ctype not in _C_DTYPES:
+                raise ValueError(f"kernel {name}: parameter {param.strip()!r} has a type the stand-in does not know")
+            sig.append((np.dtype(_C_DTYPES[ctype]), pointer))
+        out[re.escape(name.split("##")[0]) + (r"\w+" if "##" in name else "")] = sig
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _module_signatures() -> dict:
+    sigs = {}
+    for path in sorted(Path(build.source_dir()).glob("*.cu")):
+        sigs.update(kernel_signatures(path.read_text()))
+    return sigs
+
+
+def check_launch_args(name: str, args, signatures: dict | None = None) -> None:
+    """Assert that a launch's ``args`` are what kernel ``name``'s C parameters take, one by one.
+
+    CuPy passes each argument by its own type: a numpy scalar of the wrong width
+    (an ``int64`` where the kernel has ``int``) shifts every later parameter on
+    the GPU. A pointer takes a device array (or ``None``) of the pointee's
+    width; a scalar, a numpy scalar of the parameter's width and kind (integer
+    or floating point).
+    """
+    sigs = _module_signatures() if signatures is None else signatures
+    sig = next((v for k, v in sigs.items() if re.fullmatch(k, name)), None)
+    assert sig is not None, f"no kernel {name} in the sources"
+    assert len(args) == len(sig), f"{name}: {len(args)} arguments for {len(sig)} parameters"
+    for i, (a, (dtype, pointer)) in enumerate(zip(args, sig)):
+        if pointer:
+            assert a is None or (isinstance(a, DevArray) and a.dtype.itemsize == dtype.itemsize), (
+                f"{name} argument {i}: a pointer to {dtype} takes a device array of that width, not {type(a)} "
+                f"{getattr(a, 'dtype', '')}")
+        else:
+            got = getattr(a, "dtype", None)
+            assert isinstance(a, (np.integer, np.floating)) and got.itemsize == dtype.itemsize and (
+                got.kind == "f") == (dtype.kind == "f"), f"{name} argument {i}: {dtype} takes a numpy {dtype}, not {type(a)}"
 
 
 class DevArray(np.ndarray):
@@ -98,8 +161,7 @@ class FakeModule:
             assert len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
             # above 48 KiB a kernel must have opted in (cudaFuncAttributeMaxDynamicSharedMemorySize)
             assert shared_mem <= max(48 * 1024, getattr(launch, "max_dynamic_shared_size_bytes", 0))
-            for a in args:  # every argument a device array or a sized numpy scalar (or None: a null pointer)
-                assert a is None or isinstance(a, (DevArray, np.integer, np.floating)), (name, type(a))
+            check_launch_args(name, args)  # each a device array, None or a numpy scalar, as the C parameter
             self.launches.append(name)
             with _LAUNCH_LOCK:  # one launch at a time, as on one stream: the SIMT builds keep global state
                 self._emulate(name, grid, block, args, shared_mem)
@@ -307,11 +369,15 @@ def _on_device(f):
 class _SourceModule:
     """cupy.RawModule(code=...): its kernels' launches are recorded and do nothing."""
 
-    def __init__(self, launches: list):
-        self.launches = launches
+    def __init__(self, launches: list, code: str):
+        self.launches, self.signatures = launches, kernel_signatures(code)
 
     def get_function(self, name):
-        return lambda grid, block, args, shared_mem=0: self.launches.append(name)
+        def launch(grid, block, args, shared_mem=0):
+            check_launch_args(name, args, self.signatures)
+            self.launches.append(name)
+
+        return launch
 
 
 def _module(lib, launches: list) -> types.ModuleType:
@@ -334,7 +400,7 @@ def _module(lib, launches: list) -> types.ModuleType:
     # a module from a cubin runs the emulations; one from CUDA source (a benchmark's micro kernels) only
     # records its launches: the stand-in compiles no CUDA C++
     cp.RawModule = lambda path=None, code=None: (
-        FakeModule(path, lib, launches) if path is not None else _SourceModule(launches))
+        FakeModule(path, lib, launches) if path is not None else _SourceModule(launches, code))
     cp.random = types.SimpleNamespace(**{
         name: _on_device(getattr(np.random, name)) for name in ("random", "randint", "standard_normal", "uniform")})
 

@@ -7,6 +7,8 @@ it does not: the device code as the GPU runs it (tests/gpu/) or CuPy's own API.
 
 from __future__ import annotations
 
+import re
+
 import cupy_standin
 import numpy as np
 import pytest
@@ -330,3 +332,30 @@ def test_fused_fem_operators_through_the_backend(fake, monkeypatch):
     assert launches[-1] == "rns_chain_fused"
     with pytest.raises(ValueError, match="fused=True"):
         cpu.apply(u, fused=True)  # the cpu backend has no fused kernel
+
+
+def test_launch_arguments_are_checked_against_the_kernel_signatures(fake):
+    be, _ = fake
+    # every kernel of every built module has a parsed signature, and every parsed one is in a cubin
+    names = {f for path in be.built_kernels().values() for f in build.resource_usage(path)}
+    sigs = cupy_standin._module_signatures()
+    assert all(any(re.fullmatch(k, n) for k in sigs) for n in names), names
+    assert all(any(re.fullmatch(k, n) for n in names) for k in sigs), sigs.keys()
+    x, out = dev(np.zeros(4, np.int8)), dev(np.zeros(4, np.int8))
+    cupy_standin.check_launch_args("rns_drop_extend", (x, np.int64(4), out))
+    bad = [
+        (x, np.int32(4), out),  # an int where the kernel has rns_i64: the GPU would read the pointer after it
+        (x, 4, out),  # a Python int: CuPy passes it as int64 whatever the parameter
+        (x, np.float64(4), out),  # the right width, the wrong kind
+        (dev(np.zeros(4, np.int32)), np.int64(4), out),  # a pointer to words where the kernel reads bytes
+        (x, np.int64(4)),  # an argument short
+    ]
+    for args in bad:
+        with pytest.raises(AssertionError):
+            cupy_standin.check_launch_args("rns_drop_extend", args)
+    with pytest.raises(AssertionError, match="no kernel"):
+        cupy_standin.check_launch_args("rns_no_such_kernel", ())
+    sig = cupy_standin.kernel_signatures('extern "C" __global__ void __launch_bounds__(64, 2) k_n##BN(const rns_i8* '
+                                         '__restrict__ a, \\\n unsigned long long n, double f) {}')
+    assert list(sig) == [r"k_n\w+"] and [(str(d), p) for d, p in sig[r"k_n\w+"]] == [
+        ("int8", True), ("uint64", False), ("float64", False)]
