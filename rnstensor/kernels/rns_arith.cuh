@@ -240,17 +240,19 @@ RNS_HD rns_i32 rns_put_byte(rns_i32 w, rns_u32 b, int k) {
 // For a conversion order q_0, q_1, ... (W_i = q_0 ... q_{i-1}) the centered digits of v are
 // d_i = [C[i][i] x_i + sum_{k<i} C[i][k] d_k]_{q_i} with C[i][i] = [W_i^{-1}]_{q_i} and
 // C[i][k] = [-W_k W_i^{-1}]_{q_i} (host tables: row i of C holds C[i][k], k < i, in byte k of its wc
-// words; Cd[i] is C[i][i] in the low byte). x[perm[i] * xs] is the residue on q_i; the digits go
-// into the ceil(m / 4) words of D.
+// words; Cd[i] is C[i][i] in the low byte). x[perm[i] * xs] is the residue on q_i, centered (its low
+// byte: an int32 x may carry other upper bytes); the digits go into the ceil(m / 4) words of D.
+// d_0 = [x_0]_{q_0} is x_0 itself (C[0][0] = 1, and the residue is centered already): no reduction.
 template <typename T>
 RNS_HD void rns_mrc_digit_words(const T* x, rns_i64 xs, const rns_i32* perm, int m, const rns_i32* C, int wc,
                                 const rns_i32* Cd, const float* P, const float* IP, const float* H, rns_i32* D,
                                 int ds) {
     const int nw = (m + 3) / 4;
     RNS_UNROLL
-    for (int w = 0; w < nw; ++w) D[w * ds] = 0;
+    for (int w = 1; w < nw; ++w) D[w * ds] = 0;
+    if (m > 0) D[0] = (rns_i32)((rns_u32)x[(rns_i64)perm[0] * xs] & 0xffu);
     RNS_UNROLL
-    for (int i = 0; i < m; ++i) {
+    for (int i = 1; i < m; ++i) {
         rns_i32 acc = rns_dp4a(Cd[i], (rns_i32)x[(rns_i64)perm[i] * xs], RNS_MAGIC_BITS);
         const rns_i32* Ci = C + (rns_i64)i * wc;
         RNS_FOR_BELOW(w, (i + 3) / 4, nw) acc = rns_dp4a(Ci[w], D[w * ds], acc);

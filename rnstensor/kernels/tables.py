@@ -132,6 +132,8 @@ def _mrc_words(order: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     m = len(order)
     rows = byte_words([C[i, :i] for i in range(m)], max((m + 3) // 4, 1))
     diag = byte_words([[C[i, i]] for i in range(m)], 1).reshape(-1)
+    # the kernel takes digit 0 as the residue itself, unreduced: that needs C[0, 0] = [1 / W_0] = [1], 1 mod q_0
+    assert m == 0 or (C[0, 0] - 1) % order[0] == 0, (C[0, 0], order[0])
     return rows, diag
 
 
