@@ -54,7 +54,7 @@ def kernel_signatures(source: str) -> dict[str, list[tuple[np.dtype, bool]]]:
     for name, params in _KERNEL.findall(source.replace("\\\n", " ")):
         sig = []
         for param in params.split(","):
-            words = param.replace("__restrict__", " ").replace("const", " ").replace("*", " * ").split()
+            words = re.sub(r"\b(const|__restrict__)\b", " ", param).replace("*", " * ").split()
             pointer = "*" in words
             ctype = " ".join(w for w in words[:-1] if w != "*")
             if ctype not in _C_DTYPES:

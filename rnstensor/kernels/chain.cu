@@ -195,8 +195,8 @@ __device__ __forceinline__ RnsProductOp rns_product_op(const rns_i32* pi, const 
 // WMAX: the row's words at most. Rows of up to 4 words have exactly WMAX (W == WMAX); wider ones (n_in > 16,
 // rare: d <= 2) share WMAX = 16 and skip the missing words, a constant test in a specialized build and a
 // uniform one in the generic build. With one instantiation per width 1..16, NVRTC 13.0 (the H200 image's)
-// gives the generic kernel 255 registers (one block per SM; 13.5: 127), with 8 and 12 also instantiated
-// 128 and 140 bytes of spills; with these five, 128 and none under both.
+// gives the generic kernel 255 registers (one block per SM; 13.5: 127); with 1..4, 8, 12 and 16, 128
+// registers and 140 bytes of spills; with these five, 128 registers and no spills under both.
 template <int WMAX>
 __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                   const RnsSlots& slot, const rns_i8* ops, int cap) {
