@@ -459,7 +459,8 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
 
     def sizes(nb):
         cap = _pad16(nb * per_tensor)
-        shared = 8 * (nb + (nb & 1)) + opbytes + nslots[0] * lmax * cap + 4 * scratch * THREADS
+        # per tensor: its largest magnitude / exponent (8 bytes, an even count) and 2^e as two float64s
+        shared = 8 * (nb + (nb & 1)) + 16 * nb + opbytes + nslots[0] * lmax * cap + 4 * scratch * THREADS
         return cap, shared
 
     n_in_entries = math.prod(in_shape)

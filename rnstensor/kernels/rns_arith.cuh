@@ -346,9 +346,6 @@ struct RnsSplit {
     rns_i64 kbig;           // k > 0: the power of two still to apply; else 0
 };
 
-// The balanced low 14 bits of v, in [-2^13, 2^13).
-RNS_HD rns_i32 rns_low14(rns_i64 v) { return (rns_i32)((v & 0x3fff) ^ 0x2000) - 0x2000; }
-
 // 2^e for a normal exponent -1022 <= e <= 1023, from its bits.
 RNS_HD double rns_pow2(int e) { return rns_bits_to_double((rns_u64)(e + 1023) << 52); }
 
@@ -383,9 +380,24 @@ RNS_RARE RnsWide rns_encode_wide(rns_u64 bits, rns_i64 e) {
     return w;
 }
 
-RNS_HD RnsSplit rns_encode_split(rns_u64 bits, rns_i64 e) {
+// 2^e as two normal powers of two 2^e1 2^e2 (e1, e2 clamped to [-1022, 1023]): x 2^e1 2^e2 is exact
+// wherever it matters (see above). A function of the exponent alone: where one exponent serves many
+// entries (a tensor's, in the fused chain kernel) it is computed once for all of them.
+struct RnsScale {
+    double s1, s2;
+};
+
+RNS_HD RnsScale rns_encode_scale(rns_i64 e) {
     const rns_i64 e1 = rns_clamp_normal_exponent(e), e2 = rns_clamp_normal_exponent(e - e1);
-    const double y = rns_dmul(rns_dmul(rns_bits_to_double(bits), rns_pow2((int)e1)), rns_pow2((int)e2));
+    RnsScale sc;
+    sc.s1 = rns_pow2((int)e1);
+    sc.s2 = rns_pow2((int)e2);
+    return sc;
+}
+
+// sc: rns_encode_scale(e).
+RNS_HD RnsSplit rns_encode_split(rns_u64 bits, rns_i64 e, const RnsScale& sc) {
+    const double y = rns_dmul(rns_dmul(rns_bits_to_double(bits), sc.s1), sc.s2);
     RnsWide w;
     if (y >= -9007199254740992.0 && y <= 9007199254740992.0) {  // |y| <= 2^53; false for inf and nan
         w.v = rns_rint_i64(y);
@@ -393,17 +405,15 @@ RNS_HD RnsSplit rns_encode_split(rns_u64 bits, rns_i64 e) {
     } else {
         w = rns_encode_wide(bits, e);
     }
-    rns_i64 v = w.v;
-    const rns_i32 a0 = rns_low14(v);
-    v = (v - a0) >> 14;  // exact
-    const rns_i32 a1 = rns_low14(v);
-    v = (v - a1) >> 14;
-    const rns_i32 a2 = rns_low14(v);
+    // the pieces from one biased add: u = v + 2^13 (1 + 2^14 + 2^28 + 2^42) is >= 0 (|v| <= 2^53) and below
+    // 2^56, and its base-2^14 digits are a_k + 2^13, each in [0, 2^14): the balanced digits of v
+    // (a0 = the low 14 bits of v, balanced; a1 those of (v - a0) / 2^14; ...) shifted by 2^13
+    const rns_u64 u = (rns_u64)w.v + 0x0080020008002000ULL;
     RnsSplit s;
-    s.a0M = rns_bits_float(RNS_MAGIC_BITS + a0);
-    s.a1 = (float)a1;
-    s.a2 = (float)a2;
-    s.a3 = (float)((v - a2) >> 14);
+    s.a0M = rns_bits_float(RNS_MAGIC_BITS - 0x2000 + (rns_i32)(u & 0x3fff));
+    s.a1 = (float)((rns_i32)((u >> 14) & 0x3fff) - 0x2000);
+    s.a2 = (float)((rns_i32)((u >> 28) & 0x3fff) - 0x2000);
+    s.a3 = (float)((rns_i32)(u >> 42) - 0x2000);
     s.kbig = w.kbig;
     return s;
 }
@@ -415,10 +425,21 @@ RNS_HD float rns_pow2_mod(rns_i64 k, const float* pw, rns_i32 pa, rns_i32 per) {
     return pw[idx];
 }
 
+// t + a c for a piece a of the split (an integer) and its weight c. In a specialized build c is a
+// constant, and a zero one (every weight of p = 256) costs nothing: t + a 0 = t exactly for finite a,
+// which the compiler cannot assume of an FFMA.
+RNS_HD float rns_encode_term(float t, float a, float c) {
+#if defined(RNS_SPEC)
+    if (c == 0.0f) return t;
+#endif
+    return rns_fma(a, c, t);
+}
+
 // [v]_p of the split v (the power of two 2^kbig not yet applied); c1, c2, c3 = [2^14]_p, [2^28]_p,
 // [2^42]_p centered.
 RNS_HD rns_i8 rns_encode_residue(const RnsSplit& s, float p, float ip, float h, float c1, float c2, float c3) {
-    return rns_reduce_magic_i8(rns_fma(s.a3, c3, rns_fma(s.a2, c2, rns_fma(s.a1, c1, s.a0M))), p, ip, h);
+    return rns_reduce_magic_i8(rns_encode_term(rns_encode_term(rns_encode_term(s.a0M, s.a1, c1), s.a2, c2), s.a3, c3),
+                               p, ip, h);
 }
 
 // ----- decode (fp64) ---------------------------------------------------------------------------
@@ -520,10 +541,11 @@ RNS_RARE void rns_encode_pow2_pass(rns_i64 k, int L, const float* P, const float
 // Every residue of one encoded entry: out[l * os] for l < L; CP: the (3, L) piece weights. The factor
 // 2^kbig (an entry whose significand lies above the encoding's 2^-e grid: wide encodings, subnormal
 // inputs) is a second, rare pass kept out of the per-plane code; pw/pa/per as rns_pow2_mod.
-RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, int L, const float* P, const float* IP, const float* H,
-                             const float* CP, const float* pw, int ldpw, const rns_i32* pa, const rns_i32* per,
-                             rns_i8* out, rns_i64 os) {
-    const RnsSplit s = rns_encode_split(bits, e);
+// sc: rns_encode_scale(e).
+RNS_HD void rns_encode_entry(rns_u64 bits, rns_i64 e, const RnsScale& sc, int L, const float* P, const float* IP,
+                             const float* H, const float* CP, const float* pw, int ldpw, const rns_i32* pa,
+                             const rns_i32* per, rns_i8* out, rns_i64 os) {
+    const RnsSplit s = rns_encode_split(bits, e, sc);
     RNS_UNROLL
     for (int l = 0; l < L; ++l)
         out[(rns_i64)l * os] = rns_encode_residue(s, P[l], IP[l], H[l], CP[l], CP[L + l], CP[2 * L + l]);
