@@ -7,8 +7,8 @@ as constants) — and reads each stage's loop body in the SASS:
 
 * encode: one input entry per iteration;
 * each mode product: one row per iteration, ``n_out`` outputs on every plane (on the tensor
-  cores, rows of 2 words and 8 outputs: one group of 8 rows per warp iteration, which
-  counts as 32 thread iterations);
+  cores, rows of 2 words and 8 outputs or of 4 words and 16 outputs: one group of 8 rows per
+  warp iteration, which counts as 32 thread iterations);
 * each drop + extension: one entry per iteration;
 * decode: one output entry per iteration.
 
@@ -107,7 +107,7 @@ def program_cost(prog, cubin, kernel: str = "rns_chain_fused") -> dict:
     for k in range(K):
         r = pi[base + 20 * k: base + 20 * (k + 1)]
         kind = _KINDS[int(r[0])]
-        if kind == "product" and int(r[7]) == 2 and int(r[8]) == 8 and int(r[13]) == 1:
+        if kind == "product" and (int(r[7]), int(r[8])) in ((2, 8), (4, 16)) and int(r[13]) == 1:
             iters = 32 * -(-int(r[6]) // 8) / nb  # tensor cores: each group of 8 rows is one warp's iteration
         else:
             iters = int(r[11]) if kind == "product" else (int(pi[19]) if kind == "hadamard" else int(r[19]) // nb)

@@ -83,6 +83,9 @@ CASES = [
     ((8, 8, 8), [(8, 8)] * 6, (0, 1, 2, 0, 1, 2), "rescale_be", (2,)),  # each axis twice (the layout cycles)
     ((33, 2), [(20, 33)], (0,), "rescale_be", (3,)),  # one product, 9 words a row, an untouched axis
     ((13,), [(13, 13)] * 3, (0, 0, 0), "rescale_be", (6,)),  # one axis, three times
+    # 16 x 16 on the tensor cores (4-word rows, 16 operator rows) with a partial last tile: 4 tensors of
+    # 15 x 3 rows, 180 rows a block
+    ((16, 15, 3), [(16, 16), (15, 15)], (0, 1), "rescale_be", (5,)),
 ]
 
 
@@ -157,7 +160,7 @@ def test_program_layout_and_tables():
     assert fused.chain_program(plan) is prog  # cached per plan
 
 
-@pytest.mark.parametrize("case", [0, 3, 6])
+@pytest.mark.parametrize("case", [0, 3, 6, 9])
 def test_specialized_kernel_matches_plan(tmp_path_factory, case):
     """A plan compiled into the kernel (RNS_SPEC: constexpr program, unrolled loops, register digits)."""
     shape, opshapes, axes, method, batch = CASES[case]

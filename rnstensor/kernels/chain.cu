@@ -241,34 +241,53 @@ __device__ __forceinline__ void rns_chain_product(const rns_i32* pi, const rns_i
     }
 }
 
-// A product op on the tensor cores, for a full tile: one term, rows of 2 words (5 <= n_in <= 8) and 8
-// operator rows (on partial tiles the 4-instruction epilogue per output would also run for the tile's
-// empty rows, and dp4a is cheaper: 6.5 instructions per stored residue against 7.2 at n = 8, but
-// 1621 against 1280 per DoF for an n = 4 chain). mma.sync m16n8k16 with two planes block-diagonal:
-// a warp takes 8 rows of the input (the B columns) and, for each pair of planes (p0, p1), the 16 x 16
-// A = [A_p0 0; 0 A_p1] (k: 8 inputs of p0, then 8 of p1). Lane (g, t) works on plane p0 + t / 2,
-// word t % 2: it holds row g of that plane's operator in a0 (t < 2) or a1 (t >= 2), zero in the other,
-// and loads that word of input row g as b0. Its four sums d0, d1 (p0, operator row g, input rows 2t,
-// 2t + 1) and d2, d3 (p1) start at the magic's bits, so each is the float 1.5 2^23 + sum for
-// rns_reduce_magic_i8 (|sum| <= 8 * 2^14). A specialized build loads each lane's operator words of all
-// planes once per op, into registers.
+// Lane (g, t)'s a0, a1 of the tile's mma for planes l0 (and l0 + 1 when W == 2), from the operator
+// words A (plane, operator row, word): see rns_chain_product_mma.
+template <int W>
+__device__ __forceinline__ void rns_mma_operator_words(const rns_i32* A, int L, int l0, int g, int t, rns_u32& a0,
+                                                       rns_u32& a1) {
+    if (W == 2) {
+        const int half = t >> 1, l = l0 + half;
+        const rns_u32 av = l < L ? (rns_u32)A[(l * 8 + g) * 2 + (t & 1)] : 0u;
+        a0 = half ? 0u : av;
+        a1 = half ? av : 0u;
+    } else {
+        a0 = (rns_u32)A[(l0 * 16 + g) * 4 + t];
+        a1 = (rns_u32)A[(l0 * 16 + g + 8) * 4 + t];
+    }
+}
+
+// A product op on the tensor cores, for a full tile: one term and either rows of 2 words (5 <= n_in <= 8)
+// with 8 operator rows (W = 2) or rows of 4 words (13 <= n_in <= 16) with 16 operator rows (W = 4). On
+// partial tiles the 4-instruction epilogue per output would also run for the tile's empty rows, and dp4a
+// is cheaper (6.5 instructions per stored residue against 7.2 at n = 8, but 1621 against 1280 per DoF
+// for an n = 4 chain). A warp takes 8 rows of the input (the B columns) at a time; every sum starts at
+// the magic's bits, so each d is the float 1.5 2^23 + sum for rns_reduce_magic_i8 (|sum| <= 16 * 2^14).
+// W = 2: mma.sync m16n8k16 with two planes block-diagonal, the 16 x 16 A = [A_p0 0; 0 A_p1] (k: 8
+// inputs of p0, then 8 of p1). Lane (g, t) works on plane p0 + t / 2, word t % 2: it holds row g of
+// that plane's operator in a0 (t < 2) or a1 (t >= 2), zero in the other, and loads that word of input
+// row g as b0. Its d0, d1 are (p0, operator row g, input rows 2t, 2t + 1), d2, d3 the same of p1.
+// W = 4: one plane per mma, A = the plane's 16 x 16 operator: lane (g, t) holds word t of operator rows
+// g (a0) and g + 8 (a1) and loads word t of input row g as b0; d0, d1 are (operator row g, input rows
+// 2t, 2t + 1), d2, d3 the same of operator row g + 8. Here dp4a would take 4 words a residue (and a
+// move each in a specialized build, whose long operator rows are immediates): 12.2 instructions per
+// stored residue at n = 16, against 4.5 here.
+// A specialized build loads each lane's operator words of all planes once per op, into registers.
+template <int W>
 __device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const rns_i32* st, const float* __restrict__ pf,
                                                       const RnsSlots& slot, const rns_i8* ops, int cap) {
-    [[maybe_unused]] const auto [L, M, MT, n_out, nt, W, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
+    [[maybe_unused]] const auto [L, M, MT, n_out, nt, words, nlast, nlastpad, osb, jstride, terms, P, IP, H, dst] =
         rns_product_op(pi, st, pf, slot);
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, half = t >> 1, word = t & 1;
+    static_assert(W == 2 || W == 4, "tiles of 2-word rows and 8 operator rows, or 4-word rows and 16");
+    constexpr int PP = W == 2 ? 2 : 1;  // planes per mma
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, half = t >> 1;
+    const int word = W == 2 ? t & 1 : t;
     const rns_i32* X = reinterpret_cast<const rns_i32*>(slot[terms[0]]);
-    // this lane's operator word of plane l (W == 2, n_out == 8)
 #if defined(RNS_SPEC)
-    const rns_i32* A = rns_spec::OPW + terms[1] / 4;  // constant memory (rows <= 2 words)
-    rns_u32 as0[(RNS_SPEC_MAXM + 1) / 2], as1[(RNS_SPEC_MAXM + 1) / 2];  // this lane's a0, a1 of every pair
+    const rns_i32* A = rns_spec::OPW + terms[1] / 4;  // constants (memory)
+    rns_u32 as0[(RNS_SPEC_MAXM + 1) / PP], as1[(RNS_SPEC_MAXM + 1) / PP];  // this lane's a0, a1 of every mma
     RNS_SPEC_UNROLL
-    for (int l0 = 0; l0 < L; l0 += 2) {
-        const int l = l0 + half;
-        const rns_u32 av = l < L ? (rns_u32)A[(l * 8 + g) * 2 + word] : 0u;
-        as0[l0 / 2] = half ? 0u : av;
-        as1[l0 / 2] = half ? av : 0u;
-    }
+    for (int l0 = 0; l0 < L; l0 += PP) rns_mma_operator_words<W>(A, L, l0, g, t, as0[l0 / PP], as1[l0 / PP]);
 #else
     const rns_i32* A = reinterpret_cast<const rns_i32*>(ops + terms[1]);  // shared memory
 #endif
@@ -277,7 +296,7 @@ __device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const r
     for (int grp = threadIdx.x >> 5; grp < groups; grp += blockDim.x >> 5) {  // warp-uniform
         // this lane's B column, clamped to the last row: in bounds, and a clamped column feeds only
         // outputs that are not stored
-        const int rb = min(grp * 8 + g, M - 1) * 2 + word;
+        const int rb = min(grp * 8 + g, M - 1) * W + word;
         int o[2];
         bool oin[2];
 #pragma unroll
@@ -287,24 +306,26 @@ __device__ __forceinline__ void rns_chain_product_mma(const rns_i32* pi, const r
             o[i] = rns_product_place(rr, MT, osb, nlast, nlastpad) + g * jstride;
         }
         RNS_SPEC_UNROLL
-        for (int l0 = 0; l0 < L; l0 += 2) {
-            const bool two = l0 + 1 < L;
-            const int lb = two ? l0 + half : l0;  // an odd last plane: the other half reads p0 (A is zero)
+        for (int l0 = 0; l0 < L; l0 += PP) {
+            const bool two = W == 2 && l0 + 1 < L;
+            const int lb = two ? l0 + half : l0;  // W = 2, an odd last plane: the other half reads p0 (A is zero)
+            rns_u32 a0, a1;
 #if defined(RNS_SPEC)
-            const rns_u32 a0 = as0[l0 / 2], a1 = as1[l0 / 2];
+            a0 = as0[l0 / PP];
+            a1 = as1[l0 / PP];
 #else
-            const rns_u32 av = l0 + half < L ? (rns_u32)A[((l0 + half) * 8 + g) * 2 + word] : 0u;
-            const rns_u32 a0 = half ? 0u : av, a1 = half ? av : 0u;
+            rns_mma_operator_words<W>(A, L, l0, g, t, a0, a1);
 #endif
             const rns_u32 b0 = (rns_u32)X[(rns_i64)lb * (cap / 4) + rb];
             int d[4];
             rns_mma_s8_k16(d, a0, a1, b0, RNS_MAGIC_BITS);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int l = l0 + (i >> 1);
-                if (i < 2 || two) {
+                const int l = W == 2 ? l0 + (i >> 1) : l0;
+                const int row8 = W == 2 ? 0 : (i >> 1) * 8;  // W = 4: d2, d3 are operator row g + 8
+                if (W == 4 || i < 2 || two) {
                     const rns_i8 r = rns_reduce_magic_i8(rns_bits_float(d[i]), P[l], IP[l], H[l]);
-                    if (oin[i & 1]) dst[(rns_i64)l * cap + o[i & 1]] = r;
+                    if (oin[i & 1]) dst[(rns_i64)l * cap + o[i & 1] + row8 * jstride] = r;
                 }
             }
         }
@@ -387,8 +408,10 @@ __device__ __forceinline__ void rns_chain_op(const rns_i32* pi, const rns_i32* s
         rns_chain_drop(pi, st, pf, slot, cap, scratch);
     } else if (st[RS_KIND] == 1) {
         rns_chain_hadamard(pi, st, pf, slot, cap, fd);
-    } else if (st[RS_W] == 2 && st[RS_NOUT] == 8 && st[RS_NT] == 1) {  // a full tile: see rns_chain_product_mma
-        rns_chain_product_mma(pi, st, pf, slot, ops, cap);
+    } else if (st[RS_W] == 2 && st[RS_NOUT] == 8 && st[RS_NT] == 1) {  // full tiles: see rns_chain_product_mma
+        rns_chain_product_mma<2>(pi, st, pf, slot, ops, cap);
+    } else if (st[RS_W] == 4 && st[RS_NOUT] == 16 && st[RS_NT] == 1) {
+        rns_chain_product_mma<4>(pi, st, pf, slot, ops, cap);
     } else {
         switch (st[RS_W]) {
             case 1: rns_chain_product<1>(pi, st, pf, slot, ops, cap); break;
