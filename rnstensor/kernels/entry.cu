@@ -16,8 +16,8 @@ extern "C" __global__ void __launch_bounds__(256) rns_encode(
     const float* __restrict__ CP, const float* __restrict__ pw, int ldpw,
     const rns_i32* __restrict__ pa, const rns_i32* __restrict__ per, rns_i8* __restrict__ out) {
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
-        const rns_i64 e = rns_entry_exponent(ev, inner, i);
-        rns_encode_entry(xbits[i], e, rns_encode_scale(e), L, P, IP, H, CP, pw, ldpw, pa, per, out + i, N);
+        rns_encode_entry(xbits[i], rns_entry_exponent(ev, inner, i), L, P, IP, H, CP, pw, ldpw, pa, per,
+                         out + i, N);
     }
 }
 

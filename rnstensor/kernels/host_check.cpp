@@ -28,10 +28,9 @@ void h_reduce_acc(const rns_i32* a, rns_i64 n, int small, float p, float ip, flo
 void h_encode(const rns_u64* bits, rns_i64 N, const rns_i64* ev, rns_i64 inner, int L, const float* P,
               const float* IP, const float* H, const float* CP, const float* pw, int ldpw,
               const rns_i32* pa, const rns_i32* per, rns_i8* out) {
-    for (rns_i64 i = 0; i < N; ++i) {
-        const rns_i64 e = rns_entry_exponent(ev, inner, i);
-        rns_encode_entry(bits[i], e, rns_encode_scale(e), L, P, IP, H, CP, pw, ldpw, pa, per, out + i, N);
-    }
+    for (rns_i64 i = 0; i < N; ++i)
+        rns_encode_entry(bits[i], rns_entry_exponent(ev, inner, i), L, P, IP, H, CP, pw, ldpw, pa, per,
+                         out + i, N);
 }
 
 int h_drop_extend(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb, rns_i8* out) {
