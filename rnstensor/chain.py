@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from .arrays import is_device_array
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode
 from .backends import get_backend
@@ -119,7 +120,7 @@ class ChainPlan:
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
-        on_device = type(X).__module__.split(".")[0] == "cupy"
+        on_device = is_device_array(X)
         if on_device and backend is None:
             backend = "cuda"
         be = get_backend(backend)

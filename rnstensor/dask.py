@@ -58,6 +58,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .arrays import array_module, device_module as _cupy
 from .backends import get_backend
 from .basis import Basis
 from .chain import ChainPlan
@@ -95,16 +96,9 @@ def chunk_module(x) -> str:
     return type(meta).__module__.partition(".")[0]
 
 
-def _cupy():
-    """CuPy, through the CUDA backend's import (its clear error without CuPy)."""
-    from .backends.cuda import _cupy as import_cupy
-
-    return import_cupy()
-
-
 def _namespace(a):
-    """``numpy`` or ``cupy``: the array module of an array (CuPy imported only for a CuPy array)."""
-    return _cupy() if chunk_module(a) == "cupy" else np
+    """``numpy`` or ``cupy``: the array module of an array or of a Dask array's chunks (CuPy imported only for CuPy)."""
+    return array_module(getattr(a, "_meta", a))
 
 
 def _host(a) -> np.ndarray:

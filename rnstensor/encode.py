@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .arith import float_parts
-from .backends import get_backend
+from .arrays import array_module, dispatch, to_host
 from .basis import Basis
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
@@ -40,15 +40,17 @@ def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
     return a % ndim
 
 
-def check_float_array(x, name: str = "x", allow_empty: bool = False) -> np.ndarray:
-    """``x`` as a float64 ndarray; ``TypeError``/``ValueError`` for what cannot be encoded exactly.
+def check_float_array(x, name: str = "x", allow_empty: bool = False):
+    """``x`` as a float64 array where it lives (NumPy, or CuPy for a device array); errors for what cannot be encoded.
 
     Real floating dtypes (float16, float32, float64) are widened exactly.
     Integer, bool, complex and object inputs are refused: integers above 2^53
     would round on the way to float64, complex values need their real and
-    imaginary parts encoded separately.
+    imaginary parts encoded separately. On the device the finiteness check
+    reads back one flag.
     """
-    arr = np.asarray(x)
+    xp = array_module(x)
+    arr = x if xp is not np else np.asarray(x)
     if arr.dtype.kind != "f" or arr.dtype.itemsize > 8:
         hint = {
             "i": "cast with .astype(np.float64) (exact while |x| <= 2**53)",
@@ -59,23 +61,24 @@ def check_float_array(x, name: str = "x", allow_empty: bool = False) -> np.ndarr
         raise TypeError(f"{name} must be a real floating-point array (float16/32/64); got dtype {arr.dtype}: {hint}")
     arr = arr.astype(np.float64, copy=False)
     if arr.size == 0 and not allow_empty:
-        raise ValueError(f"{name} is empty (shape {arr.shape}): there is nothing to encode")
-    finite = np.isfinite(arr)
-    if not finite.all():
-        bad = np.argwhere(~finite)
+        raise ValueError(f"{name} is empty (shape {tuple(arr.shape)}): there is nothing to encode")
+    finite = xp.isfinite(arr)
+    if not bool(finite.all()):
+        bad = to_host(xp.argwhere(~finite))
         first = tuple(int(i) for i in bad[0])
         raise ValueError(
             f"{name} has {len(bad)} non-finite entr{'y' if len(bad) == 1 else 'ies'} (NaN or inf); "
-            f"the first at index {first} is {arr[first]!r}. Residues hold finite values only"
+            f"the first at index {first} is {float(arr[first])!r}. Residues hold finite values only"
         )
     return arr
 
 
-def group_exponents(x: np.ndarray, bits: int, shared: tuple[int, ...]) -> np.ndarray:
-    """``e = bits - E`` per group (``2**(E-1) <= max|G| < 2**E``), 0 for all-zero groups; keepdims int64."""
-    amax = np.max(np.abs(x), axis=shared, keepdims=True) if x.ndim else np.abs(x)
-    _, E = np.frexp(amax)
-    return np.where(amax > 0, bits - E.astype(np.int64), 0).astype(np.int64)
+def group_exponents(x, bits: int, shared: tuple[int, ...]):
+    """``e = bits - E`` per group (``2**(E-1) <= max|G| < 2**E``), 0 for all-zero groups; keepdims int64, where ``x`` lives."""
+    xp = array_module(x)
+    amax = xp.max(xp.abs(x), axis=shared, keepdims=True) if x.ndim else xp.abs(x)
+    _, E = xp.frexp(amax)
+    return xp.where(amax > 0, bits - E.astype(np.int64), 0).astype(np.int64)
 
 
 def _shared(shared_axes, ndim: int) -> tuple[int, ...]:
@@ -92,7 +95,8 @@ def encode_integers(x, bits: int = 53, shared_axes: Optional[Sequence[int]] = No
 
     ``v`` is int64 for ``bits <= 53`` and an object array of Python ints
     above; ``e`` are the keepdims group exponents. Used by the planner to
-    bound the integer operators it will execute.
+    bound the integer operators it will execute (a device array is copied to
+    the host for it, once per plan).
 
     Examples
     --------
@@ -100,7 +104,7 @@ def encode_integers(x, bits: int = 53, shared_axes: Optional[Sequence[int]] = No
     >>> v.tolist(), e.ravel().tolist()
     ([[6, -4], [6, 2]], [3, 1])
     """
-    arr = check_float_array(x)
+    arr = to_host(check_float_array(x))
     e = group_exponents(arr, bits, _shared(shared_axes, arr.ndim))
     eb = np.broadcast_to(e, arr.shape)
     if bits <= 53:
@@ -139,6 +143,8 @@ def encode(
     ----------
     x : array_like of float
         Finite real values (float16/32/64; see :func:`check_float_array`).
+        A CuPy array is encoded on the device (backend ``'cuda'``): the
+        residues and exponents stay there.
     basis : Basis, int or tuple of int
         The residue basis; an int ``s`` means ``Basis.int8(s)``.
     bits : int
@@ -148,12 +154,14 @@ def encode(
         shares one. ``(1,)`` on a matrix: one exponent per row (an operator).
         ``()``: every entry its own.
     backend : str, optional
-        Backend name (default: the current one, see :func:`rnstensor.set_backend`).
+        Backend name (default: the current one, see :func:`rnstensor.set_backend`;
+        ``'cuda'`` for a CuPy array).
 
     Returns
     -------
     RNSTensor
-        Planes on every basis modulus, bound ``2**bits``, scale ``2**-e``.
+        Planes on every basis modulus, bound ``2**bits``, scale ``2**-e``;
+        on the device for a CuPy ``x``.
 
     Raises
     ------
@@ -174,6 +182,7 @@ def encode(
     array([ 0.5, -3. ])
     """
     basis = as_basis(basis)
+    be, xp = dispatch(x, backend=backend, names=("x",), fn="encode")
     arr = check_float_array(x)
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1:
         raise ValueError(f"bits must be an integer >= 1; got {bits!r}")
@@ -187,18 +196,22 @@ def encode(
     ndim = arr.ndim
     shared = _shared(shared_axes, ndim)
     e = group_exponents(arr, bits, shared)
-    planes = get_backend(backend).encode(arr, e, basis.moduli, bits)
+    planes = be.encode(arr, e, basis.moduli, bits)
     scale = _scale_from_exponents(-e, ndim, shared)
     negz = None
-    if (arr == 0).any():
-        mask = (arr == 0) & np.signbit(arr)
-        if mask.any():
+    if bool((arr == 0).any()):
+        mask = (arr == 0) & xp.signbit(arr)
+        if bool(mask.any()):
             negz = mask
     return RNSTensor(planes, basis, basis.moduli, 1 << bits, scale, negz)
 
 
-def _scale_from_exponents(exp: np.ndarray, ndim: int, shared: tuple[int, ...]) -> Scale:
-    """The most structured Scale for keepdims group exponents: scalar, one axis vector, or a field."""
+def _scale_from_exponents(exp, ndim: int, shared: tuple[int, ...]) -> Scale:
+    """The most structured Scale for keepdims group exponents: scalar, one axis vector, or a field.
+
+    A device tensor's scalar exponent is read back (one value); vectors and
+    fields stay on the device.
+    """
     varying = [a for a in range(ndim) if a not in shared and exp.shape[a] > 1]
     if not varying or exp.size == 1:
         return Scale(int(exp.reshape(-1)[0]) if exp.size else 0, 1, (None,) * ndim, None)

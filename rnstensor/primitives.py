@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import arith
-from .backends import get_backend
+from .arrays import array_module, dispatch, is_device_array, to_host
 from .encode import normalize_axis
 from .errors import range_error
 from .tensor import RNSTensor, Scale
@@ -47,6 +47,12 @@ def _check_same_basis(T: RNSTensor, U: RNSTensor, names: str) -> None:
         raise ValueError(f"{names} are on different bases ({T.basis!r} vs {U.basis!r}); encode both on one basis")
 
 
+def _backend(fn: str, backend, *tensors: RNSTensor, names: tuple[str, ...]):
+    """The backend for a primitive on ``tensors``: CuPy residues run on 'cuda'; host and device mixed is an error."""
+    be, _ = dispatch(*(T.residues for T in tensors), backend=backend, names=names, fn=fn)
+    return be
+
+
 def _planes_on(U: RNSTensor, active: tuple[int, ...], name: str) -> np.ndarray:
     """``U``'s planes for the moduli ``active`` (a subset of ``U.active``), in that order."""
     if U.active == active:
@@ -70,15 +76,53 @@ def to_int(T: RNSTensor) -> np.ndarray:
     [3, -4]
     """
     _check_tensor(T, "T")
-    return arith.to_int_ref(np.asarray(T.residues), T.active)
+    return arith.to_int_ref(to_host(T.residues), T.active)
+
+
+def _split_row_sums(v):
+    """Exact ``sum_k |v[j, k]|`` of an int64 matrix (``|v| <= 2**53``, ``k < 2**36``) as normalized 26-bit limbs ``(hi, lo)``."""
+    xp = array_module(v)
+    a = xp.abs(v)
+    hi = (a >> 26).sum(axis=1)
+    lo = (a & ((1 << 26) - 1)).sum(axis=1)
+    return hi + (lo >> 26), lo & ((1 << 26) - 1)
+
+
+def _device_integers(op: RNSTensor):
+    """A device operator's integers as int64 on the device (its exact decode is exact: ``bound <= 2**53``), or None."""
+    if op.bound > 1 << 53 or op.ndim != 2:
+        return None
+    xp = array_module(op.residues)
+    be = _backend("operator_rho", None, op, names=("op",))
+    v = be.decode(op.residues, op.active, xp.zeros((1, 1), np.int64), 1, "exact")
+    return v.reshape(op.shape).astype(np.int64)
 
 
 def operator_row_sums(op: RNSTensor) -> tuple[int, ...]:
-    """Exact ``sum_k |op[j, k]|`` of the integer operator for every row ``j`` (cached on ``op``)."""
+    """Exact ``sum_k |op[j, k]|`` of the integer operator for every row ``j`` (cached on ``op``).
+
+    A device operator's sums are taken on the device and only the row sums read back.
+    """
     if op._row_sums is None:
-        v = to_int(op)
-        op._row_sums = tuple(int(sum(abs(int(a)) for a in row)) for row in v)
+        v = _device_integers(op) if is_device_array(op.residues) else None
+        if v is not None:
+            hi, lo = (to_host(x) for x in _split_row_sums(v))
+            op._row_sums = tuple((int(h) << 26) + int(l) for h, l in zip(hi, lo))
+        else:
+            v = to_int(op)
+            op._row_sums = tuple(int(sum(abs(int(a)) for a in row)) for row in v)
     return op._row_sums
+
+
+def _device_rho(op: RNSTensor) -> Optional[int]:
+    """The exact largest row sum of a device operator from two scalars read back (None where it does not apply)."""
+    v = _device_integers(op)
+    if v is None or v.size == 0:
+        return None
+    xp = array_module(v)
+    hi, lo = _split_row_sums(v)
+    top = hi.max()
+    return (int(top) << 26) + int(xp.where(hi == top, lo, -1).max())
 
 
 # past this many entries an operator's exact row sums (Python ints per entry) cost more than
@@ -93,6 +137,10 @@ def operator_rho(op: RNSTensor) -> int:
     row sums already known (a plan's operators carry the planner's); else
     ``n_in * op.bound``, a rigorous upper bound.
     """
+    if op._row_sums is None and op.size <= EXACT_ROW_SUMS_MAX and is_device_array(op.residues):
+        rho = _device_rho(op)
+        if rho is not None:
+            return rho
     if op._row_sums is not None or op.size <= EXACT_ROW_SUMS_MAX:
         return max(operator_row_sums(op), default=0)
     return op.shape[1] * op.bound
@@ -159,11 +207,12 @@ def mode_product(T: RNSTensor, op: RNSTensor, axis: int, *, backend: Optional[st
         raise ValueError(
             "op must share one exponent along each row (encode it with shared_axes=(1,) or None)"
         )
+    be = _backend("mode_product", backend, T, op, names=("T", "op"))
     bound = T.bound * operator_rho(op)
     P = T.active_product
     if 2 * bound >= P:
         raise range_error(f"mode_product along axis {a}", bound, P)
-    planes = get_backend(backend).product(_planes_on(op, T.active, "op"), T.residues, T.active, a)
+    planes = be.product(_planes_on(op, T.active, "op"), T.residues, T.active, a)
     axes = list(T.scale.axes)
     axes[a] = op.scale.axes[0]
     # a field has size 1 along the contracted axis, so it still broadcasts to the new length n_out
@@ -273,18 +322,20 @@ def hadamard(T: RNSTensor, F: RNSTensor, *, backend: Optional[str] = None) -> RN
         out_shape = None
     if out_shape != T.shape:
         raise ValueError(f"F.shape {F.shape} must broadcast to T.shape {T.shape} (aligned on the right)")
+    be = _backend("hadamard", backend, T, F, names=("T", "F"))
     bound = T.bound * F.bound
     P = T.active_product
     if 2 * bound >= P:
         raise range_error("hadamard", bound, P)
-    planes = get_backend(backend).hadamard(T.residues, _planes_on(F, T.active, "F"), T.active)
+    planes = be.hadamard(T.residues, _planes_on(F, T.active, "F"), T.active)
+    xp = array_module(planes)
     off = T.ndim - F.ndim
     axes = list(T.scale.axes)
     for b, vec in enumerate(F.scale.axes):
         if vec is None:
             continue
         a = b + off
-        vec = np.broadcast_to(vec, (T.shape[a],))
+        vec = xp.broadcast_to(vec, (T.shape[a],))
         axes[a] = vec if axes[a] is None else axes[a] + vec
     field = T.scale.field
     if F.scale.field is not None:
@@ -308,11 +359,12 @@ def _add_sub(T: RNSTensor, U: RNSTensor, subtract: bool, backend) -> RNSTensor:
             f"{what}: T and U must have the same scale (T: {T.scale!r}, U: {U.scale!r}); "
             f"encode them with one shared exponent (e.g. encode the stacked array) or decode first"
         )
+    be = _backend(what, backend, T, U, names=("T", "U"))
     bound = T.bound + U.bound
     P = T.active_product
     if 2 * bound >= P:
         raise range_error(what, bound, P)
-    planes = get_backend(backend).add(T.residues, U.residues, T.active, subtract)
+    planes = be.add(T.residues, U.residues, T.active, subtract)
     return RNSTensor(planes, T.basis, T.active, bound, T.scale)
 
 
@@ -403,7 +455,8 @@ def drop(
         return T
     # the backend's fast path is a count of smallest moduli; other orders go as a tuple
     drops = len(order) if order == tuple(sorted(T.active)[: len(order)]) else order
-    planes, new_active = get_backend(backend).drop_extend(T.residues, T.active, T.basis, drops, extend)
+    be = _backend("drop", backend, T, names=("T",))
+    planes, new_active = be.drop_extend(T.residues, T.active, T.basis, drops, extend)
     # no drop leaves the integers untouched (a pure extension): entries encoded from -0.0 stay -0.0
     negz = T.negative_zeros if not order else None
     return RNSTensor(planes, T.basis, new_active, bound, T.scale.replace(factor=factor), negz)
@@ -427,7 +480,7 @@ def base_extend(T: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:
     _check_tensor(T, "T")
     if T.active == T.basis.moduli:
         return T
-    planes, active = get_backend(backend).drop_extend(T.residues, T.active, T.basis, 0, True)
+    planes, active = _backend("base_extend", backend, T, names=("T",)).drop_extend(T.residues, T.active, T.basis, 0, True)
     return RNSTensor(planes, T.basis, active, T.bound, T.scale, T.negative_zeros)
 
 
@@ -447,6 +500,7 @@ def decode(T: RNSTensor, mode: str = "fp64", *, backend: Optional[str] = None) -
     Returns
     -------
     ndarray of float64, shape ``T.shape``
+        Where ``T`` lives: NumPy, or CuPy for a tensor on the device.
         Entries encoded from ``-0.0`` decode to ``-0.0`` while no arithmetic
         has touched them; every other integer zero is ``+0.0``. In ``'exact'``
         mode a nonzero negative value that rounds to zero gives ``-0.0`` (the
@@ -463,8 +517,9 @@ def decode(T: RNSTensor, mode: str = "fp64", *, backend: Optional[str] = None) -
     _check_tensor(T, "T")
     if mode not in DECODE_MODES:
         raise ValueError(f"mode must be one of {DECODE_MODES}; got {mode!r}")
-    out = get_backend(backend).decode(T.residues, T.active, T.scale.exponent(), T.scale.factor, mode)
-    out = np.asarray(out, dtype=np.float64).reshape(T.shape)
+    be = _backend("decode", backend, T, names=("T",))
+    out = be.decode(T.residues, T.active, T.scale.exponent(), T.scale.factor, mode)
+    out = array_module(out).asarray(out, dtype=np.float64).reshape(T.shape)
     if T.negative_zeros is not None:
         out[T.negative_zeros] = -0.0
     return out

@@ -8,15 +8,19 @@ from typing import Optional
 
 import numpy as np
 
+from .arrays import array_module, is_device_array
 from .basis import Basis, log2_int
 from .errors import RNSRangeError
 
 __all__ = ["Scale", "RNSTensor"]
 
 
-def _frozen(a: Optional[np.ndarray]) -> Optional[np.ndarray]:
+def _frozen(a):
+    """An int64 copy that nothing changes: read-only on the host; a private copy on the device (CuPy has no flag)."""
     if a is None:
         return None
+    if is_device_array(a):
+        return a.astype(np.int64, copy=True)
     a = np.array(a, dtype=np.int64, copy=True)
     a.setflags(write=False)
     return a
@@ -39,6 +43,9 @@ class Scale:
     field : ndarray of int64 or None
         Exponents that vary jointly along several axes (a grouped encoding),
         shaped like the tensor with size 1 along the axes they are shared on.
+
+    The exponent arrays live where the residues do: NumPy arrays for a
+    tensor on the host, CuPy arrays for one on the device.
     """
 
     exp2: int = 0
@@ -65,7 +72,8 @@ class Scale:
         Only the axes that carry exponents have their full length; the rest are 1.
         """
         ndim = len(self.axes)
-        e = np.full((1,) * ndim, self.exp2, dtype=np.int64)
+        xp = array_module(*self.axes, self.field, fn="Scale")
+        e = xp.full((1,) * ndim, self.exp2, dtype=np.int64)
         for a, vec in enumerate(self.axes):
             if vec is not None:
                 idx = [None] * ndim
@@ -88,11 +96,11 @@ class Scale:
         if len(self.axes) != len(other.axes):
             return False
         for a, b in zip(self.axes, other.axes):
-            if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+            if (a is None) != (b is None) or (a is not None and not _equal(a, b)):
                 return False
         if (self.field is None) != (other.field is None):
             return False
-        return self.field is None or np.array_equal(self.field, other.field)
+        return self.field is None or _equal(self.field, other.field)
 
     def __repr__(self) -> str:
         parts = [f"2^{self.exp2}"]
@@ -106,6 +114,12 @@ class Scale:
         return "Scale(" + ", ".join(parts) + ")"
 
 
+def _equal(a, b) -> bool:
+    """Exact equality of two exponent arrays on one side of the bus (one scalar read back from a device)."""
+    xp = array_module(a, b, fn="Scale")
+    return a.shape == b.shape and bool(xp.array_equal(a, b))
+
+
 class RNSTensor:
     """A real tensor held exactly as residue planes: ``X = v * scale``, ``|v| <= bound``.
 
@@ -113,6 +127,8 @@ class RNSTensor:
     ----------
     residues : ndarray of int8, shape ``(L, *shape)``
         Plane ``i`` holds the centered residues of ``v`` modulo ``active[i]``.
+        A NumPy array (the tensor lives on the host) or a CuPy array (on the
+        device; its scale's exponent arrays then live there too).
     basis : Basis
         The working basis.
     active : tuple of int
@@ -211,7 +227,7 @@ class RNSTensor:
         for i, p in enumerate(self.active):
             r = self.residues[i]
             lo, hi = -(p // 2), (p + 1) // 2 - 1
-            if r.size and (int(r.min()) < lo or int(r.max()) > hi):
+            if r.size and (int(r.min()) < lo or int(r.max()) > hi):  # two scalars read back from a device
                 raise ValueError(f"RNSTensor: plane {i} (modulus {p}) has residues outside [{lo}, {hi}]")
 
     def __repr__(self) -> str:

@@ -1,4 +1,11 @@
-"""A stand-in for CuPy without a GPU: device arrays are numpy arrays, kernel launches run host builds of the kernels.
+"""A stand-in for CuPy without a GPU: device arrays wrap numpy arrays, kernel launches run host builds of the kernels.
+
+Device arrays (:class:`DevArray`) hold a numpy array behind CuPy's
+interface; they are not numpy arrays. In strict mode (``install(...,
+strict=True)``) they keep CuPy's rules: ``numpy.asarray(x)`` and numpy
+operations mixing host and device arrays raise ``TypeError``. Every
+host <-> device copy is recorded with its size in ``cupy.transfers``
+(:class:`Transfers`), so a test can check that nothing data-sized crossed.
 
 Each launch is checked (grid, block, shared memory, argument types) and
 emulated: encode, drop/extend, decode and the int32 reduction by the host
@@ -30,7 +37,7 @@ import numpy as np
 from rnstensor import arith
 from rnstensor.kernels import build, tables
 
-__all__ = ["DevArray", "FakeModule", "dev", "install", "kernel_signatures", "check_launch_args"]
+__all__ = ["DevArray", "FakeModule", "Transfers", "dev", "install", "kernel_signatures", "check_launch_args"]
 
 _LAUNCH_LOCK = threading.Lock()
 
@@ -96,39 +103,334 @@ def check_launch_args(name: str, args, signatures: dict | None = None) -> None:
                 got.kind == "f") == (dtype.kind == "f"), f"{name} argument {i}: {dtype} takes a numpy {dtype}, not {type(a)}"
 
 
-class DevArray(np.ndarray):
-    """A numpy array standing in for a device array."""
+class Transfers:
+    """Every host <-> device copy the stand-in sees: ``(direction, bytes, what)``, direction ``'h2d'`` or ``'d2h'``.
 
-    def __new__(cls, shape, dtype=float, memptr=None):
+    Explicit copies (``cupy.asarray`` of a host array, ``.set``, ``.get``,
+    ``cupy.asnumpy``), host arrays stored into or used to index device
+    arrays, and scalars read back (``bool(x)``, ``int(x)``, ``x.item()``)
+    are all recorded; outside strict mode so are implicit conversions
+    (``numpy.asarray(device_array)``).
+    """
+
+    def __init__(self):
+        self.events: list[tuple[str, int, str]] = []
+
+    def record(self, direction: str, nbytes: int, what: str) -> None:
+        self.events.append((direction, int(nbytes), what))
+
+    def reset(self) -> None:
+        self.events.clear()
+
+    def total(self, direction: str | None = None) -> int:
+        """Bytes moved (in ``direction``, or both)."""
+        return sum(n for d, n, _ in self.events if direction in (None, d))
+
+    def largest(self, direction: str | None = None) -> int:
+        """The largest single copy in bytes (0 if none)."""
+        return max((n for d, n, _ in self.events if direction in (None, d)), default=0)
+
+    def at_least(self, nbytes: int) -> list[tuple[str, int, str]]:
+        """The copies of ``nbytes`` or more (the data-sized ones, for a threshold of the caller's choice)."""
+        return [e for e in self.events if e[1] >= nbytes]
+
+    def __repr__(self) -> str:
+        return f"Transfers({len(self.events)} copies, h2d {self.total('h2d')} B, d2h {self.total('d2h')} B)"
+
+
+class _State:
+    """What the installed stand-in enforces and records (one per process)."""
+
+    strict = False
+    transfers = Transfers()
+
+
+_IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array "
+             "explicitly.")
+
+
+def _host_operand(what: str):
+    return TypeError(f"Unsupported type <class 'numpy.ndarray'> ({what}): CuPy does not mix host (NumPy) and "
+                     "device arrays; move it with cupy.asarray or .get()")
+
+
+def _unwrap(x, what: str):
+    """Device arrays to the numpy arrays behind them (recursively in lists, tuples and dicts).
+
+    A host ndarray among device operands is CuPy's ``TypeError`` in strict mode.
+    """
+    if isinstance(x, DevArray):
+        return x._a
+    if isinstance(x, np.ndarray):
+        if _State.strict:
+            raise _host_operand(what)
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v, what) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v, what) for k, v in x.items()}
+    return x
+
+
+def _wrap(r):
+    """numpy results as device arrays (scalars as 0-d arrays, as CuPy returns them)."""
+    if isinstance(r, np.ndarray):
+        return DevArray._wrap(r)
+    if isinstance(r, np.generic):
+        return DevArray._wrap(np.asarray(r))
+    if isinstance(r, tuple):
+        return tuple(_wrap(v) for v in r)
+    if isinstance(r, list):
+        return [_wrap(v) for v in r]
+    return r
+
+
+def _index(key):
+    """An index into a device array: device index arrays unwrapped, host ones counted (CuPy copies them over)."""
+    if isinstance(key, tuple):
+        return tuple(_index(k) for k in key)
+    if isinstance(key, DevArray):
+        return key._a
+    if isinstance(key, np.ndarray):
+        _State.transfers.record("h2d", key.nbytes, "index array")
+    return key
+
+
+class DevArray:
+    """A device array of the stand-in: a numpy array behind CuPy's interface, never a numpy array itself.
+
+    ``numpy.asarray(x)`` and ufuncs mixing it with numpy arrays raise
+    CuPy's ``TypeError`` in strict mode (:func:`install`); numpy functions
+    and ufuncs on device arrays alone return device arrays (CuPy's
+    ``__array_ufunc__`` / ``__array_function__``).
+    """
+
+    __slots__ = ("_a", "__weakref__")
+    __array_priority__ = 100.0  # numpy's binary operators defer to ours
+
+    def __new__(cls, shape=(), dtype=float, memptr=None):
         if memptr is not None:  # cupy.ndarray(shape, dtype, memptr) over a module global
-            assert memptr.dtype == np.dtype(dtype) and memptr.shape == tuple(np.atleast_1d(shape))
-            return memptr
-        return np.zeros(shape, dtype).view(cls)
+            src = memptr.a if isinstance(memptr, _MemoryPointer) else memptr
+            assert src.dtype == np.dtype(dtype) and src.shape == tuple(np.atleast_1d(shape))
+            return src
+        return cls._wrap(np.zeros(shape, dtype))
+
+    @classmethod
+    def _wrap(cls, a: np.ndarray) -> "DevArray":
+        obj = object.__new__(cls)
+        obj._a = a
+        return obj
+
+    # ----- numpy interoperation -----------------------------------------------------------------
+
+    def __array__(self, dtype=None, copy=None):
+        if _State.strict:
+            raise TypeError(_IMPLICIT)
+        _State.transfers.record("d2h", self._a.nbytes, "implicit numpy conversion")
+        return self._a if dtype is None else self._a.astype(dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        args = _unwrap(inputs, f"numpy.{ufunc.__name__}")
+        if out is not None:
+            kwargs["out"] = _unwrap(out, f"numpy.{ufunc.__name__} out")
+        r = getattr(ufunc, method)(*args, **kwargs)
+        return out[0] if out is not None and len(out) == 1 else (out if out is not None else _wrap(r))
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _wrap(func(*_unwrap(args, f"numpy.{func.__name__}"), **_unwrap(kwargs, f"numpy.{func.__name__}")))
+
+    # ----- attributes -----------------------------------------------------------------------
+
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: DevArray._wrap(self._a.T))
+
+    @property
+    def real(self):
+        return DevArray._wrap(self._a.real)
+
+    @property
+    def imag(self):
+        return DevArray._wrap(self._a.imag)
 
     @property
     def data(self):  # cupy.ndarray.data is a MemoryPointer: the backend reads .ptr (alignment, cuBLAS)
         return _MemoryPointer(self)
 
-    def set(self, arr):
-        self[...] = arr
+    # ----- copies to and from the host ---------------------------------------------------------
+
+    def get(self, stream=None, order="C", out=None):
+        _State.transfers.record("d2h", self._a.nbytes, "get")
+        return np.array(self._a, order=order)
+
+    def set(self, arr, stream=None):
+        arr = np.asarray(arr)
+        _State.transfers.record("h2d", arr.nbytes, "set")
+        self._a[...] = arr
         time.sleep(1e-4)  # a host-to-device copy takes a while: other host threads run meanwhile
 
-    def get(self):
-        return np.array(self)
+    def _scalar(self):
+        if self._a.size != 1:
+            raise ValueError("only a one-element device array converts to a Python scalar")
+        _State.transfers.record("d2h", self._a.itemsize, "scalar")
+        return self._a.reshape(-1)[0]
+
+    def item(self):
+        return self._scalar().item()
+
+    def tolist(self):
+        _State.transfers.record("d2h", self._a.nbytes, "tolist")
+        return self._a.tolist()
+
+    def __bool__(self):
+        return bool(self._scalar())
+
+    def __int__(self):
+        return int(self._scalar())
+
+    def __float__(self):
+        return float(self._scalar())
+
+    def __complex__(self):
+        return complex(self._scalar())
+
+    def __index__(self):
+        if self._a.dtype.kind not in "iu":
+            raise TypeError("only integer device arrays can be used as an index")
+        return int(self._scalar())
+
+    # ----- views and copies on the device -------------------------------------------------------
+
+    def reshape(self, *shape, order="C"):
+        return DevArray._wrap(self._a.reshape(*shape, order=order))
+
+    def transpose(self, *axes):
+        return DevArray._wrap(self._a.transpose(*axes))
+
+    def swapaxes(self, a, b):
+        return DevArray._wrap(self._a.swapaxes(a, b))
+
+    def squeeze(self, axis=None):
+        return DevArray._wrap(self._a.squeeze(axis))
+
+    def ravel(self, order="C"):
+        return DevArray._wrap(self._a.ravel(order))
+
+    def flatten(self, order="C"):
+        return DevArray._wrap(self._a.flatten(order))
+
+    def view(self, dtype=None):
+        return DevArray._wrap(self._a.view(dtype))
+
+    def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        return DevArray._wrap(self._a.astype(dtype, order=order, copy=copy))
+
+    def copy(self, order="C"):
+        return DevArray._wrap(self._a.copy(order=order))
+
+    def conj(self):
+        return DevArray._wrap(self._a.conj())
+
+    conjugate = conj
+
+    def fill(self, value):
+        self._a.fill(value)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (_wrap(v) for v in self._a)
+
+    def __getitem__(self, key):
+        return _wrap(self._a[_index(key)])
+
+    def __setitem__(self, key, value):
+        if isinstance(value, DevArray):
+            value = value._a
+        elif isinstance(value, np.ndarray):  # CuPy copies a host value over
+            _State.transfers.record("h2d", value.nbytes, "setitem")
+        self._a[_index(key)] = value
+
+    def __repr__(self):
+        return "DevArray(" + repr(self._a)[6:]
+
+    __hash__ = None
+
+    def __neg__(self):
+        return np.negative(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return np.absolute(self)
+
+    def __invert__(self):
+        return np.invert(self)
+
+
+def _method(name: str):
+    def method(self, *args, **kwargs):
+        return _wrap(getattr(self._a, name)(*_unwrap(args, name), **_unwrap(kwargs, name)))
+
+    method.__name__ = name
+    return method
+
+
+def _binary(ufunc, reflected: bool = False):
+    if reflected:
+        return lambda self, other: ufunc(other, self)
+    return lambda self, other: ufunc(self, other)
+
+
+def _inplace(ufunc):
+    def op(self, other):
+        ufunc(self, other, out=(self,))
+        return self
+
+    return op
+
+
+# reductions and element-wise methods: numpy's, on the device
+for _name in ("sum", "prod", "max", "min", "any", "all", "mean", "argmax", "argmin", "cumsum", "nonzero", "clip",
+              "round", "dot", "take", "repeat"):
+    setattr(DevArray, _name, _method(_name))
+# arithmetic through the ufuncs (host operands refused in strict mode, as by CuPy)
+for _name, _ufunc in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.true_divide),
+                      ("floordiv", np.floor_divide), ("mod", np.remainder), ("pow", np.power), ("matmul", np.matmul),
+                      ("and", np.bitwise_and), ("or", np.bitwise_or), ("xor", np.bitwise_xor),
+                      ("lshift", np.left_shift), ("rshift", np.right_shift)):
+    setattr(DevArray, f"__{_name}__", _binary(_ufunc))
+    setattr(DevArray, f"__r{_name}__", _binary(_ufunc, True))
+    setattr(DevArray, f"__i{_name}__", _inplace(_ufunc))
+for _name, _ufunc in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less), ("le", np.less_equal),
+                      ("gt", np.greater), ("ge", np.greater_equal)):
+    setattr(DevArray, f"__{_name}__", _binary(_ufunc))
+del _name, _ufunc
 
 
 class _MemoryPointer:
     """cupy.cuda.MemoryPointer of a DevArray: its address, and device-to-device copies between two."""
 
-    def __init__(self, a: np.ndarray):
-        self.a, self.ptr = a, a.ctypes.data
+    def __init__(self, a: "DevArray"):
+        self.a, self.ptr = a, a._a.ctypes.data
 
     def copy_from_device_async(self, src: "_MemoryPointer", size: int, stream=None) -> None:
         ctypes.memmove(self.ptr, src.ptr, size)
 
 
-def dev(a, dtype=None):
-    return np.array(a, dtype=dtype).view(DevArray)
+def dev(a, dtype=None) -> DevArray:
+    """A device copy of ``a`` (a host-to-device transfer, counted)."""
+    a = np.array(a, dtype=dtype)
+    _State.transfers.record("h2d", a.nbytes, "dev")
+    return DevArray._wrap(a)
 
 
 def _ptr(a):
@@ -147,9 +449,9 @@ class FakeModule:
         data = open(path, "rb").read(4)
         assert data == b"\x7fELF", "RawModule must get a cubin"
         self.lib, self.launches = lib, launches
-        self.globals = {
-            "rns_drop_ib": dev(np.zeros(tables.DROP_IB_MAX, np.int32)),
-            "rns_drop_fb": dev(np.zeros(tables.DROP_FB_MAX, np.float32)),
+        self.globals = {  # __constant__ banks: device memory of the module, no copy
+            "rns_drop_ib": DevArray._wrap(np.zeros(tables.DROP_IB_MAX, np.int32)),
+            "rns_drop_fb": DevArray._wrap(np.zeros(tables.DROP_FB_MAX, np.float32)),
         }
 
     def get_global(self, name):
@@ -163,8 +465,10 @@ class FakeModule:
             assert shared_mem <= max(48 * 1024, getattr(launch, "max_dynamic_shared_size_bytes", 0))
             check_launch_args(name, args)  # each a device array, None or a numpy scalar, as the C parameter
             self.launches.append(name)
+            # the emulations see the numpy arrays behind the device arrays (the kernels write into them)
+            raw = tuple(a._a if isinstance(a, DevArray) else a for a in args)
             with _LAUNCH_LOCK:  # one launch at a time, as on one stream: the SIMT builds keep global state
-                self._emulate(name, grid, block, args, shared_mem)
+                self._emulate(name, grid, block, raw, shared_mem)
 
         return launch
 
@@ -188,7 +492,7 @@ class FakeModule:
 
     def _rns_drop_extend(self, grid, block, args, smem, name):
         X, N, out = args
-        ib, fb = self.globals["rns_drop_ib"], self.globals["rns_drop_fb"]
+        ib, fb = self.globals["rns_drop_ib"]._a, self.globals["rns_drop_fb"]._a
         nr, wg, wm = int(ib[1]), int(ib[4]), int(ib[5])
         assert smem >= (max(wg, wm) + max(nr, 1)) * block[0] * 4, "too little scratch"
         assert X.flags.c_contiguous and out.shape == (int(ib[3]), N)
@@ -227,7 +531,7 @@ class FakeModule:
         nb = int(pi[4])
         assert block[0] == 256 and grid[0] == -(-int(B) // nb) and out.shape[0] == int(B)
         if int(pi[18]):  # a program with Hadamard steps: its field and the field's exponents, on the device
-            assert isinstance(field, DevArray) and field.dtype == np.int8 and isinstance(fexp, DevArray)
+            assert field is not None and field.dtype == np.int8 and fexp is not None
             assert fexp.dtype == np.int32 and fexp.shape == (int(B),) and int(fstride) == field[0].size
         fptr, eptr = (None, None) if field is None else (_ptr(field), _ptr(fexp))
         assert self.chain.emu_chain(_ptr(xb), ctypes.c_int64(B), _ptr(out), _ptr(pi), _ptr(pf), _ptr(qd), _ptr(ops),
@@ -357,13 +661,29 @@ def _host_libraries(root: Path):
 
 
 def _on_device(f):
-    """numpy's ``f`` with array and scalar results returned as DevArrays."""
+    """numpy's ``f`` as a CuPy function: device operands in (host arrays refused in strict mode), device arrays out."""
 
     def call(*args, **kwargs):
-        r = f(*args, **kwargs)
-        return np.asarray(r).view(DevArray) if isinstance(r, (np.ndarray, np.generic)) else r
+        name = getattr(f, "__name__", "function")
+        return _wrap(f(*_unwrap(args, f"cupy.{name}"), **_unwrap(kwargs, f"cupy.{name}")))
 
+    call.__name__ = getattr(f, "__name__", "function")
     return call
+
+
+def _to_device(a, dtype=None, order="K", copy=False, what="cupy.asarray"):
+    """``cupy.asarray`` / ``cupy.array``: a device array stays (cast if asked), a host one is copied over (counted)."""
+    if isinstance(a, DevArray):
+        b = a._a if dtype is None else a._a.astype(dtype, copy=False)
+        return DevArray._wrap(np.array(b, order=order, copy=True) if copy else b)
+    arr = np.array(a, dtype=dtype, order=order)
+    _State.transfers.record("h2d", arr.nbytes, what)
+    return DevArray._wrap(arr)
+
+
+def _to_host(a):
+    """``cupy.asnumpy``: a device array is copied to the host (counted), anything else taken as numpy does."""
+    return a.get() if isinstance(a, DevArray) else np.asarray(a)
 
 
 class _SourceModule:
@@ -383,15 +703,20 @@ class _SourceModule:
 def _module(lib, launches: list) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.ndarray = DevArray
-    cp.asarray = lambda a, dtype=None: a if isinstance(a, DevArray) and dtype is None else dev(a, dtype)
-    cp.asnumpy = lambda a: np.array(a)
-    cp.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(DevArray)
-    cp.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(DevArray)
-    cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(DevArray)
+    cp.asarray = lambda a, dtype=None, order=None: _to_device(a, dtype, order or "K")
+    cp.asanyarray = cp.asarray
+    cp.array = lambda a, dtype=None, copy=True, order="K", ndmin=0: _to_device(a, dtype, order, copy, "cupy.array")
+    cp.ascontiguousarray = lambda a, dtype=None: (
+        DevArray._wrap(np.ascontiguousarray(a._a, dtype)) if isinstance(a, DevArray)
+        else _to_device(a, dtype, "C", what="cupy.ascontiguousarray"))
+    cp.asnumpy = _to_host
+    cp.get_array_module = lambda *arrays: cp if any(isinstance(a, DevArray) for a in arrays) else np
+    cp.transfers = _State.transfers
     props = {"major": 9, "minor": 0, "name": b"Fake H200", "multiProcessorCount": 132, "l2CacheSize": 60 << 20}
     cp.cuda = types.SimpleNamespace(
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDeviceProperties=lambda i: props),
-        Device=lambda: types.SimpleNamespace(id=0, synchronize=lambda: None),
+        Device=lambda device=None: types.SimpleNamespace(id=0, synchronize=lambda: None,
+                                                         mem_info=(96 << 30, 141 << 30)),
         Event=_Event,
         get_elapsed_time=_elapsed_ms,
         get_current_stream=lambda: _STREAM,
@@ -414,14 +739,20 @@ def _module(lib, launches: list) -> types.ModuleType:
     return cp
 
 
-def install(root: Path, cache: Path, device_arrays_are_cupy: bool = False, simt_max_macs: int | None = None):
+def install(root: Path, cache: Path, device_arrays_are_cupy: bool = False, simt_max_macs: int | None = None,
+            strict: bool = False):
     """Put the stand-in in ``sys.modules['cupy']`` and point the kernel cache at ``cache``.
 
     Returns ``(cupy module, launches, restore)``: ``launches`` lists every
-    kernel name launched, ``restore()`` undoes both changes. With
+    kernel name launched, ``restore()`` undoes every change. With
     ``device_arrays_are_cupy`` a :class:`DevArray` reports module ``cupy``,
     so the library takes it for CuPy input (the dry run of tests/gpu);
     ``simt_max_macs`` sends larger product launches to the numpy model.
+    ``strict``: CuPy's rules where a library could get them wrong without a
+    GPU: ``numpy.asarray(device_array)`` (``__array__``) and numpy
+    operations mixing host and device arrays raise ``TypeError``. Either
+    way ``cupy.transfers`` (a :class:`Transfers`) records every
+    host <-> device copy with its size.
     Raises :class:`rnstensor.kernels.KernelBuildError` without NVRTC or a
     host C++ compiler.
     """
@@ -430,15 +761,17 @@ def install(root: Path, cache: Path, device_arrays_are_cupy: bool = False, simt_
     launches: list = []
     saved = sys.modules.get("cupy")
     old_cache = os.environ.get("RNSTENSOR_KERNEL_CACHE")
-    old_module, old_limit = DevArray.__module__, FakeModule.simt_max_macs
+    old_module, old_limit, old_strict = DevArray.__module__, FakeModule.simt_max_macs, _State.strict
     FakeModule.simt_max_macs = simt_max_macs
+    _State.strict = bool(strict)
+    _State.transfers.reset()
     sys.modules["cupy"] = cp = _module(lib, launches)
     os.environ["RNSTENSOR_KERNEL_CACHE"] = str(cache)
     if device_arrays_are_cupy:
         DevArray.__module__ = "cupy"
 
     def restore() -> None:
-        DevArray.__module__, FakeModule.simt_max_macs = old_module, old_limit
+        DevArray.__module__, FakeModule.simt_max_macs, _State.strict = old_module, old_limit, old_strict
         if saved is None:
             sys.modules.pop("cupy", None)
         else:

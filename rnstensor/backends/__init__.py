@@ -89,24 +89,29 @@ def elementwise_shape(a_shape, b_shape, L: int, mode: int, what: str) -> tuple[i
     return shape
 
 
-def exponent_runs(exponent, shape) -> tuple[np.ndarray, int]:
-    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]`` (int64, host).
+def exponent_runs(exponent, shape, xp=np) -> tuple[np.ndarray, int]:
+    """The exponents of the flattened entries as runs: entry ``i`` has ``ev[i // inner]`` (int64, on ``xp``).
 
     Trailing axes the exponent broadcasts over are not materialized (a
     per-batch exponent of shape ``(batch, 1, 1, 1)`` stays ``batch`` values).
-    Device arrays (``.get()``) are brought to the host: they are small.
+    ``xp`` is the array module the runs are built with (``numpy`` for the CPU
+    backends, ``cupy`` for the CUDA backend, which copies a host exponent over);
+    an exponent already in another module is an error, never a silent copy.
     """
-    e = np.asarray(exponent.get() if hasattr(exponent, "get") else exponent, dtype=np.int64)
+    if xp is np:
+        e = np.asarray(exponent, dtype=np.int64)
+    else:
+        e = xp.asarray(exponent).astype(np.int64, copy=False)
     shape = tuple(shape)
-    if np.broadcast_shapes(e.shape, shape) != shape:
-        raise ValueError(f"exponent of shape {e.shape} does not broadcast to the tensor shape {shape}")
+    if np.broadcast_shapes(tuple(e.shape), shape) != shape:
+        raise ValueError(f"exponent of shape {tuple(e.shape)} does not broadcast to the tensor shape {shape}")
     nd = len(shape)
-    ep = e.reshape((1,) * (nd - e.ndim) + e.shape)
+    ep = e.reshape((1,) * (nd - e.ndim) + tuple(e.shape))
     k = nd
     while k > 0 and ep.shape[k - 1] == 1:
         k -= 1
     lead = ep[(Ellipsis,) + (0,) * (nd - k)] if k < nd else ep
-    ev = np.ascontiguousarray(np.broadcast_to(lead, shape[:k])).reshape(-1)
+    ev = xp.ascontiguousarray(xp.broadcast_to(lead, shape[:k])).reshape(-1)
     return ev, math.prod(shape[k:])
 
 

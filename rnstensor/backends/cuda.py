@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import arith
+from ..arrays import device_module as _cupy
 from ..basis import Basis
 from . import elementwise_shape, exponent_runs, matmul_shape, product_layout
 from ..kernels import build, tables
@@ -123,16 +124,6 @@ def choose_product_engine(arch: str, pre: int, n_in: int, post: int, n_out: int,
     return "mma"
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as exc:
-        raise RuntimeError(
-            "the 'cuda' backend needs CuPy: pip install 'rnstensor[gpu]' (cupy-cuda13x, cuda-python, nvidia-cuda-nvrtc)"
-        ) from exc
-    return cupy
-
-
 def _cublas_bindings():
     """CuPy's thin cuBLAS wrapper (``gemmEx``, ``gemmStridedBatchedEx``, pointer modes), or ``None``."""
     try:
@@ -197,7 +188,6 @@ def describe() -> list[str]:
     return lines
 
 
-_exponent_runs = exponent_runs  # the CPU backend's layout of decode/encode exponents
 
 
 class CudaBackend:
@@ -324,11 +314,11 @@ class CudaBackend:
         xd = self._contig(xd, cp.float64)
         mods = tuple(int(p) for p in moduli)
         out = cp.empty((len(mods),) + xd.shape, cp.int8)
-        ev, inner = _exponent_runs(exponent, xd.shape)
+        # the runs are built on the device (a host exponent, small, is copied over)
+        evd, inner = exponent_runs(exponent, xd.shape, cp)
         if not mods or xd.size == 0:
             return self._out(out, host)
         P, IP, H, CP, pw, pa, per = self._dev(("enc", mods), lambda: tables.encode_tables(mods))
-        evd = cp.asarray(ev)
         n = xd.size
         self._fn("entry", "rns_encode")(
             (self._grid(n, 256),), (256,),
@@ -523,7 +513,8 @@ class CudaBackend:
         if K >= 1 << 39:
             raise ValueError(f"matmul: k = {K} exceeds the exact float64 accumulation limit 2**39")
         acc = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
-        p = cp.asarray(np.array(mods, np.float64)).reshape((L,) + (1,) * (acc.ndim - 1))
+        (p,) = self._dev(("moduli_f64", mods), lambda: (np.array(mods, np.float64),))
+        p = p.reshape((L,) + (1,) * (acc.ndim - 1))
         r = cp.fmod(acc, p)
         r = cp.where(r >= cp.floor((p + 1) / 2), r - p, r)
         r = cp.where(r < -cp.floor(p / 2), r + p, r)
@@ -588,15 +579,16 @@ class CudaBackend:
         Xc = self._contig(X).reshape(len(active), N)
         out = cp.empty((len(out_active), N), cp.int8)
         block = 128 if (ndig + nrem) * 128 * 4 <= 48 * 1024 else 64
-        # the tables are one __constant__ bank per module: callers on other threads (Dask's threaded
-        # scheduler) take turns, and the copies wait on the device until the previous launch, on whatever
-        # stream, is done reading it
+        # the tables are one __constant__ bank per module, filled from device copies made once per drop
+        # schedule (no host copy per call). Callers on other threads (Dask's threaded scheduler) take turns,
+        # and the copies wait on the device until the previous launch, on whatever stream, is done reading it
+        dib, dfb = self._dev(("drop", active, tuple(basis.moduli), order, extend), lambda: (ib, fb))
         with self._drop_lock:
             stream = cp.cuda.get_current_stream()
             if self._drop_done is not None:
                 stream.wait_event(self._drop_done)
-            cib[: ib.size].set(ib)
-            cfb[: fb.size].set(fb)
+            cib.data.copy_from_device_async(dib.data, ib.nbytes, stream)
+            cfb.data.copy_from_device_async(dfb.data, fb.nbytes, stream)
             mod.get_function("rns_drop_extend")(
                 (self._grid(N, block),), (block,), (Xc, np.int64(N), out), shared_mem=(ndig + nrem) * block * 4
             )
@@ -751,15 +743,14 @@ class CudaBackend:
             res = CpuBackend().decode(cp.asnumpy(X), active, e, factor, mode)
             return self._out(cp.asarray(res), host)
         if exact and int(factor) == 0:
-            _exponent_runs(exponent, shape)  # the same argument check
+            exponent_runs(exponent, shape, cp)  # the same argument check
             return self._out(cp.zeros(shape, cp.float64), host)
-        ev, inner = _exponent_runs(exponent, shape)
+        evd, inner = exponent_runs(exponent, shape, cp)
         ib, fb, qd = self._dev(("dec", active), lambda: tables.decode_tables(active))
         out = cp.empty(N, cp.float64)
         m = len(active)
         block = 128 if m * 128 * 4 <= 48 * 1024 else 64
         Xm = self._contig(X).reshape(m, N)
-        evd = cp.asarray(ev)
         if exact:
             Fh, t2, neg = tables.factor_limbs(int(factor))
             (F,) = self._dev(("flimbs", int(factor)), lambda: (Fh,))
