@@ -10,13 +10,14 @@ import numpy as np
 import opt_einsum
 from opt_einsum import parser as oe_parser
 
-from .backends import get_backend
+from .arrays import array_module, dispatch, is_device_array
 from .basis import Basis, log2_int
 from .encode import as_basis, encode, encode_integers
 from .errors import PlanError, RNSRangeError
-from .planner.bounds import decode_factor, fraction_up
 from .primitives import decode as decode_tensor
-from .primitives import drop
+from .program import ir
+from .program.errors import EntrywiseErrors, decoded
+from .program.execute import Value, execute, permuted, tensor_of, value_of
 from .tensor import RNSTensor, Scale
 
 __all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS"]
@@ -105,8 +106,8 @@ def _operand_kind(x, i: int) -> tuple[str, bool]:
     )
 
 
-def _check_finite(x: np.ndarray, i: int) -> None:
-    if not np.isfinite(x).all():
+def _check_finite(x, i: int) -> None:
+    if not bool(array_module(x).isfinite(x).all()):
         raise ValueError(f"einsum: operand {i} holds inf or NaN; residues hold finite values only")
 
 
@@ -129,23 +130,6 @@ class _Node:
     reencode: bool = False
 
 
-@dataclass(frozen=True)
-class _Instr:
-    op: str  # 'encode', 'tensor', 'drop', 'reencode', 'sum', 'pair', 'cplx'
-    slot: int
-    args: tuple = ()
-
-
-@dataclass(frozen=True)
-class _Plan:
-    instrs: tuple
-    out_slot: int
-    out_labels: str
-    cplx: bool
-    lines: tuple
-    kept_bits: float  # the fewest bits any operand or intermediate keeps (log2 of its bound)
-
-
 def _abs_sum_max(ints: np.ndarray, labels: str, keep: str) -> int:
     """``max`` over the ``keep`` indices of the ``sum`` over the others of ``|v|``, exactly."""
     axes = tuple(i for i, lab in enumerate(labels) if lab not in keep)
@@ -160,7 +144,7 @@ def _abs_sum_max(ints: np.ndarray, labels: str, keep: str) -> int:
 
 def _alignment_shift(T: RNSTensor, shared: tuple[int, ...]) -> int:
     """How many bits aligning an RNSTensor operand's exponents along ``shared`` axes costs."""
-    e = np.asarray(T.scale.exponent(), np.int64)
+    e = T.exponent().astype(np.int64, copy=False)
     if not shared or e.size <= 1:
         return 0
     return int((e - e.min(axis=shared, keepdims=True)).max())
@@ -173,7 +157,7 @@ class _Planner:
         self.terms, self.output, self.sizes = terms, output, sizes
         self.basis, self.method, self.P = basis, method, basis.product
         self.consts = consts
-        self.instrs: list[_Instr] = []
+        self.steps: list = []
         self.lines: list[str] = []
         self.nslots = 0
         self.kept = math.inf
@@ -214,8 +198,8 @@ class _Planner:
         self.nslots += 1
         return self.nslots - 1
 
-    def _emit(self, op: str, slot: int, *args) -> None:
-        self.instrs.append(_Instr(op, slot, args))
+    def _emit(self, step) -> None:
+        self.steps.append(step)
 
     # -- widths, drops, re-encodings --
 
@@ -264,17 +248,18 @@ class _Planner:
         if n.slot < 0:
             n.slot = self._slot()
             if n.kind in ("input", "const"):
-                self._emit("encode", n.slot, n.leaf, n.bits, self.shared_axes(n.labels), n.cplx, n.bound)
+                self._emit(ir.Encode(n.slot, n.leaf, n.bits, self.shared_axes(n.labels), n.labels, n.bound,
+                                     constant=n.kind == "const", complex=n.cplx))
                 self.kept = min(self.kept, n.bits)
             elif n.kind == "tensor":
-                self._emit("tensor", n.slot, n.leaf, self.shared_axes(n.labels), n.bound)
+                self._emit(ir.Operand(n.slot, n.leaf, self.shared_axes(n.labels), n.labels, n.bound))
         if n.reencode:
-            self._emit("reencode", n.slot, n.bits, self.shared_axes(n.labels), n.labels)
+            self._emit(ir.Reencode(n.slot, n.slot, n.bits, self.shared_axes(n.labels), n.labels, 1 << n.bits))
             self.lines.append(f"  decode {_show(n.labels)} to float64, re-encode at {n.bits} bits (composed)")
             self.kept = min(self.kept, n.bits)
             n.reencode = False
         if n.drops:
-            self._emit("drop", n.slot, n.drops)
+            self._emit(ir.Drop(n.slot, n.slot, n.drops, True, n.bound))
             self.lines.append(
                 f"  drop {len(n.drops)} moduli {n.drops} from {_show(n.labels)} + base extension -> bound "
                 f"2^{log2_int(max(n.bound, 1)):.1f}"
@@ -353,10 +338,10 @@ class _Planner:
         if Y.cplx and not X.cplx:
             labels = labels.replace(_C2, _C)  # one complex operand: its (re, im) axis passes through
         out = _Node(labels, B, "inter", cplx=X.cplx or Y.cplx, slot=self._slot())
-        self._emit("pair", out.slot, X.slot, Y.slot, X.labels, Y.labels, Sx, Sy, C, Bt, Kx, Ky, kind, labels, B)
+        self._emit(ir.Contract(out.slot, X.slot, Y.slot, X.labels, Y.labels, Sx, Sy, C, Bt, Kx, Ky, kind, labels, B))
         if X.cplx and Y.cplx:
             out.labels = _C + labels.replace(_C, "").replace(_C2, "")
-            self._emit("cplx", out.slot, out.labels)
+            self._emit(ir.Combine(out.slot, out.slot, _C, _C2, out.labels))
         what = {"mode": "mode product", "mode_rev": "mode product", "matmul": "batched GEMM", "outer": "Hadamard/outer product"}
         extra = f", summing {Sx + Sy!r} first" if Sx or Sy else ""
         self.lines.append(
@@ -382,14 +367,14 @@ class _Planner:
         note = self._leaf_note(X)
         self._ready(X)
         node = _Node(rest, B, "inter", cplx=X.cplx, slot=self._slot())
-        self._emit("sum", node.slot, X.slot, X.labels, S, B)
+        self._emit(ir.Sum(node.slot, X.slot, X.labels, S, B))
         self.lines.append(
             f"{_show(X.labels)}->{_show(rest)}: sum over {S!r}" + (f" ({note})" if note else "")
             + f"; bound 2^{log2_int(max(B, 1)):.1f}"
         )
         return node
 
-    def run(self, contraction_list) -> _Plan:
+    def run(self, contraction_list) -> ir.Program:
         nodes = list(self.nodes)
         for inds, _, einsum_str, _, _ in contraction_list:
             group = [nodes.pop(i) for i in inds]
@@ -405,155 +390,27 @@ class _Planner:
             self.lines.append(f"{_show(Z.labels)}: {self._leaf_note(Z)}, no contraction")
             self._ready(Z)
         out_labels = (_C if Z.cplx else "") + self.output
-        return _Plan(tuple(self.instrs), Z.slot, out_labels, Z.cplx, tuple(self.lines), self.kept)
+        return ir.Program(self.basis, tuple(self.steps), Z.slot, out_labels, Z.cplx, tuple(self.lines), self.kept,
+                          self.nslots)
 
 
 # ----- execution ----------------------------------------------------------------------------
 
 
-@dataclass
-class _Value:
-    """A node's residues at run time: planes on the full basis, exponents, the dropped-moduli factor, bound."""
-
-    planes: np.ndarray
-    exp: np.ndarray  # int64, one dim per label, size 1 where the exponent is constant
-    factor: int
-    bound: int
-    labels: str
-
-
-def _tensor_of(v: _Value, basis: Basis) -> RNSTensor:
-    return RNSTensor(v.planes, basis, basis.moduli, v.bound, Scale(0, v.factor, (None,) * len(v.labels), v.exp))
-
-
-def _permuted(v: _Value, labels: str) -> tuple[np.ndarray, np.ndarray]:
-    perm = [v.labels.index(c) for c in labels]
-    return v.planes.transpose([0] + [p + 1 for p in perm]), v.exp.transpose(perm)
-
-
-def _drop_axes(exp: np.ndarray, axes: Sequence[int]) -> np.ndarray:
-    return exp.reshape([n for i, n in enumerate(exp.shape) if i not in axes])
-
-
-def _sum(v: _Value, S: str, bound: int, moduli, be) -> _Value:
-    """The residues of the sum over indices ``S``: a product with a row of ones (exact, any backend)."""
-    axes = [v.labels.index(c) for c in S]
-    keep = [a for a in range(len(v.labels)) if a not in axes]
-    moved = v.planes.transpose([0] + [a + 1 for a in keep] + [a + 1 for a in axes])
-    n = math.prod(v.planes.shape[a + 1] for a in axes)
-    flat = np.ascontiguousarray(moved).reshape(moved.shape[: 1 + len(keep)] + (n,))
-    out = be.product(np.ones((len(moduli), 1, n), np.int8), flat, moduli, flat.ndim - 2)
-    labels = "".join(v.labels[a] for a in keep)
-    return _Value(out.reshape(out.shape[:-1]), _drop_axes(v.exp, axes), v.factor, bound, labels)
-
-
-def _pair(X: _Value, Y: _Value, args: tuple, moduli, be) -> _Value:
-    _, _, _, _, Sx, Sy, C, Bt, Kx, Ky, kind, labels, bound = args
-    if Sx:
-        X = _sum(X, Sx, 0, moduli, be)
-    if Sy:
-        Y = _sum(Y, Sy, 0, moduli, be)
-    factor = X.factor * Y.factor
-    L = len(moduli)
-    if kind in ("mode", "mode_rev"):
-        T, op, kop = (X, Y, Ky) if kind == "mode" else (Y, X, Kx)
-        ax = T.labels.index(C)
-        op_planes, op_exp = _permuted(op, kop + C)
-        planes = be.product(np.ascontiguousarray(op_planes), np.ascontiguousarray(T.planes), moduli, ax)
-        shape = [1] * len(T.labels)
-        shape[ax] = op_exp.shape[0]
-        return _Value(planes, T.exp + op_exp.reshape(shape), factor, bound, labels)
-    xp, xe = _permuted(X, Bt + Kx + C)
-    yp, ye = _permuted(Y, Bt + C + Ky)
-    nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
-    bs, xs, ys = xp.shape[1 : 1 + nb], xp.shape[1 + nb : 1 + nb + nx], yp.shape[1 + nb + nc :]
-    if kind == "outer":
-        full = (L,) + bs + xs + ys
-        xb = np.broadcast_to(xp.reshape((L,) + bs + xs + (1,) * ny), full)
-        yb = yp.reshape((L,) + bs + (1,) * nx + ys)
-        planes = be.hadamard(np.ascontiguousarray(xb), np.ascontiguousarray(yb), moduli)
-    else:
-        k = math.prod(xp.shape[1 + nb + nx :])
-        # reshape copies only when the index order needs it; the backend takes strided operands
-        xm = xp.reshape(L, math.prod(bs), math.prod(xs), k)
-        ym = yp.reshape(L, math.prod(bs), k, math.prod(ys))
-        planes = be.matmul(xm, ym, moduli).reshape((L,) + bs + xs + ys)
-    # exponents are constant along contracted indices (size-1 dims there): drop them and broadcast
-    xe2 = _drop_axes(xe, range(nb + nx, nb + nx + nc)).reshape(xe.shape[: nb + nx] + (1,) * ny)
-    ye2 = _drop_axes(ye, range(nb, nb + nc))
-    ye2 = ye2.reshape(ye2.shape[:nb] + (1,) * nx + ye2.shape[nb:])
-    return _Value(planes, xe2 + ye2, factor, bound, labels)
-
-
-def _combine(v: _Value, labels: str, moduli, be) -> _Value:
-    """(re, im) times (re, im): ``Re = P00 - P11``, ``Im = P01 + P10`` (the exact 4M form)."""
-    i, j = v.labels.index(_C) + 1, v.labels.index(_C2) + 1
-
-    def part(a: int, b: int) -> np.ndarray:
-        return np.ascontiguousarray(np.take(np.take(v.planes, a, axis=j), b, axis=i if i < j else i - 1))
-
-    # part(a, b): the real/imaginary part ``b`` of the first operand times part ``a`` of the second
-    re = be.add(part(0, 0), part(1, 1), moduli, True)
-    im = be.add(part(1, 0), part(0, 1), moduli, False)
-    exp = _drop_axes(v.exp, (i - 1, j - 1))[None]
-    return _Value(np.stack([re, im], axis=1), exp, v.factor, v.bound, labels)
-
-
-def _align(T: RNSTensor, shared: tuple[int, ...], bound: int, labels: str, be) -> _Value:
-    """An RNSTensor operand on the full basis with exponents constant along ``shared`` (exact shifts)."""
-    planes = T.residues
-    if T.active != T.basis.moduli:
-        planes, _ = be.drop_extend(planes, T.active, T.basis, 0, True)
-    e = np.asarray(T.scale.exponent(), np.int64)
-    if shared and e.size > 1:
-        lo = e.min(axis=shared, keepdims=True)
-        d = e - lo
-        if int(d.max()) > 0:
-            mods = T.basis.moduli
-            pw = np.empty((len(mods),) + d.shape, np.int8)
-            for i, p in enumerate(mods):
-                r = np.vectorize(lambda k, p=p: pow(2, int(k), p), otypes=[np.int64])(d)
-                pw[i] = r - p * (r >= (p + 1) // 2)
-            planes = be.hadamard(np.ascontiguousarray(planes), pw, mods)
-        e = lo
-    return _Value(np.asarray(planes), e, T.scale.factor, bound, labels)
-
-
-def _unit(v: _Value) -> np.ndarray:
-    """The value of one integer unit of every entry: ``factor * 2**exponent`` (float64, saturating)."""
-    with np.errstate(over="ignore"):
-        return np.ldexp(float(v.factor), np.clip(v.exp, -1100, 1100).astype(np.int32))
-
-
-def _up(x: np.ndarray, n: int) -> np.ndarray:
-    """Inflate a float64 sum of ``n`` nonnegative terms so it stays an upper bound of the exact sum."""
-    return np.asarray(x) * (1.0 + (n + 2) * 2.0**-52)
-
-
-def _letters(xl: str, yl: str, zl: str) -> str:
-    """An einsum string over ASCII letters for node labels (which may hold the complex-axis markers)."""
-    chars = list(dict.fromkeys(xl + yl + zl))
-    free = iter(c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in chars)
-    m = {c: (c if c.isalpha() else next(free)) for c in chars}
-    tr = lambda s: "".join(m[c] for c in s)  # noqa: E731
-    return f"{tr(xl)},{tr(yl)}->{tr(zl)}"
-
-
-def _combine_bound(z: np.ndarray, labels: str) -> np.ndarray:
-    """Magnitude/error bounds through the 4M combination: both parts add two products' bounds."""
-    i, j = labels.index(_C), labels.index(_C2)
-    part = lambda a, b: np.take(np.take(z, a, axis=j), b, axis=i if i < j else i - 1)  # noqa: E731
-    return np.stack([_up(part(0, 0) + part(1, 1), 2), _up(part(1, 0) + part(0, 1), 2)])
-
-
-def _encode_leaf(x: np.ndarray, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTensor:
+def _encode_leaf(x, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTensor:
     """One operand's encoding: module level so that tests can count how often constants are encoded."""
     return encode(x, basis, bits=bits, shared_axes=shared)
 
 
-def _value_of(T: RNSTensor, labels: str, bound: int) -> _Value:
-    e = np.asarray(T.scale.exponent(), np.int64)
-    return _Value(T.residues, e.reshape(e.shape + (1,) * (T.ndim - e.ndim)), 1, bound, labels)
+def _on(xp, a):
+    """``a`` in the array module ``xp``, copied across explicitly where it lives on the other side (constants, once)."""
+    if xp is np:
+        return a.get() if is_device_array(a) else a
+    return a if is_device_array(a) else xp.asarray(a)
+
+
+def _value_on(xp, v: Value) -> Value:
+    return Value(_on(xp, v.planes), _on(xp, v.exp), v.factor, v.bound, v.labels, v.active)
 
 
 # ----- the expression -----------------------------------------------------------------------
@@ -619,7 +476,7 @@ class ContractExpression:
             return self.bits
         return self.basis.product.bit_length() if self.decode == "exact" else 53
 
-    def _plan(self, kinds: tuple, cplx: tuple, tensors: dict) -> _Plan:
+    def _plan(self, kinds: tuple, cplx: tuple, tensors: dict) -> ir.Program:
         key = (kinds, cplx)
         if tensors or key not in self._plans:
             consts = {i: self._const_array(i, cplx[i]) for i in self.constants}
@@ -638,11 +495,18 @@ class ContractExpression:
             self._plans[key] = plan
         return self._plans[key]
 
-    def _const_array(self, i: int, cplx: bool) -> np.ndarray:
+    def _const_array(self, i: int, cplx: bool, xp=np):
+        """Constant ``i`` as encoded (diagonal, broadcast, parts stacked), in the array module ``xp`` (cached)."""
         key = ("array", i)
         if key not in self._const_cache:
             self._const_cache[key] = _leaf_array(self.terms[i], self.sizes, self.constants[i], cplx)
-        return self._const_cache[key]
+        host_or_dev = self._const_cache[key]
+        if array_module(host_or_dev) is xp:
+            return host_or_dev
+        dkey = ("array", i, xp.__name__)
+        if dkey not in self._const_cache:
+            self._const_cache[dkey] = _on(xp, host_or_dev)
+        return self._const_cache[dkey]
 
     def _operands(self, arrays) -> tuple[list, tuple, tuple, dict]:
         if len(arrays) != self.num_args:
@@ -669,37 +533,52 @@ class ContractExpression:
                     x = _tensor_diagonal(x, self.terms[i])  # repeated indices: take the diagonal first
                 tensors[i] = x
             else:
-                x = np.asarray(x)
+                x = x if is_device_array(x) else np.asarray(x)
                 _check_finite(x, i)
             ops.append(x)
             kinds.append(k)
             cplx.append(c)
         return ops, tuple(kinds), tuple(cplx), tensors
 
+    def _backend(self, ops, kinds, backend):
+        """The backend and array module of a call: its non-constant operands' (CuPy runs on 'cuda'; no mixing)."""
+        arrays = [x.residues if isinstance(x, RNSTensor) else x for x, k in zip(ops, kinds) if k != "const"]
+        names = tuple(f"operand {i}" for i, k in enumerate(kinds) if k != "const")
+        be_name = backend or self.backend
+        be, xp = dispatch(*arrays, backend=be_name, names=names, fn="einsum")
+        return be, xp, (be.name if xp is not np else be_name)
+
     def __call__(self, *arrays, backend: Optional[str] = None):
-        """Contract new operands (the non-constants, in order); returns what ``decode`` says."""
+        """Contract new operands (the non-constants, in order); returns what ``decode`` says.
+
+        NumPy operands give NumPy results on the CPU backend, CuPy operands
+        CuPy results on the CUDA backend (constants may be either: they are
+        encoded once per device).
+        """
         out = self._run(arrays, backend, track=False)
         if not isinstance(out, tuple):
             return out
-        T, plan, _ = out
+        T, plan, _, be_name = out
         if self.decode is None:
             return T
-        y = decode_tensor(T, self.decode, backend=backend or self.backend)
-        if plan.cplx:
+        y = decode_tensor(T, self.decode, backend=be_name)
+        if plan.complex:
             y = y[0] + 1j * y[1]
-        return y[()] if y.ndim == 0 else y
+        return y[()] if y.ndim == 0 and not is_device_array(y) else y
 
     def error_bound(self, *arrays, backend: Optional[str] = None) -> np.ndarray:
         """A rigorous bound on the absolute error of every entry of ``self(*arrays)``.
 
-        The plan is replayed with a running error analysis: each operand's
+        The plan is replayed with a running error analysis
+        (:class:`rnstensor.program.errors.EntrywiseErrors`): each operand's
         encoding error (half a unit of its slice), each drop (under one unit
         of the quotient), every product and sum of those (``|x̂ŷ - xy| <=
         D_x M_y + M_x D_y`` with magnitude bounds ``M``), and the final decode
         (``'fp64'``: the Horner bound; ``'exact'``: half an ulp). For complex
         results it bounds ``|Re err| + |Im err|``. Operands given as
         RNSTensors count as exact. The bound's own float64 arithmetic is
-        inflated to stay an upper bound.
+        inflated to stay an upper bound. Computed where the operands live
+        (a CuPy array for CuPy operands).
 
         Examples
         --------
@@ -714,18 +593,10 @@ class ContractExpression:
             raise ValueError("error_bound: this expression returns RNSTensors (decode=None); nothing is rounded")
         out = self._run(arrays, backend, track=True)
         if not isinstance(out, tuple):
-            return np.zeros(np.shape(out))
-        T, plan, (M, D) = out
-        e = np.asarray(T.scale.exponent(), np.int64)
-        with np.errstate(over="ignore"):
-            unit = np.ldexp(float(T.scale.factor), np.clip(e, -1100, 1100).astype(np.int32))
-            if self.decode == "fp64":
-                f = fraction_up(decode_factor("fp64", self.basis.moduli, T.bound))
-                D = D + f * float(T.bound) * unit * (1 + 2.0**-40)
-            else:
-                D = D + 2.0**-53 * (M + D)
-        D = _up(np.broadcast_to(D, T.shape) + 2.0**-1074, 4)
-        if plan.cplx:
+            return array_module(out).zeros(np.shape(out))
+        T, plan, (M, D), _ = out
+        D = decoded(M, D, T, self.decode)
+        if plan.complex:
             D = D[0] + D[1]
         return D
 
@@ -734,99 +605,52 @@ class ContractExpression:
         out_cplx = any(cplx)
         if tensors and out_cplx:
             raise TypeError("einsum: complex operands cannot be mixed with RNSTensor operands (those are real)")
+        be, xp, be_name = self._backend(ops, kinds, backend)
         out_shape = tuple(self.sizes[c] for c in self.output)
         if any(n == 0 for n in self.sizes.values()):
             if self.decode is None:
                 raise ValueError("einsum: decode=None needs non-empty operands")
-            return np.zeros(out_shape, np.complex128 if out_cplx else np.float64)
-        be_name = backend or self.backend
-        be = get_backend(be_name)
+            return xp.zeros(out_shape, np.complex128 if out_cplx else np.float64)
         plan = self._plan(kinds, cplx, tensors)
-        vals: dict[int, _Value] = {}
-        err: dict[int, tuple] = {}
-        moduli = self.basis.moduli
-        for ins in plan.instrs:
-            a = ins.args
-            if ins.op == "encode":
-                i, bits, shared, c, bound = a
-                v = vals[ins.slot] = self._leaf_value(i, ops[i], kinds[i], bits, shared, c, bound, be_name)
-                if track:
-                    x = self._const_array(i, c) if kinds[i] == "const" else _leaf_array(self.terms[i], self.sizes, ops[i], c)
-                    half = 0.5 * _unit(v)
-                    err[ins.slot] = (np.abs(x) + half, np.broadcast_to(half, x.shape))
-            elif ins.op == "tensor":
-                i, shared, bound = a
-                v = vals[ins.slot] = _align(ops[i], shared, bound, _unique(self.terms[i]), be)
-                if track:
-                    err[ins.slot] = (np.broadcast_to(float(v.bound) * _unit(v), v.planes.shape[1:]), 0.0)
-            elif ins.op == "drop":
-                v = vals[ins.slot]
-                T = drop(_tensor_of(v, self.basis), moduli=a[0], extend=True, backend=be_name)
-                w = vals[ins.slot] = _Value(T.residues, v.exp, T.scale.factor, T.bound, v.labels)
-                if track:
-                    M, D = err[ins.slot]
-                    u = _unit(w)
-                    err[ins.slot] = (M + u, D + u)
-            elif ins.op == "reencode":
-                bits, shared, labels = a
-                v = vals[ins.slot]
-                x = decode_tensor(_tensor_of(v, self.basis), "fp64", backend=be_name)
-                w = vals[ins.slot] = _value_of(_encode_leaf(x, self.basis, bits, shared), labels, 1 << bits)
-                if track:
-                    M, D = err[ins.slot]
-                    f = fraction_up(decode_factor("fp64", moduli, v.bound)) * float(v.bound) * _unit(v) * (1 + 2.0**-40)
-                    half = 0.5 * _unit(w)
-                    err[ins.slot] = (M + f + half, D + f + half)
-            elif ins.op == "sum":
-                x_slot, labels, S, bound = a
-                v = vals.pop(x_slot)
-                v.labels = labels
-                vals[ins.slot] = _sum(v, S, bound, moduli, be)
-                if track:
-                    M, D = err.pop(x_slot)
-                    axes = tuple(labels.index(c) for c in S)
-                    n = math.prod(v.planes.shape[ax + 1] for ax in axes)
-                    err[ins.slot] = tuple(_up(np.sum(np.broadcast_to(z, v.planes.shape[1:]), axis=axes), n) for z in (M, D))
-            elif ins.op == "pair":
-                X, Y = vals.pop(a[0]), vals.pop(a[1])
-                X.labels, Y.labels = a[2], a[3]
-                Z = vals[ins.slot] = _pair(X, Y, a, moduli, be)
-                if track:
-                    (Mx, Dx), (My, Dy) = err.pop(a[0]), err.pop(a[1])
-                    Mx, Dx = (np.broadcast_to(z, X.planes.shape[1:]) for z in (Mx, Dx))
-                    My, Dy = (np.broadcast_to(z, Y.planes.shape[1:]) for z in (My, Dy))
-                    zl = Z.labels if _C in a[2] else Z.labels.replace(_C, _C2)  # undo the pass-through rename
-                    eq = _letters(a[2], a[3], zl)
-                    k = math.prod(X.planes.shape[1 + a[2].index(c)] for c in a[4] + a[6]) * max(
-                        1, math.prod(Y.planes.shape[1 + a[3].index(c)] for c in a[5])
-                    )
-                    ein = lambda p, q: _up(np.einsum(eq, p, q), k)  # noqa: E731
-                    err[ins.slot] = (ein(Mx, My), ein(Dx, My) + ein(Mx, Dy))
-            elif ins.op == "cplx":
-                v = vals[ins.slot]
-                vals[ins.slot] = _combine(v, a[0], moduli, be)
-                if track:
-                    err[ins.slot] = tuple(_combine_bound(np.broadcast_to(z, v.planes.shape[1:]), v.labels) for z in err[ins.slot])
-        Z = vals[plan.out_slot]
-        planes, exp = _permuted(Z, plan.out_labels)
-        W = _Value(np.ascontiguousarray(planes), np.require(exp, requirements="C"), Z.factor, Z.bound, plan.out_labels)
+        leaves: dict = {}
+
+        def leaf(st):
+            if st.source not in leaves:
+                i = st.source
+                leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
+                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
+            return leaves[st.source]
+
+        def encoded(st):
+            i = st.source
+            labels = (_C if cplx[i] else "") + _unique(self.terms[i])
+            if kinds[i] != "const":
+                T = _encode_leaf(leaf(st), self.basis, st.bits, st.shared)
+                return value_of(T, labels, st.bound)
+            key = ("enc", i, st.bits, cplx[i])
+            if key not in self._const_cache:
+                T = _encode_leaf(self._const_array(i, cplx[i]), self.basis, st.bits, st.shared)
+                self._const_cache[key] = value_of(T, labels, st.bound)
+            v = self._const_cache[key]
+            if array_module(v.planes) is not xp:  # a constant encoded on the other side: copied once
+                dkey = key + (xp.__name__,)
+                if dkey not in self._const_cache:
+                    self._const_cache[dkey] = _value_on(xp, v)
+                v = self._const_cache[dkey]
+            return Value(v.planes, v.exp, v.factor, v.bound, labels)
+
+        observer = EntrywiseErrors(self.basis, leaf) if track else None
+        vals = execute(plan, be, be_name, encoded=encoded, operand=lambda st: ops[st.source],
+                       tables=getattr(be, "constants", None), observer=observer)
+        Z = vals[plan.out]
+        planes, exp = permuted(Z, plan.out_labels)
+        W = Value(xp.ascontiguousarray(planes), exp.astype(np.int64, order="C", copy=False), Z.factor, Z.bound,
+                  plan.out_labels)
         MD = None
         if track:
             perm = [Z.labels.index(c) for c in plan.out_labels]
-            MD = tuple(np.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in err[plan.out_slot])
-        return _tensor_of(W, self.basis), plan, MD
-
-    def _leaf_value(self, i, x, kind, bits, shared, cplx, bound, be_name) -> _Value:
-        labels = (_C if cplx else "") + _unique(self.terms[i])
-        if kind == "const":
-            key = ("enc", i, bits, cplx)
-            if key not in self._const_cache:
-                T = _encode_leaf(self._const_array(i, cplx), self.basis, bits, shared)
-                self._const_cache[key] = _value_of(T, labels, bound)
-            v = self._const_cache[key]
-            return _Value(v.planes, v.exp, v.factor, v.bound, labels)
-        T = _encode_leaf(_leaf_array(self.terms[i], self.sizes, x, cplx), self.basis, bits, shared)
-        return _value_of(T, labels, bound)
+            MD = tuple(xp.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in observer.err[plan.out])
+        return tensor_of(W, self.basis), plan, MD, be_name
 
     def explain(self) -> str:
         """The contraction path and the residue-domain step of each contraction, with bounds and drops.
@@ -844,7 +668,7 @@ class ContractExpression:
             f"opt_einsum path {self.path}",
         ]
         body, k = [], 0
-        for line in plan.lines:  # steps numbered; their drops (indented) follow them
+        for line in plan.notes:  # steps numbered; their drops (indented) follow them
             if not line.startswith("  "):
                 k += 1
                 line = f"{k}. {line}"
@@ -856,16 +680,17 @@ class ContractExpression:
         return f"ContractExpression({self.subscripts!r}, method={self.method!r}, s={len(self.basis)})"
 
 
-def _leaf_array(term: str, sizes: dict, x, cplx: bool) -> np.ndarray:
-    """An operand as encoded: diagonals taken, broadcast to the full sizes, complex parts stacked first."""
-    x = np.asarray(x)
+def _leaf_array(term: str, sizes: dict, x, cplx: bool):
+    """An operand as encoded: diagonals taken, broadcast to the full sizes, complex parts stacked first (where it lives)."""
+    xp = array_module(x)
+    x = xp.asarray(x)
     labels = _unique(term)
     if labels != term:
-        x = np.einsum(f"{term}->{labels}", x)  # a diagonal is a selection: exact
-    x = np.broadcast_to(x, tuple(sizes[c] for c in labels))
+        x = xp.einsum(f"{term}->{labels}", x)  # a diagonal is a selection: exact
+    x = xp.broadcast_to(x, tuple(sizes[c] for c in labels))
     if cplx:
-        x = np.stack([x.real, x.imag])
-    return np.require(x, dtype=np.float64, requirements="C")
+        x = xp.stack([x.real, x.imag])
+    return x.astype(np.float64, order="C", copy=False)  # (ascontiguousarray would make a 0-d operand 1-d)
 
 
 # ----- public functions ---------------------------------------------------------------------
@@ -955,7 +780,7 @@ def contract_expression(
         if i in constants:
             if isinstance(x, RNSTensor):
                 raise TypeError(f"constant {i} must be a float64 or complex128 array, not an RNSTensor")
-            x = np.asarray(x)
+            x = x if is_device_array(x) else np.asarray(x)  # a CuPy constant stays on the device
             _operand_kind(x, i)
             _check_finite(x, i)
             consts[i] = x
@@ -1017,7 +842,8 @@ def einsum(
         See :func:`contract_expression`.
     out : ndarray, optional
         Where to write the result (numpy's ``out``): the result's shape, and
-        float64 or complex128 as the result (complex128 also takes a real result).
+        float64 or complex128 as the result (complex128 also takes a real result);
+        a CuPy array for CuPy operands.
 
     Returns
     -------
@@ -1069,12 +895,15 @@ def einsum(
         return res
     if isinstance(res, RNSTensor):
         raise ValueError("einsum: out= needs a decoded result (decode='fp64' or 'exact')")
-    res = np.asarray(res)
-    if not isinstance(out, np.ndarray) or out.shape != res.shape or not np.can_cast(res.dtype, out.dtype, "safe") \
-            or out.dtype not in (np.float64, np.complex128):
+    device = is_device_array(res)
+    res = res if device else np.asarray(res)
+    kind = "CuPy array" if device else "ndarray"
+    if is_device_array(out) != device or not hasattr(out, "shape") or out.shape != res.shape \
+            or not np.can_cast(res.dtype, out.dtype, "safe") or out.dtype not in (np.float64, np.complex128):
         raise ValueError(
-            f"einsum: out must be a float64/complex128 ndarray of shape {res.shape} that holds {res.dtype}; "
-            f"got {type(out).__name__} {getattr(out, 'shape', '')} {getattr(out, 'dtype', '')}"
+            f"einsum: out must be a float64/complex128 {kind} of shape {res.shape} that holds {res.dtype} "
+            f"(where the operands live); got {type(out).__name__} {getattr(out, 'shape', '')} "
+            f"{getattr(out, 'dtype', '')}"
         )
     out[...] = res
     return out
@@ -1085,8 +914,9 @@ def _tensor_diagonal(T: RNSTensor, term: str) -> RNSTensor:
     labels = _unique(term)
     letters = {c: chr(ord("a") + k) for k, c in enumerate(labels)}
     src, dst = "".join(letters[c] for c in term), "".join(letters[c] for c in labels)
-    planes = np.ascontiguousarray(np.einsum(f"z{src}->z{dst}", T.residues))
-    exp = np.einsum(f"{src}->{dst}", np.broadcast_to(np.asarray(T.scale.exponent(), np.int64), T.shape))
+    xp = array_module(T.residues)
+    planes = xp.ascontiguousarray(xp.einsum(f"z{src}->z{dst}", T.residues))
+    exp = xp.einsum(f"{src}->{dst}", xp.broadcast_to(T.exponent().astype(np.int64, copy=False), T.shape))
     return RNSTensor(planes, T.basis, T.active, T.bound, Scale(0, T.scale.factor, (None,) * len(labels), exp))
 
 

@@ -518,7 +518,7 @@ def decode(T: RNSTensor, mode: str = "fp64", *, backend: Optional[str] = None) -
     if mode not in DECODE_MODES:
         raise ValueError(f"mode must be one of {DECODE_MODES}; got {mode!r}")
     be = _backend("decode", backend, T, names=("T",))
-    out = be.decode(T.residues, T.active, T.scale.exponent(), T.scale.factor, mode)
+    out = be.decode(T.residues, T.active, T.exponent(), T.scale.factor, mode)
     out = array_module(out).asarray(out, dtype=np.float64).reshape(T.shape)
     if T.negative_zeros is not None:
         out[T.negative_zeros] = -0.0

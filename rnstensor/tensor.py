@@ -66,13 +66,15 @@ class Scale:
         """The scale of a plain integer tensor: 1."""
         return cls(0, 1, (None,) * ndim, None)
 
-    def exponent(self) -> np.ndarray:
+    def exponent(self, xp=None) -> np.ndarray:
         """The power-of-two exponent of every entry, as a small int64 array that broadcasts to the shape.
 
         Only the axes that carry exponents have their full length; the rest are 1.
+        ``xp``: the array module to build it in (default: that of the exponent
+        arrays, NumPy for a scalar scale); a device tensor's residues' module.
         """
         ndim = len(self.axes)
-        xp = array_module(*self.axes, self.field, fn="Scale")
+        xp = array_module(*self.axes, self.field, fn="Scale") if xp is None else xp
         e = xp.full((1,) * ndim, self.exp2, dtype=np.int64)
         for a, vec in enumerate(self.axes):
             if vec is not None:
@@ -217,6 +219,10 @@ class RNSTensor:
     def log2_range(self) -> float:
         """``log2(P_active / 2)``: the centered range limit of the active moduli."""
         return log2_int(self.active_product) - 1.0
+
+    def exponent(self):
+        """The power-of-two exponent of every entry (:meth:`Scale.exponent`), where the residues live."""
+        return self.scale.exponent(array_module(self.residues))
 
     def plane(self, p: int) -> np.ndarray:
         """The residue plane of active modulus ``p``."""

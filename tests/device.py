@@ -57,7 +57,7 @@ def same_bits(got, want) -> None:
     got = got.get() if hasattr(got, "get") else got
     want = np.asarray(want)
     assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
-    assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), np.argwhere(got != want)[:5]
+    assert np.array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)), np.argwhere(got != want)[:5]
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,9 @@ aside), so all backends return identical bits. The contract:
 ``decode(planes, active, exponent, factor, mode)``
     float64 of ``v * factor * 2**exponent``: ``mode='fp64'`` is MRC + Horner
     in float64 then the scale; ``mode='exact'`` rounds the exact product once.
+``constants(key, make)``
+    the host arrays ``make()`` returns (a tuple), where the backend computes:
+    as they are on the host, copied to the device once per ``key`` on a GPU.
 
 ``rnstensor.arith`` defines the results; :class:`NumpyBackend` is it verbatim.
 """
@@ -142,6 +145,9 @@ class NumpyBackend:
         if mode == "fp64":
             return arith.decode_fp64_ref(planes, active, exponent, factor)
         return arith.decode_exact_ref(planes, active, exponent, factor)
+
+    def constants(self, key, make):
+        return make()
 
 
 _BACKENDS: dict[str, object] = {}

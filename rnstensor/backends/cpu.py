@@ -1164,6 +1164,10 @@ class CpuBackend:
 
     # ----- encode -------------------------------------------------------------------------
 
+    def constants(self, key, make):
+        """Host tables as they are (see the backend contract)."""
+        return make()
+
     def encode(self, x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits: int) -> np.ndarray:
         # not ascontiguousarray: it would turn a 0-d x into shape (1,)
         x = np.require(np.asarray(x, dtype=np.float64), requirements="C")

@@ -277,6 +277,10 @@ class CudaBackend:
         """``{module: cubin path}`` of the modules built for this device (compiling them if needed)."""
         return {m: str(build.compile_module(m, self.arch).path) for m in build.modules_for(self.arch)}
 
+    def constants(self, key, make):
+        """A device copy of host tables ``make()`` (a tuple of arrays), made once per ``key`` and cached."""
+        return self._dev(key, make)
+
     def _dev(self, key, make):
         """A device copy of host tables ``make()`` (a tuple of arrays), cached under ``key``."""
         hit = self._dev_tables.get(key)

@@ -1,0 +1,304 @@
+"""Running a residue program on a backend: NumPy arrays on the CPU backends, CuPy arrays on the CUDA backend.
+
+The executor walks a :class:`~rnstensor.program.ir.Program` step by step. A
+slot's value is a :class:`Value`: planes, exponents, factor, bound and labels,
+all where the data lives (the exponents are small arrays of the planes' array
+module). Nothing data-sized leaves the device between the encodes and the
+decode; constant operands come from the builder's cache, encoded once per
+device. An *observer* (the running error analysis of :mod:`.errors`) sees
+every step with its operands and result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..arrays import array_module
+from ..basis import Basis, pow2_cycle
+from ..encode import encode
+from ..primitives import decode as decode_tensor
+from ..primitives import drop
+from ..tensor import RNSTensor, Scale
+from .ir import Add, Combine, Contract, Decode, Drop, Encode, Operand, Program, Reencode, Sum
+
+__all__ = ["Value", "execute", "run_step", "encode_value", "value_of", "tensor_of", "permuted", "unit", "alpha_parts"]
+
+
+@dataclass
+class Value:
+    """A slot's residues at run time: planes ``(L, *shape)``, exponents, the dropped-moduli factor, bound, labels.
+
+    ``exp`` is int64 with one dim per label, size 1 where the exponent is
+    constant; ``active`` the moduli of the planes (``None``: the whole basis).
+    """
+
+    planes: Any
+    exp: Any
+    factor: int
+    bound: int
+    labels: str
+    active: Optional[tuple] = None
+
+
+def tensor_of(v: Value, basis: Basis) -> RNSTensor:
+    """The value as an :class:`~rnstensor.RNSTensor` (its exponents as the scale's field)."""
+    active = basis.moduli if v.active is None else v.active
+    return RNSTensor(v.planes, basis, active, v.bound, Scale(0, v.factor, (None,) * len(v.labels), v.exp))
+
+
+def value_of(T: RNSTensor, labels: str, bound: int) -> Value:
+    """An encoded tensor as a value: its exponents with one dim per axis."""
+    e = T.exponent().astype(np.int64, copy=False)
+    e = e.reshape(tuple(e.shape) + (1,) * (T.ndim - e.ndim))
+    return Value(T.residues, e, T.scale.factor, bound, labels, None if T.active == T.basis.moduli else T.active)
+
+
+def permuted(v: Value, labels: str):
+    """``(planes, exp)`` of ``v`` with its axes in the order of ``labels``."""
+    perm = [v.labels.index(c) for c in labels]
+    return v.planes.transpose([0] + [p + 1 for p in perm]), v.exp.transpose(perm)
+
+
+def _drop_axes(exp, axes: Sequence[int]):
+    return exp.reshape([n for i, n in enumerate(exp.shape) if i not in axes])
+
+
+def _moduli(v: Value, basis: Basis) -> tuple:
+    return basis.moduli if v.active is None else v.active
+
+
+def _sum(v: Value, over: str, bound: int, basis: Basis, be) -> Value:
+    """The residues of the sum over the labels ``over``: a product with a row of ones (exact, any backend)."""
+    xp = array_module(v.planes)
+    axes = [v.labels.index(c) for c in over]
+    keep = [a for a in range(len(v.labels)) if a not in axes]
+    moved = v.planes.transpose([0] + [a + 1 for a in keep] + [a + 1 for a in axes])
+    n = math.prod(v.planes.shape[a + 1] for a in axes)
+    flat = xp.ascontiguousarray(moved).reshape(tuple(moved.shape[: 1 + len(keep)]) + (n,))
+    moduli = _moduli(v, basis)
+    out = be.product(xp.ones((len(moduli), 1, n), np.int8), flat, moduli, flat.ndim - 2)
+    labels = "".join(v.labels[a] for a in keep)
+    return Value(out.reshape(out.shape[:-1]), _drop_axes(v.exp, axes), v.factor, bound, labels, v.active)
+
+
+def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
+    xp = array_module(X.planes, Y.planes)
+    C, Bt, Kx, Ky, kind = st.contracted, st.batch, st.x_keep, st.y_keep, st.kind
+    if st.x_sum:
+        X = _sum(X, st.x_sum, 0, basis, be)
+    if st.y_sum:
+        Y = _sum(Y, st.y_sum, 0, basis, be)
+    factor = X.factor * Y.factor
+    moduli = _moduli(X, basis)
+    L = len(moduli)
+    if kind in ("mode", "mode_rev"):
+        T, op, kop = (X, Y, Ky) if kind == "mode" else (Y, X, Kx)
+        ax = T.labels.index(C)
+        op_planes, op_exp = permuted(op, kop + C)
+        planes = be.product(xp.ascontiguousarray(op_planes), xp.ascontiguousarray(T.planes), moduli, ax)
+        shape = [1] * len(T.labels)
+        shape[ax] = op_exp.shape[0]
+        return Value(planes, T.exp + op_exp.reshape(shape), factor, st.bound, st.labels, X.active)
+    xp_, xe = permuted(X, Bt + Kx + C)
+    yp, ye = permuted(Y, Bt + C + Ky)
+    nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
+    bs, xs, ys = xp_.shape[1 : 1 + nb], xp_.shape[1 + nb : 1 + nb + nx], yp.shape[1 + nb + nc :]
+    if kind == "outer":
+        full = (L,) + bs + xs + ys
+        xb = xp.broadcast_to(xp_.reshape((L,) + bs + xs + (1,) * ny), full)
+        yb = yp.reshape((L,) + bs + (1,) * nx + ys)
+        planes = be.hadamard(xp.ascontiguousarray(xb), xp.ascontiguousarray(yb), moduli)
+    else:
+        k = math.prod(xp_.shape[1 + nb + nx :])
+        # reshape copies only when the index order needs it; the backend takes strided operands
+        xm = xp_.reshape(L, math.prod(bs), math.prod(xs), k)
+        ym = yp.reshape(L, math.prod(bs), k, math.prod(ys))
+        planes = be.matmul(xm, ym, moduli).reshape((L,) + bs + xs + ys)
+    # exponents are constant along contracted indices (size-1 dims there): drop them and broadcast
+    xe2 = _drop_axes(xe, range(nb + nx, nb + nx + nc)).reshape(tuple(xe.shape[: nb + nx]) + (1,) * ny)
+    ye2 = _drop_axes(ye, range(nb, nb + nc))
+    ye2 = ye2.reshape(tuple(ye2.shape[:nb]) + (1,) * nx + tuple(ye2.shape[nb:]))
+    return Value(planes, xe2 + ye2, factor, st.bound, st.labels, X.active)
+
+
+def combine_parts(z, i: int, j: int):
+    """``part(a, b)`` of an array whose axes ``i`` and ``j`` are two operands' (re, im) axes.
+
+    ``part(a, b)`` is part ``b`` of the first operand (axis ``i``) times part
+    ``a`` of the second (axis ``j``).
+    """
+
+    def part(a: int, b: int):
+        return z.take(a, axis=j).take(b, axis=i if i < j else i - 1)
+
+    return part
+
+
+def _combine(v: Value, st: Combine, basis: Basis, be) -> Value:
+    """(re, im) times (re, im): ``Re = P00 - P11``, ``Im = P01 + P10`` (the exact 4M form)."""
+    xp = array_module(v.planes)
+    moduli = _moduli(v, basis)
+    i, j = v.labels.index(st.re_x), v.labels.index(st.re_y)
+    part = combine_parts(v.planes, i + 1, j + 1)
+    re = be.add(xp.ascontiguousarray(part(0, 0)), xp.ascontiguousarray(part(1, 1)), moduli, True)
+    im = be.add(xp.ascontiguousarray(part(1, 0)), xp.ascontiguousarray(part(0, 1)), moduli, False)
+    exp = _drop_axes(v.exp, (i, j))[None]
+    return Value(xp.stack([re, im], axis=1), exp, v.factor, v.bound, st.labels, v.active)
+
+
+@lru_cache(maxsize=64)
+def _pow2_cycles(moduli: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per modulus: the centered residues of ``2**k`` for ``k < a + t`` (``pow2_cycle``), padded; ``a``; ``t``."""
+    cycles = [pow2_cycle(p) for p in moduli]
+    width = max(a + t for a, t in cycles)
+    tab = np.zeros((len(moduli), width), np.int8)
+    for i, (p, (a, t)) in enumerate(zip(moduli, cycles)):
+        for k in range(a + t):
+            r = pow(2, k, p)
+            tab[i, k] = r - p if r >= (p + 1) // 2 else r
+    a = np.array([c[0] for c in cycles], np.int64)
+    t = np.array([c[1] for c in cycles], np.int64)
+    for arr in (tab, a, t):
+        arr.setflags(write=False)
+    return tab, a, t
+
+
+def pow2_residues(d, moduli: tuple, xp, tables: Optional[Callable] = None):
+    """Centered residues ``[2**d]_p`` (int8, ``(L, *d.shape)``) of non-negative int64 shifts ``d``, where ``d`` lives.
+
+    ``[2**d]_p = [2**(a + (d - a) % t)]_p`` for ``d >= a`` (:func:`~rnstensor.basis.pow2_cycle`), so a table of
+    ``a + t`` entries per modulus gives any power. ``tables`` turns host tables into device ones (a cache).
+    """
+    tab, a, t = _pow2_cycles(tuple(moduli))
+    if tables is not None:
+        tab, a, t = tables(("pow2", tuple(moduli)), lambda: (tab, a, t))
+    shape = (len(moduli),) + (1,) * d.ndim
+    a, t = a.reshape(shape), t.reshape(shape)
+    k = xp.where(d[None] < a, d[None], a + (d[None] - a) % t)
+    rows = xp.arange(len(moduli)).reshape(shape)
+    return tab[rows, k]
+
+
+def _align(T: RNSTensor, st: Operand, be, tables) -> Value:
+    """An RNSTensor operand on the full basis with exponents constant along ``shared`` (exact shifts)."""
+    xp = array_module(T.residues)
+    planes = T.residues
+    if T.active != T.basis.moduli:
+        planes, _ = be.drop_extend(planes, T.active, T.basis, 0, True)
+    e = T.exponent().astype(np.int64, copy=False)
+    if st.shared and e.size > 1:
+        lo = e.min(axis=st.shared, keepdims=True)
+        d = e - lo
+        if int(d.max()) > 0:
+            mods = T.basis.moduli
+            pw = pow2_residues(d, mods, xp, tables)
+            planes = be.hadamard(xp.ascontiguousarray(planes), xp.ascontiguousarray(pw), mods)
+        e = lo
+    return Value(planes, e, T.scale.factor, st.bound, st.labels)
+
+
+def unit(v: Value):
+    """The value of one integer unit of every entry: ``factor * 2**exponent`` (float64, saturating)."""
+    xp = array_module(v.exp)
+    with np.errstate(over="ignore"):
+        return xp.ldexp(float(v.factor), xp.clip(v.exp, -1100, 1100).astype(np.int32))
+
+
+def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
+    """The slot decoded (``alpha`` joins the exact scale: the correctly rounded ``alpha * value`` for 'exact')."""
+    T = tensor_of(v, basis)
+    alpha = st.alpha
+    if alpha == 1.0:
+        return decode_tensor(T, st.mode, backend=backend)
+    xp = array_module(v.planes)
+    if alpha == 0:
+        return xp.zeros(T.shape)
+    if not math.isfinite(alpha):
+        with np.errstate(invalid="ignore"):
+            return alpha * decode_tensor(T, st.mode, backend=backend)
+    ma, ea = alpha_parts(alpha)
+    scaled = RNSTensor(T.residues, T.basis, T.active, T.bound,
+                       T.scale.replace(factor=T.scale.factor * ma, exp2=T.scale.exp2 + ea))
+    out = decode_tensor(scaled, st.mode, backend=backend)
+    return -out if alpha < 0 else out
+
+
+def alpha_parts(alpha: float) -> tuple[int, int]:
+    """``|alpha| = ma * 2**ea`` with ``ma`` odd (``alpha`` finite, nonzero)."""
+    mant, ex = math.frexp(abs(alpha))
+    ma, ea = int(mant * (1 << 53)), ex - 53
+    tz = (ma & -ma).bit_length() - 1
+    return ma >> tz, ea + tz
+
+
+def encode_value(x, st: Encode, basis: Basis, backend_name) -> Value:
+    """The value of an :class:`Encode` step for the float array ``x`` (as the builder prepared it)."""
+    T = encode(x, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name)
+    return value_of(T, st.labels, st.bound)
+
+
+def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, operand=None, tables=None):
+    """Execute one step on the slot values ``vals`` (updated in place); returns the new value.
+
+    ``encoded(step)`` gives an :class:`Encode` step's value (the builder
+    encodes its argument, or takes a constant from its cache: see
+    :func:`encode_value`), ``operand(step)`` an :class:`Operand` step's
+    RNSTensor; ``tables(key, make)`` caches host tables on the backend's device.
+    """
+    if isinstance(st, Encode):
+        v = encoded(st)
+    elif isinstance(st, Operand):
+        v = _align(operand(st), st, be, tables)
+    elif isinstance(st, Drop):
+        x = vals[st.x]
+        T = drop(tensor_of(x, basis), moduli=st.moduli, extend=st.extend, backend=backend_name)
+        v = Value(T.residues, x.exp, T.scale.factor, T.bound, x.labels,
+                  None if T.active == basis.moduli else T.active)
+    elif isinstance(st, Reencode):
+        x = vals[st.x]
+        y = decode_tensor(tensor_of(x, basis), "fp64", backend=backend_name)
+        v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound)
+    elif isinstance(st, Sum):
+        x = vals.pop(st.x)
+        x.labels = st.x_labels
+        v = _sum(x, st.over, st.bound, basis, be)
+    elif isinstance(st, Contract):
+        X, Y = vals.pop(st.x), vals.pop(st.y)
+        X.labels, Y.labels = st.x_labels, st.y_labels
+        v = _contract(X, Y, st, basis, be)
+    elif isinstance(st, Combine):
+        v = _combine(vals[st.x], st, basis, be)
+    elif isinstance(st, Add):
+        x, y = vals[st.x], vals[st.y]
+        planes = be.add(x.planes, y.planes, _moduli(x, basis), st.subtract)
+        v = Value(planes, x.exp, x.factor, st.bound, x.labels, x.active)
+    elif isinstance(st, Decode):
+        v = _decode(vals[st.x], st, basis, backend_name)
+    else:  # pragma: no cover - a builder's bug
+        raise TypeError(f"unknown program step {type(st).__name__}")
+    vals[st.out] = v
+    return v
+
+
+def execute(program: Program, be, backend_name, *, encoded=None, operand=None, tables=None, observer=None) -> dict:
+    """Run every step of ``program`` on backend ``be``; returns the slot values (the result at ``program.out``).
+
+    ``observer(step, before, after, vals)`` is called after each step with
+    the operand values it read (``before``) and its result.
+    """
+    vals: dict = {}
+    for st in program.steps:
+        before = None
+        if observer is not None:
+            before = {k: vals[k] for k in (getattr(st, "x", None), getattr(st, "y", None)) if k in vals}
+            if isinstance(st, (Contract, Sum)):  # the step relabels its operands in place: keep their labels
+                before = {k: Value(v.planes, v.exp, v.factor, v.bound, v.labels, v.active) for k, v in before.items()}
+        v = run_step(st, vals, program.basis, be, backend_name, encoded=encoded, operand=operand, tables=tables)
+        if observer is not None:
+            observer(st, before, v, vals)
+    return vals

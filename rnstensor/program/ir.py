@@ -1,0 +1,184 @@
+"""The residue program: typed steps between one encode per operand and one decode, each with its exact bound.
+
+A program is a sequence of steps over numbered *slots*. A slot holds a
+residue value: int8 planes on the basis moduli, an integer bound, and an
+exact scale (an integer factor times a power of two per entry, the
+exponents constant along every index that is ever summed). Each index of a
+value is named by one character (its *label*); a step names the labels of
+its operands and its result, so layouts (which axes are contracted, which are
+batch, where a new axis goes) are part of the program, decided once when it
+is built. Every step carries the bound its result obeys, computed by the
+planner exactly as the integers can grow: the executed program never leaves
+the centered range.
+
+Builders (einsum, chain plans, FEM operators, GEMM) write programs; the
+interpreters in this package read them: :mod:`.execute` runs one on a
+backend (NumPy arrays on the CPU, CuPy arrays on the GPU), and its observer
+hook carries the running error analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..basis import Basis
+
+__all__ = ["Encode", "Operand", "Drop", "Reencode", "Sum", "Contract", "Combine", "Add", "Decode", "Step", "Program",
+           "CONTRACT_KINDS"]
+
+#: How a :class:`Contract` runs: a mode product of ``x`` along its one contracted index with the 2-D ``y``
+#: (``'mode'``; ``'mode_rev'`` the roles swapped), a batched GEMM (``'matmul'``), or an elementwise / outer
+#: product when nothing is contracted (``'outer'``).
+CONTRACT_KINDS = ("mode", "mode_rev", "matmul", "outer")
+
+
+@dataclass(frozen=True)
+class Encode:
+    """Float operand ``source`` (a call argument, or constant ``source`` when ``constant``) encoded at ``bits``.
+
+    The operand is first brought to ``labels`` (``prepare`` of the builder:
+    diagonals taken, broadcast, complex parts stacked); entries share one
+    exponent along the axes ``shared``. ``bound`` is ``2**bits`` for an
+    argument, the exact largest integer for a constant.
+    """
+
+    out: int
+    source: int
+    bits: int
+    shared: tuple
+    labels: str
+    bound: int
+    constant: bool = False
+    complex: bool = False
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An :class:`~rnstensor.RNSTensor` argument ``source`` on the full basis, its exponents made constant along
+    ``shared`` (exact power-of-two shifts), with bound ``bound``."""
+
+    out: int
+    source: int
+    shared: tuple
+    labels: str
+    bound: int
+
+
+@dataclass(frozen=True)
+class Drop:
+    """RnsDrop by ``moduli`` (in that order) of slot ``x``, then base extension when ``extend``; bound ``bound``."""
+
+    out: int
+    x: int
+    moduli: tuple
+    extend: bool
+    bound: int
+
+
+@dataclass(frozen=True)
+class Reencode:
+    """Slot ``x`` decoded to float64 and encoded again at ``bits`` (the composed method of papers/002)."""
+
+    out: int
+    x: int
+    bits: int
+    shared: tuple
+    labels: str
+    bound: int
+
+
+@dataclass(frozen=True)
+class Sum:
+    """Slot ``x`` (labels ``x_labels``) summed over the labels ``over``: a product with a row of ones."""
+
+    out: int
+    x: int
+    x_labels: str
+    over: str
+    bound: int
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The pairwise contraction of slots ``x`` and ``y`` (labels ``x_labels``, ``y_labels``).
+
+    ``x_sum`` / ``y_sum`` are summed away first (indices of one operand
+    only); ``contracted`` are summed over the product, ``batch`` shared and
+    kept, ``x_keep`` / ``y_keep`` each operand's own kept indices. ``kind``
+    (:data:`CONTRACT_KINDS`) picks the residue operation; the result has
+    ``labels``.
+    """
+
+    out: int
+    x: int
+    y: int
+    x_labels: str
+    y_labels: str
+    x_sum: str
+    y_sum: str
+    contracted: str
+    batch: str
+    x_keep: str
+    y_keep: str
+    kind: str
+    labels: str
+    bound: int
+
+
+@dataclass(frozen=True)
+class Combine:
+    """The exact 4M complex combination of a product of two complex values.
+
+    Slot ``x`` holds both operands' (re, im) axes, ``re_x`` and ``re_y``
+    (labels of ``x``); the result ``(Re, Im) = (P00 - P11, P01 + P10)``
+    carries one (re, im) axis first, labels ``labels``.
+    """
+
+    out: int
+    x: int
+    re_x: str
+    re_y: str
+    labels: str
+
+
+@dataclass(frozen=True)
+class Add:
+    """``x + y`` (or ``x - y``) of two values with equal labels, moduli and scale; bound ``bound``."""
+
+    out: int
+    x: int
+    y: int
+    subtract: bool
+    bound: int
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Slot ``x`` to float64 (``'fp64'`` or ``'exact'``), times ``alpha`` (a float, joined to the exact scale)."""
+
+    out: int
+    x: int
+    mode: str
+    alpha: float = 1.0
+
+
+Step = Union[Encode, Operand, Drop, Reencode, Sum, Contract, Combine, Add, Decode]
+
+
+@dataclass(frozen=True)
+class Program:
+    """A residue program on ``basis``: its steps, the slot and labels of its result, and what its planner said.
+
+    ``notes`` are the planner's lines (``explain()``), ``kept_bits`` the
+    fewest bits any operand or intermediate keeps.
+    """
+
+    basis: Basis
+    steps: tuple
+    out: int
+    out_labels: str
+    complex: bool = False
+    notes: tuple = ()
+    kept_bits: float = float("inf")
+    nslots: Optional[int] = None

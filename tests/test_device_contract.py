@@ -1,0 +1,69 @@
+"""einsum and contract_expression on device arrays (strict CuPy stand-in): CuPy in, CuPy out, the CPU bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnstensor as rt
+from device import device, same_bits  # noqa: F401  (the fixture)
+from rnstensor.arrays import MixedDevicesError
+
+CASES = [
+    ("ij,jk,kl->il", [(6, 7), (7, 8), (8, 5)]),
+    ("eijk,ai,bj,ck->eabc", [(3, 4, 4, 4), (5, 4), (5, 4), (5, 4)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("ii->i", [(4, 4)]),
+    ("ij,ij->", [(3, 5), (3, 5)]),
+    ("i,j->ij", [(3,), (4,)]),
+]
+
+
+@pytest.mark.parametrize("subscripts, shapes", CASES)
+@pytest.mark.parametrize("decode", ["fp64", "exact"])
+def test_einsum(device, subscripts, shapes, decode):
+    rng = np.random.default_rng(len(subscripts))
+    ops = [rng.standard_normal(s) * np.exp2(rng.integers(-8, 8, s)) for s in shapes]
+    want = rt.einsum(subscripts, *ops, decode=decode)
+    dev = [device.put(x) for x in ops]
+    got = device.resident(lambda: rt.einsum(subscripts, *dev, decode=decode))
+    same_bits(got, want)
+
+
+def test_complex_einsum(device):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((4, 6)) + 1j * rng.standard_normal((4, 6))
+    b = rng.standard_normal((6, 3))
+    ad, bd = device.put(a), device.put(b)
+    same_bits(device.resident(lambda: rt.einsum("ij,jk->ik", ad, bd)), rt.einsum("ij,jk->ik", a, b))
+    same_bits(device.resident(lambda: rt.einsum("ij,jk->ik", ad, ad.T.conj())), rt.einsum("ij,jk->ik", a, a.T.conj()))
+
+
+def test_contract_expression_with_host_and_device_constants(device):
+    rng = np.random.default_rng(8)
+    X = rng.uniform(-1, 1, (5, 4, 4, 4))
+    A = rng.uniform(-1, 1, (3, 4))
+    for const in (A, device.put(A)):  # constants on either side: encoded once, kept on the device
+        expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, const, const, const, constants=[1, 2, 3])
+        want = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, A, A, A, constants=[1, 2, 3])
+        Xd = device.put(X)
+        same_bits(device.resident(lambda: expr(Xd)), want(X))
+        bound = device.resident(lambda: expr.error_bound(Xd))
+        same_bits(bound, want.error_bound(X))
+
+
+def test_rnstensor_operands_and_out(device):
+    rng = np.random.default_rng(9)
+    x, y = rng.uniform(-1, 1, (3, 4)), rng.uniform(-1, 1, (4, 2))
+    Tx, Ty = rt.encode(device.put(x), 15, shared_axes=(1,)), rt.encode(device.put(y), 15, shared_axes=(0,))
+    Hx, Hy = rt.encode(x, 15, shared_axes=(1,)), rt.encode(y, 15, shared_axes=(0,))
+    Z = rt.einsum("ij,jk->ik", Tx, Ty)
+    assert isinstance(Z, rt.RNSTensor)
+    same_bits(Z.residues, rt.einsum("ij,jk->ik", Hx, Hy).residues)
+    out = device.cp.zeros((3, 2))
+    assert rt.einsum("ij,jk->ik", device.put(x), device.put(y), out=out) is out
+    same_bits(out, rt.einsum("ij,jk->ik", x, y))
+    with pytest.raises(MixedDevicesError, match="operand"):
+        rt.einsum("ij,jk->ik", device.put(x), y)
+    with pytest.raises(ValueError, match="out"):
+        rt.einsum("ij,jk->ik", device.put(x), device.put(y), out=np.zeros((3, 2)))
