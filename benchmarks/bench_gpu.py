@@ -20,14 +20,16 @@ against a baseline timed in the same process on the same device:
   (the baseline); each variant's normwise error against the float64 result;
   the floor of each (bytes / copy rate, INT8 work / INT8 rate; the instruction
   floor is added by perf_model.py, which reads the per-entry instruction counts).
-* **dgemm / zgemm** -- effective TFLOP/s (2N^3, 8N^3 for ZGEMM) for
-  N in {4096, 8192, 16384}, s in {8, 12, 14, 16} on the device pipeline
-  (encode, residue GEMMs, fp64 decode, every array on the device, CUDA events
-  per phase) and through the public ``rnstensor.dgemm(..., backend='cuda')``,
-  against CuPy float64 / complex128 matmul.
+* **dgemm / zgemm** -- effective TFLOP/s (2N^3, 8N^3 for ZGEMM) of the
+  public ``rnstensor.dgemm(a, b, moduli=s)`` / ``zgemm`` on CuPy arrays (CuPy
+  out, correctly rounded exact decode) for N in {4096, 8192, 16384}, s in
+  {8, 12, 14, 16} (the other product engines at s = 14 and 16), with its
+  phase split (scan, encode, products, decode; synchronized per phase in a
+  second, instrumented call), against CuPy float64 / complex128 matmul.
 * **accuracy** -- phi = 4 data (``rnstensor.gemm_accuracy.gemm_dataset('phi4')``)
-  of a smaller shape: the device pipeline, the public API and CuPy float64
-  against the exact product (``ExactReference``: Python integers).
+  of a smaller shape: the public ``rt.dgemm`` on device arrays (default s and
+  each s) and CuPy float64 against the exact product (``ExactReference``:
+  Python integers).
 
 Timing: CUDA events around each call, warm-ups first, the median of several
 repetitions (fewer when one call is long). A budget in seconds drops sizes
@@ -557,99 +559,45 @@ def _gemm_sizes(scale: float) -> list[int]:
     return sorted({max(128, int(N * f) // 64 * 64) for N in GEMM_SIZES}, reverse=True)
 
 
-def _row_exponents(xp, a, t):
-    """Per row of ``a`` (real, or the max of |re|, |im|): ``t - E`` with ``2^(E-1) <= max|row| < 2^E`` (0 rows: t)."""
-    m = xp.abs(a).max(axis=1, keepdims=True) if not xp.iscomplexobj(a) else xp.maximum(
-        xp.abs(a.real).max(axis=1, keepdims=True), xp.abs(a.imag).max(axis=1, keepdims=True))
-    return (t - xp.frexp(m)[1]).astype(xp.int64)
+class _Engine:
+    """The public API on one product engine: the registered 'cuda' backend swapped for ``env.engine(name)``."""
 
+    def __init__(self, env: Env, name: str):
+        self.env, self.name = env, name
 
-def dgemm_pipeline(env: Env, be, a, b, s: int, phases: dict | None = None):
-    """``a @ b`` by encode -> s residue GEMMs -> fp64 decode, every array on the device; phases timed with events.
+    def __enter__(self):
+        from rnstensor import backends
 
-    C^T = B^T A^T with both operands K-contiguous (the TN layout of INT8 tensor
-    cores): rows of ``a`` and columns of ``b`` each get one exponent.
-    """
-    import rnstensor as rt
-    from rnstensor.gemm import gemm_width
+        self.saved = backends._BACKENDS.get(self.env.backend_name)
+        backends._BACKENDS[self.env.backend_name] = self.env.engine(self.name)
 
-    xp = env.xp
-    basis = rt.Basis.int8(s)
-    N, K = a.shape
-    t = gemm_width(s, K)
-    m0 = env.mark()
-    bt = xp.ascontiguousarray(b.T)
-    ea = _row_exponents(xp, a, t)
-    eb = _row_exponents(xp, bt, t)
-    A = be.encode(a, ea, basis.moduli, t)  # (L, M, K)
-    Bt = be.encode(bt, eb, basis.moduli, t)  # (L, N, K)
-    m1 = env.mark()
-    Zt = be.product(A, Bt, basis.moduli, 1)  # (L, N, M)
-    m2 = env.mark()
-    ct = be.decode(Zt, basis.moduli, -eb, 1, "fp64")
-    c = (ct * xp.ldexp(xp.ones((1, a.shape[0])), (-ea).reshape(1, -1).astype(xp.int32))).T
-    m3 = env.mark()
-    if phases is not None:
-        phases["encode"] = env.between(m0, m1)
-        phases["products"] = env.between(m1, m2)
-        phases["decode"] = env.between(m2, m3)
-    return c
+    def __exit__(self, *exc):
+        from rnstensor import backends
 
-
-def zgemm_pipeline(env: Env, be, a, b, s: int, phases: dict | None = None):
-    """Complex ``a @ b`` by the exact 3M form: shared row / column exponents, ``product_3m``, two fp64 decodes."""
-    import rnstensor as rt
-    from rnstensor.gemm import gemm_width
-
-    xp = env.xp
-    basis = rt.Basis.int8(s)
-    mods = basis.moduli
-    N, K = a.shape
-    t = gemm_width(s, K, "complex")
-    m0 = env.mark()
-    bt = xp.ascontiguousarray(b.T)
-    ea = _row_exponents(xp, a, t)
-    eb = _row_exponents(xp, bt, t)
-    Ar, Ai = be.encode(xp.ascontiguousarray(a.real), ea, mods, t), be.encode(xp.ascontiguousarray(a.imag), ea, mods, t)
-    Br, Bi = be.encode(xp.ascontiguousarray(bt.real), eb, mods, t), be.encode(xp.ascontiguousarray(bt.imag), eb, mods, t)
-    m1 = env.mark()
-    if hasattr(be, "product_3m"):
-        re, im = be.product_3m(Ar, Ai, Br, Bi, mods, 1)
-    else:  # the CPU backend: the same 3M combination from separate calls
-        P0, P1 = be.product(Ar, Br, mods, 1), be.product(Ai, Bi, mods, 1)
-        P2 = be.product(be.add(Ar, Ai, mods), be.add(Br, Bi, mods), mods, 1)
-        re = be.add(P0, P1, mods, subtract=True)
-        im = be.add(be.add(P2, P0, mods, subtract=True), P1, mods, subtract=True)
-    m2 = env.mark()
-    scale = xp.ldexp(xp.ones((1, a.shape[0])), (-ea).reshape(1, -1).astype(xp.int32))
-    cr = be.decode(re, mods, -eb, 1, "fp64") * scale
-    ci = be.decode(im, mods, -eb, 1, "fp64") * scale
-    c = (cr + 1j * ci).T
-    m3 = env.mark()
-    if phases is not None:
-        phases["encode"] = env.between(m0, m1)
-        phases["products"] = env.between(m1, m2)
-        phases["decode"] = env.between(m2, m3)
-    return c
+        backends._BACKENDS[self.env.backend_name] = self.saved
 
 
 def _time_phases(env: Env, fn, reps: int, max_s: float) -> dict:
-    fn(None)
-    env.sync()
-    runs = []
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        ph: dict = {}
-        fn(ph)
-        runs.append(ph)
-        if time.perf_counter() - t0 > max_s and len(runs) >= 2:
-            break
-    tot = [sum(r.values()) for r in runs]
-    k = int(np.argsort(tot)[len(tot) // 2])  # the median run, with its own phases
-    return {"median_s": float(tot[k]), "min_s": float(min(tot)), "runs": len(runs), "phases_s": runs[k]}
+    """Median of ``fn()`` with the public GEMM's phase split (``rnstensor.gemm.PHASES``, synchronized at each phase).
+
+    The call is timed twice: bare (the number reported) and instrumented (the split; each phase boundary
+    synchronizes the device, so the phases add up to a little more than the bare call).
+    """
+    import rnstensor.gemm as G
+
+    t = env.time(fn, reps=reps, max_s=max_s)
+    G.PHASES, G.PHASE_SYNC = {}, env.sync
+    try:
+        fn()
+        env.sync()
+        t["phases_s"] = dict(G.PHASES)
+    finally:
+        G.PHASES, G.PHASE_SYNC = None, None
+    return t
 
 
 def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, cplx: bool) -> None:
+    """The public ``rt.dgemm`` / ``rt.zgemm`` on device arrays (CuPy in, CuPy out) against CuPy float64 matmul."""
     import rnstensor as rt
 
     xp = env.xp
@@ -659,6 +607,7 @@ def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, c
     rng = np.random.default_rng(16)
     moduli = ZGEMM_MODULI if cplx else GEMM_MODULI
     flops_per = 8.0 if cplx else 2.0
+    fn = rt.zgemm if cplx else rt.dgemm
     for N in _gemm_sizes(scale):
         if time.perf_counter() > deadline:
             out.append({"N": N, "skipped": "budget"})
@@ -677,16 +626,16 @@ def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, c
             if time.perf_counter() > deadline:
                 out.append({**base, "s": s, "skipped": "budget"})
                 continue
-            row = {**base, "s": s}
+            row = {**base, "s": s, "timed": f"rnstensor.{key}(a, b, moduli={s}) on {'NumPy' if env.cpu else 'CuPy'} "
+                                             "arrays (the public API)"}
             out.append(row)
             for eng in env.engines:
-                if eng != "mma" and s != 14:
-                    continue  # other engines at s = 14 only (the issue's headline point)
-                be = env.engine(eng)
-                pipe = zgemm_pipeline if cplx else dgemm_pipeline
+                if eng != "mma" and s not in (14, 16):
+                    continue  # the other engines at the issue's headline points
                 try:
-                    t = _time_phases(env, lambda ph: pipe(env, be, a, b, s, ph), reps=3, max_s=3.0)
-                    c = pipe(env, be, a, b, s)
+                    with _Engine(env, eng):
+                        t = _time_phases(env, lambda: fn(a, b, moduli=s, backend=env.backend_name), 3, 3.0)
+                        c = fn(a, b, moduli=s, backend=env.backend_name)
                     row[eng] = {**t, "tflops": fl / t["median_s"] / 1e12, "vs_f64": t64["median_s"] / t["median_s"],
                                 "relerr_vs_f64": _relerr(env, c, ref),
                                 "int8_ops": (3.0 if cplx else 1.0) * 2.0 * s * N**3}
@@ -695,48 +644,21 @@ def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, c
                     traceback.print_exc()
                     row[eng] = {"error": f"{type(exc).__name__}: {exc}"}
                 env.free()
-            m = row.get("mma", {})
-            if "tflops" in m:
-                ph = m["phases_s"]
-                rows.append((f"{key.upper()} N={N} s={s} (device pipeline)", f"{m['tflops']:8.2f} TFLOP/s",
-                             f"{m['vs_f64']:.2f}x CuPy f64 ({base['f64']['tflops']:.1f}); enc/prod/dec "
-                             f"{ph['encode'] * 1e3:.1f}/{ph['products'] * 1e3:.1f}/{ph['decode'] * 1e3:.1f} ms"))
             for eng in env.engines:
-                if eng != "mma" and "tflops" in row.get(eng, {}):
-                    rows.append((f"{key.upper()} N={N} s={s} ({eng})", f"{row[eng]['tflops']:8.2f} TFLOP/s",
-                                 f"{row[eng]['vs_f64']:.2f}x CuPy f64"))
-        # the public API at s = 14, the smaller sizes (NumPy or CuPy in; phases from rnstensor.gemm.PHASES)
-        if N <= sorted(_gemm_sizes(scale))[min(1, len(GEMM_SIZES) - 1)] and time.perf_counter() < deadline:
-            row = {**base, "s": 14, "api": True}
-            out.append(row)
-            import rnstensor.gemm as G
-
-            fn = rt.zgemm if cplx else rt.dgemm
-            for io, (aa, bb) in (("device", (a, b)), ("numpy", (env.asnumpy(a), env.asnumpy(b)))):
-                try:
-                    c = fn(aa, bb, moduli=14, backend=env.backend_name)
-                    t = env.time(lambda: fn(aa, bb, moduli=14, backend=env.backend_name), reps=2, max_s=6.0)
-                    G.PHASES = {}
-                    try:
-                        fn(aa, bb, moduli=14, backend=env.backend_name)
-                        env.sync()
-                        phases = dict(G.PHASES)
-                    finally:
-                        G.PHASES = None
-                    row[io] = {**t, "tflops": fl / t["median_s"] / 1e12, "vs_f64": t64["median_s"] / t["median_s"],
-                               "relerr_vs_f64": _relerr(env, c, ref), "phases_wall_s": phases}
-                    rows.append((f"{key.upper()} N={N} s=14 (public API, {io} in)", f"{row[io]['tflops']:8.2f} TFLOP/s",
-                                 f"{row[io]['vs_f64']:.2f}x CuPy f64"))
-                    break  # device input worked: the NumPy round trip is not the interesting number
-                except Exception as exc:
-                    row[io] = {"error": f"{type(exc).__name__}: {exc}"}
+                r = row.get(eng, {})
+                if "tflops" in r:
+                    ph = r.get("phases_s", {})
+                    split = "/".join(f"{ph.get(k, 0.0) * 1e3:.1f}" for k in ("other", "encode", "products", "decode"))
+                    rows.append((f"rt.{key} N={N} s={s} ({eng}, {'NumPy' if env.cpu else 'CuPy'} in/out)", f"{r['tflops']:8.2f} TFLOP/s",
+                                 f"{r['vs_f64']:.2f}x CuPy f64 ({base['f64']['tflops']:.1f}); scan/enc/prod/dec {split} ms"))
         del a, b, ref
         env.free()
-        rows.append((f"{key.upper()} N={N} CuPy {'complex128' if cplx else 'float64'}", f"{base['f64']['tflops']:8.2f} TFLOP/s", "baseline"))
+        rows.append((f"{key.upper()} N={N} CuPy {'complex128' if cplx else 'float64'} matmul",
+                     f"{base['f64']['tflops']:8.2f} TFLOP/s", "baseline"))
 
 
 def bench_accuracy(env: Env, res: dict, rows: list, scale: float, deadline: float) -> None:
-    """phi = 4 data: the device pipeline (s in GEMM_MODULI), the public API (default s) and CuPy f64 vs exact."""
+    """phi = 4 data: the public ``rt.dgemm`` on device arrays (default s and s in GEMM_MODULI) and CuPy f64 vs exact."""
     import rnstensor as rt
     from rnstensor.gemm_accuracy import ExactReference, gemm_dataset
 
@@ -751,20 +673,15 @@ def bench_accuracy(env: Env, res: dict, rows: list, scale: float, deadline: floa
     a, b = xp.asarray(A), xp.asarray(B)
     out["cupy_f64"] = ref.metrics(env.asnumpy(a @ b))
     rows.append((f"accuracy phi=4 {m}x{k}x{n} CuPy f64", f"{out['cupy_f64']['normwise']:.1e}", f"max ulp {out['cupy_f64']['max_ulp']:.3g}"))
-    for s in GEMM_MODULI + (20,):
+    for label, kw in [("api_default", {})] + [(f"api_s{s}", {"moduli": s}) for s in GEMM_MODULI + (20,)]:
         if time.perf_counter() > deadline:
-            out[f"pipeline_s{s}"] = {"skipped": "budget"}
+            out[label] = {"skipped": "budget"}
             continue
-        c = dgemm_pipeline(env, env.engine("mma"), a, b, s)
-        out[f"pipeline_s{s}"] = met = ref.metrics(env.asnumpy(c))
-        rows.append((f"accuracy phi=4 pipeline s={s}", f"{met['normwise']:.1e}", f"max ulp {met['max_ulp']:.3g}, CR {met['cr_percent']:.1f}%"))
-    for label, kw in (("api_default", {}), ("api_s14", {"moduli": 14})):
-        if time.perf_counter() > deadline:
-            break
         try:
-            c = rt.dgemm(A, B, backend=env.backend_name, **kw)
+            c = rt.dgemm(a, b, backend=env.backend_name, **kw)  # device arrays in, a device array out
             out[label] = met = ref.metrics(np.asarray(env.asnumpy(c)))
-            rows.append((f"accuracy phi=4 rt.dgemm {kw or 'default s'}", f"{met['normwise']:.1e}", f"max ulp {met['max_ulp']:.3g}, CR {met['cr_percent']:.1f}%"))
+            rows.append((f"accuracy phi=4 rt.dgemm {kw or 'default s'}", f"{met['normwise']:.1e}",
+                         f"max ulp {met['max_ulp']:.3g}, CR {met['cr_percent']:.1f}%"))
         except Exception as exc:
             out[label] = {"error": f"{type(exc).__name__}: {exc}"}
 

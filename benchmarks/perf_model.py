@@ -184,6 +184,10 @@ def static_per_entry(kernel: str, costs: dict, **kw) -> float:
     if kernel == "rns_decode_fp64":
         m = kw["s"]
         return _FIXED + m * (m - 1) // 2 * mac + m * red + m * (costs.get("plain") or 7.0)
+    if kernel == "rns_decode_exact":
+        # the fp64 decode's digits, then a multi-limb Horner and one rounding: about three times its plain steps
+        m = kw["s"]
+        return _FIXED + m * (m - 1) // 2 * mac + m * red + 3 * m * (costs.get("plain") or 7.0)
     if kernel == "rns_encode":
         return _FIXED + kw["s"] * (red + 3 * mac)  # per plane three FFMA over the pieces and one reduction
     raise ValueError(f"no static estimate for {kernel}")
@@ -277,31 +281,33 @@ def predict_chain(row: dict, c: dict, counts: dict) -> dict:
 
 
 def dgemm_phases(N: int, s: int, c: dict, counts: dict, cplx: bool = False) -> dict:
-    """Predicted phase seconds of bench_gpu.py's device pipeline for an N x N x N DGEMM (ZGEMM with ``cplx``).
+    """Predicted phase seconds of the public ``rt.dgemm`` on device arrays, N x N x N (ZGEMM with ``cplx``).
 
-    Bytes per element of an N x N operand, as the pipeline is written:
-    real: the transposing copy of b (16), two passes of the row maximum
-    (abs: 16, max: 8) per operand, encode (8 in, s out) per operand; products:
-    s (N^2 + N^2) in and s N^2 out, ``2 s N^3`` INT8 work; decode s in, 8 out,
-    then the row scaling (16) and the transposed view. Complex: every float
-    pass on 16-byte elements, four encodes, 3 products (3M) plus the two
-    residue sums inside product_3m, two decodes and the complex combine (24).
+    Bytes per element of an N x N operand, as rnstensor.gemm runs it on the
+    device (the TN layout): the exponent scan (isfinite 8 in 1 out, |x| 8 in 8
+    out, the row maximum 8 in) per operand and the transposing copy of b (16);
+    encode (8 in, s out) per operand; products: s (N^2 + N^2) in and s N^2
+    out, ``2 s N^3`` INT8 work; the exact decode (s in, the exponent of every
+    entry 8 out and 16 for its runs, 8 out) and the transposing copy into C
+    (16). Complex: float passes on 16-byte elements, two stacked encodes of
+    both parts, 3 products (3M) plus the two residue sums inside product_3m,
+    two exact decodes per alpha part and the complex store (32).
     """
     n2 = float(N) * N
     if not cplx:
-        enc_b = n2 * (16 + 2 * 24 + 2 * (8 + s))
+        enc_b = n2 * (2 * (9 + 16 + 8) + 16 + 2 * (8 + s))
         prod_b = n2 * 3 * s
         w = 2.0 * s * N**3
-        dec_b = n2 * (s + 8 + 16)
+        dec_b = n2 * (s + 24 + 8 + 16)
         ndec, nenc = 1, 2
     else:
-        enc_b = n2 * (32 + 2 * 48 + 4 * (16 + s))
+        enc_b = n2 * (2 * (17 + 32 + 8) + 32 + 2 * 2 * (8 + s))
         prod_b = n2 * (3 * 3 * s + 2 * 3 * s)
         w = 3 * 2.0 * s * N**3
-        dec_b = n2 * (2 * (s + 8 + 16) + 24 + 16)
+        dec_b = n2 * (2 * (s + 24 + 8) + 32)
         ndec, nenc = 2, 4
     wi_e, se = _warp_inst("rns_encode", n2 * nenc, counts, s=s)
-    wi_d, sd = _warp_inst("rns_decode_fp64", n2 * ndec, counts, s=s)
+    wi_d, sd = _warp_inst("rns_decode_exact", n2 * ndec, counts, s=s)
     ph = {
         "encode": kernel_time(enc_b, 0, wi_e, c, launches=6 + 2 * nenc) | {"inst_src": se},
         "products": kernel_time(prod_b, w, 0, c, launches=3 if cplx else 1),

@@ -27,12 +27,13 @@ CuPy is never imported unless a chunk is a CuPy array. With CuPy chunks:
   host so that the bits stay NumPy's: rows / columns holding inf or NaN (their
   float64 fallback product) and ``beta * c`` for a complex ``beta`` with a
   nonzero imaginary part (NumPy's complex multiply).
-- :func:`apply` hands CuPy blocks to a :class:`~rnstensor.ChainPlan`
-  (``plan.run(block, backend='cuda')``, CuPy in, CuPy out). Contract
-  expressions, FEM operators and plain functions take NumPy: their blocks make
-  an explicit host round trip (``cupy.asnumpy`` → ``f`` → ``cupy.asarray``),
-  the expression and the operator still running their residue work on
-  ``backend``. For a function that takes CuPy itself, use ``X.map_blocks``.
+- :func:`apply` hands CuPy blocks as they are to a :class:`~rnstensor.ChainPlan`
+  (``plan.run(block, backend='cuda')``) and a one-operand
+  :class:`~rnstensor.ContractExpression`: CuPy in, CuPy out. FEM operators and
+  plain functions take NumPy: their blocks make an explicit host round trip
+  (``cupy.asnumpy`` → ``f`` → ``cupy.asarray``), the operator still running
+  its residue work on ``backend``. For a function that takes CuPy itself,
+  use ``X.map_blocks``.
 
 One worker per GPU
 ------------------
@@ -63,9 +64,11 @@ from .backends import get_backend
 from .basis import Basis
 from .chain import ChainPlan
 from .contract import ContractExpression
-from .errors import RNSRangeError
-from .gemm import _alpha_parts, _check_moduli, _check_scalar, _check_trans, blas_operands, gemm_width, moduli_for_bits
+from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
+from .gemm import gemm_program, gemm_scale
 from .gemm import matmul as _matmul_in_memory
+from .program import ir
+from .program.execute import Value, run_step
 
 __all__ = ["apply", "dgemm", "zgemm", "matmul", "chunk_module"]
 
@@ -177,9 +180,8 @@ def _blockwise_function(f, X, backend: Optional[str]) -> tuple[Any, tuple, bool]
         for n, e in exprs.items():
             e(np.ones((n,) + X.shape[1:], dtype=X.dtype))
         out = exprs[sizes[0]](np.ones((sizes[0],) + X.shape[1:], dtype=X.dtype))
-        if backend is None:
-            return (lambda blk: exprs[blk.shape[0]](blk)), np.shape(out)[1:], False
-        return (lambda blk: exprs[blk.shape[0]](blk, backend=backend)), np.shape(out)[1:], False
+        # CuPy blocks run on the device as they are (the expression dispatches on their type)
+        return (lambda blk: exprs[blk.shape[0]](blk, backend=backend)), np.shape(out)[1:], True
     if hasattr(f, "elements") and hasattr(f, "nelem"):
         # a FEM operator: its geometric data is per element, so each block takes its own slice
         if X.shape[0] != f.nelem:
@@ -204,13 +206,12 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None, backend: Optional[str]
     element's result depends only on that element, so any chunking gives the
     in-memory result bit for bit.
 
-    CuPy chunks (see the module notes): a ChainPlan runs each block on the
-    device, ``f.run(block, backend='cuda')``, CuPy in and out. A contract
-    expression, a FEM operator or a plain function takes NumPy, so each of
-    their blocks makes an explicit host round trip (``cupy.asnumpy(block)``,
-    ``f``, ``cupy.asarray``); expressions and operators still do their
-    residue work on ``backend`` (``'cuda'``). The result has CuPy chunks
-    either way. A function that takes CuPy blocks itself belongs in
+    CuPy chunks (see the module notes): a ChainPlan and a contract expression
+    run each block on the device, CuPy in and out. A FEM operator or a plain
+    function takes NumPy, so each of their blocks makes an explicit host round
+    trip (``cupy.asnumpy(block)``, ``f``, ``cupy.asarray``); operators still
+    do their residue work on ``backend`` (``'cuda'``). The result has CuPy
+    chunks either way. A function that takes CuPy blocks itself belongs in
     ``X.map_blocks``.
 
     Parameters
@@ -282,118 +283,55 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None, backend: Optional[str]
 
 # ----- GEMM ---------------------------------------------------------------------------------------
 #
-# Every helper below works on NumPy or CuPy blocks alike (``xp`` is the block's array module) and
-# calls the backend with them as they are: CuPy blocks never leave the device between encode and
-# decode. Exponents and finite masks are per row / column vectors held on the host.
-
-_NONE = np.iinfo(np.int64).min // 4
-_HUGE = np.iinfo(np.int64).max // 4
-
-
-def _entry_stats(x):
-    """Per entry ``(finite, frexp exponent or NONE, lowest set bit or HUGE)`` (complex: both parts) as int64 planes."""
-    xp = _namespace(x)
-    parts = [x.real, x.imag] if x.dtype.kind == "c" else [x]
-    fin = xp.ones(x.shape, bool)
-    E = xp.full(x.shape, _NONE, np.int64)
-    lsb = xp.full(x.shape, _HUGE, np.int64)
-    for p in parts:
-        p = p.astype(np.float64, copy=False)
-        fin &= xp.isfinite(p)
-        ok = xp.isfinite(p) & (p != 0)
-        q = xp.where(ok, p, 1.0)
-        mant, ex = xp.frexp(q)
-        ex = ex.astype(np.int64)
-        m = (mant * 2.0**53).astype(np.int64)
-        low = xp.abs(m) & -xp.abs(m)
-        tz = xp.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
-        E = xp.where(ok, xp.maximum(E, ex), E)
-        lsb = xp.where(ok, xp.minimum(lsb, ex - 53 + tz), lsb)
-    return xp.stack([fin.astype(np.int64), E, lsb])
-
-
-def _frexp_exponent(a):
-    """The frexp exponent of every positive entry, ``NONE`` for zeros (int64)."""
-    xp = _namespace(a)
-    return xp.where(a > 0, xp.frexp(a)[1].astype(np.int64), _NONE)
+# The in-memory GEMM's program (rnstensor.gemm.gemm_program), its steps run per block: the exponent scan of
+# rnstensor.gemm reduced over all chunks first, every operand block encoded once, each tile's k-chunk
+# products summed in residues (Add steps) and decoded once. The blocks are NumPy or CuPy arrays alike and go to
+# the backend as they are: CuPy blocks never leave the device between encode and decode. Exponents and
+# finite masks are per row / column vectors reduced where the chunks live, brought to the client to choose the
+# width, and handed back to every task in the chunks' array type.
 
 
 def _group_stats(da, x, axis: int, need_lsb: bool):
-    """``(finite, Emax, lsb_min)`` per row (``axis=1``) or column (``axis=0``) of a Dask matrix, as small Dask vectors.
+    """:func:`rnstensor.gemm.group_stats` of a Dask matrix, as small Dask vectors (reduced where the chunks live).
 
-    ``Emax`` is the frexp exponent of the largest finite magnitude (``NONE`` for
-    all-zero groups): one reduction of ``|x|``, since frexp is monotone. The
-    lowest set bits (``moduli='auto'`` only; else ``None``) need every entry's
-    significand. The vectors have ``x``'s chunk type (reduced on the device for CuPy).
+    ``Emax`` comes from one reduction of ``|x|`` (frexp is monotone); the
+    lowest set bits (``moduli='auto'`` only) from every entry's significand.
     """
     mag = abs(x) if x.dtype != np.complex128 else da.maximum(abs(x.real), abs(x.imag))
     finite = da.isfinite(x)
     amax = da.where(finite, mag, 0.0).max(axis=axis)
     fin = finite.all(axis=axis)
-    Emax = amax.map_blocks(_frexp_exponent, dtype=np.int64, meta=_meta(x, 1, np.int64))
+    Emax = amax.map_blocks(frexp_exponent, dtype=np.int64, meta=_meta(x, 1, np.int64))
     if not need_lsb:
         return fin, Emax, None
-    lsb = x.map_blocks(lambda b: _entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=axis)
+    lsb = x.map_blocks(lambda b: entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=axis)
     return fin, Emax, lsb
 
 
-def _block_stats(x, axis: int, need_lsb: bool):
-    """:func:`_group_stats` of one in-memory (NumPy or CuPy) matrix with ``x.size > 0``, as host vectors."""
-    xp = _namespace(x)
-    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
-    finite = xp.isfinite(x)
-    amax = xp.where(finite, mag, 0.0).max(axis=axis)
-    fin = finite.all(axis=axis)
-    lsb = _host(_entry_stats(x)[2].min(axis=axis)) if need_lsb else None
-    return _host(fin), _host(_frexp_exponent(amax)), lsb
-
-
-def _width(fn_name: str, moduli, k: int, cplx: bool, fa, Ea, la, fb, Eb, lb):
-    """``(s, t, ea, eb)``: moduli, width and the per row / column encoding exponents from the exponent pass (host)."""
-    kind = "complex" if cplx else "real"
-    if moduli is None:
-        s = moduli_for_bits(k, 53, kind=kind) if k > 0 else 2
-    elif moduli == "auto":
-        need = 1
-        for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
-            ok = f & (E != _NONE)
-            if ok.any():
-                need = max(need, int((E[ok] - lo[ok]).max()))
-        try:
-            s = moduli_for_bits(k, need, kind=kind)
-        except ValueError:
-            s = 49
-    else:
-        s = moduli
-    t = gemm_width(s, k, kind) if k > 0 else 1
-    if k > 0 and t < 1:
-        raise ValueError(f"rnstensor.dask.{fn_name}: moduli={s} cannot hold a product of length k={k}; use more moduli")
-    ea = np.where(fa & (Ea != _NONE), t - Ea, 0).astype(np.int64)
-    eb = np.where(fb & (Eb != _NONE), t - Eb, 0).astype(np.int64)
-    return s, t, ea, eb
-
-
-def _encoder(cplx: bool, s: int, t: int, axis: int, backend):
+def _encoder(prog, axis: int, backend):
     """Encode one block of ``op(a)`` (``axis=0``: exponents per row) or ``op(b)`` (``axis=1``: per column).
 
-    Returns planes ``(P, L, r, c)`` of the block's array type: ``P = 1`` real;
-    ``P = 3`` complex (real part, imaginary part and their residue sum, the 3M
-    operands). Non-finite rows / columns are encoded as zeros (their results
-    come from float64). ``e`` and ``fin`` are host vectors.
+    Returns the block's residue planes in its own array type: ``(L, r, c)``
+    real, ``(L, 2, r, c)`` complex (the parts share their exponents).
+    Non-finite rows / columns are encoded as zeros (their results come from
+    float64). ``e`` and ``fin`` are the block's slices of the exponent and
+    finite vectors, in its array type.
     """
-    moduli = Basis.int8(s).moduli
+    st = prog.steps[axis]
+    cplx = prog.complex
 
-    def enc(x, e: np.ndarray, fin: np.ndarray):
+    def enc(x, e, fin):
         be = get_backend(backend)
         xp = _namespace(x)
-        ex, keep = (e[:, None], fin[:, None]) if axis == 0 else (e[None, :], fin[None, :])
-        if not fin.all():
-            x = xp.where(xp.asarray(keep), x, 0)
-        parts = [x.real, x.imag] if cplx else [x]
-        planes = [be.encode(xp.ascontiguousarray(p, dtype=np.float64), ex, moduli, t) for p in parts]
+        keep = fin[:, None] if axis == 0 else fin[None, :]
+        if not bool(fin.all()):
+            x = xp.where(keep, x, 0)
         if cplx:
-            planes.append(be.add(planes[0], planes[1], moduli))
-        return xp.stack(planes)
+            x = xp.stack([x.real, x.imag])
+            e = e[None, :, None] if axis == 0 else e[None, None, :]
+        else:
+            e = e[:, None] if axis == 0 else e[None, :]
+        return _encoded(xp.ascontiguousarray(x, dtype=np.float64), e, st, prog.basis, be).planes
 
     return enc
 
@@ -405,71 +343,44 @@ def _leaves(x) -> list:
     return [leaf for item in x for leaf in _leaves(item)]
 
 
-def _decode_alpha(be, planes, moduli, exponent: np.ndarray, alpha: float):
-    """The correctly rounded ``alpha * v * 2**exponent`` (as :func:`rnstensor.gemm._decode_scaled`), planes of any array type.
-
-    ``alpha``'s odd significand joins the exact factor and its exponent the
-    power of two; non-finite ``alpha`` multiplies the correctly rounded value
-    (IEEE rules). One backend ``decode`` call, no host copy of the planes.
-    """
-    xp = _namespace(planes)
-    if alpha == 0:
-        return xp.zeros(planes.shape[1:])
-    if not math.isfinite(alpha):
-        with np.errstate(invalid="ignore"):
-            return alpha * be.decode(planes, moduli, exponent, 1, "exact")
-    ma, ea = _alpha_parts(alpha)
-    out = be.decode(planes, moduli, exponent + ea, ma, "exact")
-    return -out if alpha < 0 else out
-
-
-def _tile_fn(cplx: bool, s: int, t: int, k: int, alpha, beta, backend):
-    basis = Basis.int8(s)
-    moduli = basis.moduli
-    kind_bound = (k << (2 * t))  # |sum_k a b| <= k 2^t 2^t
-    # the bounds the 3M sums and differences reach (6x for Im), as the in-memory range checks
-    if 2 * (6 if cplx else 1) * kind_bound >= basis.product:
-        raise RNSRangeError(f"rnstensor.dask: width t={t} at k={k} overflows {s} moduli")  # gemm_width rules this out
+def _tile_fn(prog, k: int, alpha, beta, backend):
+    enc_a, enc_b, product, dec = prog.steps
+    cplx = prog.complex
+    total = ir.Add(2, 2, 4, False, product.bound)  # the k-chunk sum: bounds add up to the whole product's
 
     def fn(pa_blocks, pb_blocks, ea, eb, fa, fb, *rest):
         be = get_backend(backend)
         pa_blocks, pb_blocks = _leaves(pa_blocks), _leaves(pb_blocks)
         xp = _namespace(pa_blocks[0])
-        mb, nb = pa_blocks[0].shape[2], pb_blocks[0].shape[3]
+        mb, nb = pa_blocks[0].shape[-2], pb_blocks[0].shape[-1]
         dtype = np.complex128 if cplx else np.float64
         term = xp.zeros((mb, nb), dtype)
         if alpha != 0 and k > 0 and mb > 0 and nb > 0:
-            acc = None
-            for pa, pb in zip(pa_blocks, pb_blocks):
-                # one batched residue GEMM per k chunk: the P products (1 real, 3 for the 3M form)
-                ps = be.matmul(pa.transpose(1, 0, 2, 3), pb.transpose(1, 0, 2, 3), moduli).transpose(1, 0, 2, 3)
-                acc = ps if acc is None else xp.stack([be.add(u, v, moduli) for u, v in zip(acc, ps)])
-            exponent = -ea[:, None] - eb[None, :]  # host int64, (mb, nb)
-
-            def dec(planes, a):
-                return _decode_alpha(be, planes, moduli, exponent, a)
-
-            if cplx:
-                P0, P1, P2 = (xp.ascontiguousarray(x) for x in acc)
-                re = be.add(P0, P1, moduli, True)
-                im = be.add(be.add(P2, P0, moduli, True), P1, moduli, True)
-                ar, ai = alpha.real, alpha.imag
-                term.real[...] = dec(re, ar) - dec(im, ai) if ai else dec(re, ar)
-                term.imag[...] = dec(im, ar) + dec(re, ai) if ai else dec(im, ar)
-            else:
-                term[...] = dec(xp.ascontiguousarray(acc[0]), alpha)
+            # the exponents, host vectors, as the encoded values carry them (keepdims)
+            exp_a = (-ea)[None, :, None] if cplx else (-ea)[:, None]
+            exp_b = (-eb)[None, None, :] if cplx else (-eb)[None, :]
+            vals: dict = {}
+            for n, (pa, pb) in enumerate(zip(pa_blocks, pb_blocks)):
+                vals[0] = Value(pa, exp_a, 1, enc_a.bound, enc_a.labels)
+                vals[1] = Value(pb, exp_b, 1, enc_b.bound, enc_b.labels)
+                run_step(product, vals, prog.basis, be, backend, tables=be.constants)
+                if n:
+                    run_step(total, vals, prog.basis, be, backend)
+                vals[4] = vals[2]
+            term[...] = run_step(dec, vals, prog.basis, be, backend)
             # rows / columns holding inf or NaN: NumPy float64 products with IEEE propagation, as in memory
             # (on the host, so that the bits are NumPy's; only these rows / columns come back)
-            if not fa.all() or not fb.all():
+            if not bool(fa.all()) or not bool(fb.all()):
                 a_blocks, b_blocks = _leaves(rest[0]), _leaves(rest[1])
                 Af = np.concatenate([_host(x) for x in a_blocks], axis=1)
                 Bf = np.concatenate([_host(x) for x in b_blocks], axis=0)
+                fah, fbh = _host(fa), _host(fb)
                 with np.errstate(invalid="ignore", over="ignore"):
-                    if not fa.all():
-                        rows = np.flatnonzero(~fa)
+                    if not fah.all():
+                        rows = np.flatnonzero(~fah)
                         term[xp.asarray(rows), :] = xp.asarray(alpha * (Af[rows] @ Bf))
-                    if not fb.all():
-                        cols = np.flatnonzero(~fb)
+                    if not fbh.all():
+                        cols = np.flatnonzero(~fbh)
                         term[:, xp.asarray(cols)] = xp.asarray(alpha * (Af @ Bf[:, cols]))
         if beta != 0:
             c = rest[-1]
@@ -534,69 +445,26 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     got = [_host(v) for v in dask.compute(fa, Ea, fb, Eb, *((la, lb) if auto else ()))]
     fa, Ea, fb, Eb = got[:4]
     la, lb = got[4:] if auto else (None, None)
-    s, t, ea, eb = _width(fn_name, moduli, k, cplx, fa, Ea, la, fb, Eb, lb)
-    ea_d = da.from_array(ea, chunks=(opa.chunks[0],))
-    eb_d = da.from_array(eb, chunks=(opb.chunks[1],))
-    fa_d = da.from_array(fa, chunks=(opa.chunks[0],))
-    fb_d = da.from_array(fb, chunks=(opb.chunks[1],))
+    s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la), (fb, Eb, lb), f"rnstensor.dask.{fn_name}")
+    prog = gemm_program(Basis.int8(s), t, max(k, 1), cplx, alpha)
+    # the vectors go back to the operands' array type (once per call): each task finds its slice there
+    xp = _namespace(opa)
+    ea_d, fa_d = (da.from_array(xp.asarray(v), chunks=(opa.chunks[0],)) for v in (ea, fa))
+    eb_d, fb_d = (da.from_array(xp.asarray(v), chunks=(opb.chunks[1],)) for v in (eb, fb))
     # every operand block is encoded once (op(a)'s block (i, k) serves every column tile j)
-    P = 3 if cplx else 1
-    L = s
-    enc_a = da.blockwise(
-        _encoder(cplx, s, t, 0, backend), "pLik", opa, "ik", ea_d, "i", fa_d, "i",
-        new_axes={"p": P, "L": L}, dtype=np.int8, meta=_meta(opa, 4, np.int8),
-    )
-    enc_b = da.blockwise(
-        _encoder(cplx, s, t, 1, backend), "pLkj", opb, "kj", eb_d, "j", fb_d, "j",
-        new_axes={"p": P, "L": L}, dtype=np.int8, meta=_meta(opb, 4, np.int8),
-    )
-    fn = _tile_fn(cplx, s, t, k, alpha, beta, backend)
-    args = [enc_a, "pLik", enc_b, "pLkj", ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
+    lab_a, lab_b = ("Lpik", "Lpkj") if cplx else ("Lik", "Lkj")
+    axes = {"L": s, "p": 2} if cplx else {"L": s}
+    enc_a = da.blockwise(_encoder(prog, 0, backend), lab_a, opa, "ik", ea_d, "i", fa_d, "i",
+                         new_axes=axes, dtype=np.int8, meta=_meta(opa, len(lab_a), np.int8))
+    enc_b = da.blockwise(_encoder(prog, 1, backend), lab_b, opb, "kj", eb_d, "j", fb_d, "j",
+                         new_axes=axes, dtype=np.int8, meta=_meta(opb, len(lab_b), np.int8))
+    fn = _tile_fn(prog, k, alpha, beta, backend)
+    args = [enc_a, lab_a, enc_b, lab_b, ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
     if not (fa.all() and fb.all()):
         args += [opa, "ik", opb, "kj"]
     if beta != 0:
         args += [c.rechunk((opa.chunks[0], opb.chunks[1])), "ij"]
     return da.blockwise(fn, "ij", *args, dtype=dtype, concatenate=False, meta=_meta(opa, 2, dtype))
-
-
-def _block_gemm(x, y, cplx: bool, moduli, backend):
-    """``x @ y`` of two in-memory 2-D blocks (NumPy or CuPy) as :func:`rnstensor.dgemm` / ``zgemm`` computes it.
-
-    The same exponent pass, width rule, encoder and tile as the Dask GEMM,
-    on one block with one ``k`` chunk: a CuPy block stays on the device.
-    """
-    xp = _namespace(x)
-    (m, k), n = x.shape, y.shape[1]
-    dtype = np.complex128 if cplx else np.float64
-    if m == 0 or n == 0 or k == 0:
-        return xp.zeros((m, n), dtype)
-    auto = moduli == "auto"
-    fa, Ea, la = _block_stats(x, 1, auto)
-    fb, Eb, lb = _block_stats(y, 0, auto)
-    s, t, ea, eb = _width("matmul", moduli, k, cplx, fa, Ea, la, fb, Eb, lb)
-    pa = _encoder(cplx, s, t, 0, backend)(x, ea, fa)
-    pb = _encoder(cplx, s, t, 1, backend)(y, eb, fb)
-    one = complex(1.0) if cplx else 1.0
-    return _tile_fn(cplx, s, t, k, one, 0.0, backend)(pa, pb, ea, eb, fa, fb, x, y)
-
-
-def _matmul_block(x, y, cplx: bool, moduli, backend):
-    """:func:`rnstensor.matmul` of two in-memory blocks of any array type (1-D operands, broadcast batches)."""
-    xp = _namespace(x)
-    x2 = x[None, :] if x.ndim == 1 else x
-    y2 = y[:, None] if y.ndim == 1 else y
-    batch = np.broadcast_shapes(x2.shape[:-2], y2.shape[:-2])
-    m, n = x2.shape[-2], y2.shape[-1]
-    X = xp.broadcast_to(x2, batch + x2.shape[-2:])
-    Y = xp.broadcast_to(y2, batch + y2.shape[-2:])
-    res = xp.empty(batch + (m, n), np.complex128 if cplx else np.float64)
-    for idx in np.ndindex(*batch):
-        res[idx] = _block_gemm(X[idx], Y[idx], cplx, moduli, backend)
-    if x.ndim == 1:
-        res = res[..., 0, :]
-    if y.ndim == 1:
-        res = res[..., 0]
-    return res
 
 
 def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str = "N", trans_b: str = "N",
@@ -666,10 +534,8 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None):
     ib = batch[nd - b.ndim :] + "kz" if b.ndim > 1 else "k"
     out = batch + ("y" if a.ndim > 1 else "") + ("z" if b.ndim > 1 else "")
     dtype = np.complex128 if cplx else np.float64
-    if device:
-        def block(x, y):
-            return _matmul_block(x, y, cplx, moduli, backend)
-    else:
-        def block(x, y):
-            return _matmul_in_memory(x, y, moduli=moduli, backend=backend)
+
+    def block(x, y):  # NumPy or CuPy blocks: the in-memory matmul keeps each where it is
+        return _matmul_in_memory(x, y, moduli=moduli, backend=backend)
+
     return da.blockwise(block, out, a, ia, b, ib, dtype=dtype, concatenate=True, meta=_meta(a, len(out), dtype))

@@ -1,4 +1,14 @@
-"""DGEMM / ZGEMM / matmul emulation: the two-operand residue chain (Ozaki scheme II) on the RNSTensor primitives."""
+"""DGEMM / ZGEMM / matmul emulation: the two-operand residue program (Ozaki scheme II), on NumPy or CuPy arrays.
+
+``op(a)`` gets one power-of-two exponent per row and ``op(b)`` one per
+column (the exponent scan, :func:`group_stats` and :func:`gemm_scale`,
+shared with :mod:`rnstensor.dask`), both are encoded at the width ``t``, one
+exact residue product (the 3M form for complex data) gives the integer
+product, and one exact decode rounds ``alpha`` times it once
+(:func:`gemm_program`). NumPy operands run on the CPU backend, CuPy
+operands on the CUDA backend from encode to decode, with the product in the
+layout its tensor-core engines read (``op(b)`` K-contiguous).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +16,16 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 
 from .arith import float_parts
+from .arrays import array_module, dispatch, is_device_array
 from .basis import Basis, int8_pool
-from .encode import encode, group_exponents
 from .errors import RNSRangeError
-from .primitives import EXACT_ROW_SUMS_MAX, add, decode, mode_product, sub
-from .tensor import RNSTensor, Scale
+from .program import ir
+from .program.execute import Value, run_step
 
 __all__ = [
     "dgemm",
@@ -26,6 +36,9 @@ __all__ = [
     "gemm_width",
     "exact_bits_needed",
     "default_workspace_bytes",
+    "group_stats",
+    "gemm_scale",
+    "gemm_program",
 ]
 
 #: Range factor ``c`` of the width rule ``c * k * 4**t < P`` (see :func:`gemm_width`).
@@ -178,8 +191,8 @@ def _check_trans(flag, name: str, allowed: tuple[str, ...]) -> str:
     return flag.upper()
 
 
-def _check_array(x, name: str, dtype: np.dtype, fn: str) -> np.ndarray:
-    arr = np.asarray(x)
+def _check_array(x, name: str, dtype: np.dtype, fn: str, xp=np):
+    arr = x if xp is not np else np.asarray(x)
     if arr.dtype != dtype:
         hint = (
             "use rnstensor.zgemm for complex data"
@@ -188,7 +201,7 @@ def _check_array(x, name: str, dtype: np.dtype, fn: str) -> np.ndarray:
         )
         raise TypeError(f"{fn}: {name} must be a {dtype.name} array ({fn} takes {dtype.name} only); got dtype {arr.dtype}: {hint}")
     if arr.ndim != 2:
-        raise ValueError(f"{fn}: {name} must be 2-D; got shape {arr.shape}")
+        raise ValueError(f"{fn}: {name} must be 2-D; got shape {tuple(arr.shape)}")
     return arr
 
 
@@ -211,9 +224,9 @@ def _check_scalar(x, name: str, fn: str, cplx: bool) -> Union[float, complex]:
         raise TypeError(f"{fn}: {name} must be {want}; got {x!r}") from None
 
 
-def _check_workspace(workspace_bytes, fn: str) -> int:
+def _check_workspace(workspace_bytes, fn: str, xp=np) -> int:
     if workspace_bytes is None:
-        return default_workspace_bytes()
+        return default_workspace_bytes() if xp is np else _device_workspace_bytes(xp)
     if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)) or workspace_bytes < 1:
         raise ValueError(f"{fn}: workspace_bytes must be a positive integer; got {workspace_bytes!r}")
     return int(workspace_bytes)
@@ -235,6 +248,15 @@ def default_workspace_bytes() -> int:
     except (AttributeError, ValueError, OSError):
         return 1 << 30
     return int(min(max(avail // 4, 64 << 20), 4 << 30))
+
+
+def _device_workspace_bytes(xp) -> int:
+    """The default workspace of a GEMM on the device: a quarter of its free memory, clamped to 64 MiB .. 16 GiB."""
+    try:
+        free = int(xp.cuda.Device().mem_info[0])
+    except Exception:  # noqa: BLE001 - a device that does not say: the host rule's middle
+        return 1 << 30
+    return int(min(max(free // 4, 64 << 20), 16 << 30))
 
 
 # ----- tiling --------------------------------------------------------------------------------
@@ -289,8 +311,12 @@ def _plan_tiles(m: int, n: int, k: int, s: int, cplx: bool, workspace: int) -> t
 
 # ----- timing hook (benchmarks) ---------------------------------------------------------------
 
-#: When a dict, phase times (seconds) accumulate into it: 'encode', 'products', '3m' (ZGEMM sums and differences), 'decode', 'other'.
+#: When a dict, phase times (seconds) accumulate into it: 'other' (checks, the exponent scan, the moduli choice),
+#: 'encode', 'products' (ZGEMM: the 3M products with their sums and differences), 'decode'. Wall times.
 PHASES: Optional[dict] = None
+#: With :data:`PHASES`: called at every phase boundary (a benchmark's device synchronization, so that device phases
+#: are timed as they run rather than as they are launched).
+PHASE_SYNC: Optional[Callable[[], None]] = None
 
 
 @contextmanager
@@ -298,218 +324,220 @@ def _phase(name: str) -> Iterator[None]:
     if PHASES is None:
         yield
         return
+    if PHASE_SYNC is not None:
+        PHASE_SYNC()
     t0 = time.perf_counter()
     try:
         yield
     finally:
+        if PHASE_SYNC is not None:
+            PHASE_SYNC()
         PHASES[name] = PHASES.get(name, 0.0) + time.perf_counter() - t0
 
 
-# ----- encoding of the operands ---------------------------------------------------------------
+# ----- the exponent scan (in memory and Dask alike) -----------------------------------------------
+
+_NONE = np.iinfo(np.int64).min // 4
+_HUGE = np.iinfo(np.int64).max // 4
 
 
-def _row_abs_sums(v: np.ndarray) -> list[int]:
-    """Exact ``sum_k |v[j, k]|`` of an int64 matrix with ``|v| < 2**62`` (26-bit halves: no overflow for k < 2**35)."""
-    a = np.abs(v)
-    hi = (a >> 26).sum(axis=1)
-    lo = (a & ((1 << 26) - 1)).sum(axis=1)
-    return [(int(h) << 26) + int(l) for h, l in zip(hi, lo)]
+def entry_stats(x):
+    """Per entry ``(finite, frexp exponent or NONE, lowest set bit or HUGE)`` (complex: both parts) as int64 planes.
 
-
-# widest t whose integers split into two int64 limbs that _row_abs_sums can take
-_LIMB_MAX_T = 90
-
-
-def _limbs(x: np.ndarray, t: int, shared: tuple[int, ...], op_size: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """The integers ``v`` encode holds as ``H * 2**32 + L`` (int64 limbs), when exact row sums are wanted.
-
-    ``y = x * 2**e`` with encode's exponents is exact (a power-of-two
-    scaling; values below ``2**-1022`` round to 0 either way); ``H =
-    trunc(y / 2**32)`` and ``y - H 2**32`` are exact, and rounding the low
-    part half-even gives ``rint(y)`` because ``H 2**32`` is even. None for
-    large operators (``mode_product`` then uses ``n_in * bound``) or
-    ``t > 90``.
+    Works where ``x`` lives (NumPy or CuPy).
     """
-    if t > _LIMB_MAX_T or x.size == 0 or op_size > EXACT_ROW_SUMS_MAX:
-        return None
-    e = np.broadcast_to(group_exponents(x, t, shared), x.shape).astype(np.int32)
-    y = np.ldexp(x, e)
-    H = np.trunc(np.ldexp(y, -32))
-    L = np.rint(y - np.ldexp(H, 32))
-    return H.astype(np.int64), L.astype(np.int64)
+    xp = array_module(x)
+    parts = [x.real, x.imag] if x.dtype.kind == "c" else [x]
+    fin = xp.ones(x.shape, bool)
+    E = xp.full(x.shape, _NONE, np.int64)
+    lsb = xp.full(x.shape, _HUGE, np.int64)
+    for p in parts:
+        p = p.astype(np.float64, copy=False)
+        fin &= xp.isfinite(p)
+        ok = xp.isfinite(p) & (p != 0)
+        q = xp.where(ok, p, 1.0)
+        mant, ex = xp.frexp(q)
+        ex = ex.astype(np.int64)
+        mi = (mant * 2.0**53).astype(np.int64)
+        low = xp.abs(mi) & -xp.abs(mi)
+        tz = xp.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
+        E = xp.where(ok, xp.maximum(E, ex), E)
+        lsb = xp.where(ok, xp.minimum(lsb, ex - 53 + tz), lsb)
+    return xp.stack([fin.astype(np.int64), E, lsb])
 
 
-def _limb_row_sums(H: np.ndarray, L: np.ndarray) -> tuple[int, ...]:
-    """Exact ``sum_k |H 2**32 + L|`` per row (any signs, ``|L| < 2**40``)."""
-    q = L >> 32  # floor: afterwards 0 <= L < 2**32, so the sign of H 2**32 + L is the sign of H (+ for H = 0)
-    H, L = H + q, L - (q << 32)
-    sg = np.where(H >= 0, 1, -1)
-    hs = _row_abs_sums(H)
-    ls = (sg * L).sum(axis=1)
-    return tuple((h << 32) + int(l) for h, l in zip(hs, ls))
+def frexp_exponent(a):
+    """The frexp exponent of every positive entry, ``NONE`` for zeros (int64), where ``a`` lives."""
+    xp = array_module(a)
+    return xp.where(a > 0, xp.frexp(a)[1].astype(np.int64), _NONE)
 
 
-def _attach_row_sums(op: RNSTensor, limbs: Optional[tuple[np.ndarray, np.ndarray]]) -> RNSTensor:
-    """Give ``op`` its exact row sums from its integers' limbs (what operator_rho would compute, cheaply)."""
-    if limbs is not None and op.size <= EXACT_ROW_SUMS_MAX:
-        op._row_sums = _limb_row_sums(*limbs)
-    return op
+def group_stats(x, axis: int, need_lsb: bool):
+    """``(finite, Emax, lsb_min)`` per row (``axis=1``) or column (``axis=0``) of a matrix, where it lives.
 
-
-def _unstack(T: RNSTensor, part: int, axis: int) -> RNSTensor:
-    """Part ``part`` of a stacked ``(2, r, c)`` encoding whose exponents vary along ``axis`` (1 or 2) only."""
-    vec = T.scale.axes[axis]
-    axes = (vec, None) if axis == 1 else (None, vec)
-    scale = Scale(T.scale.exp2, T.scale.factor, axes, None)
-    return RNSTensor(T.residues[:, part], T.basis, T.active, T.bound, scale)
-
-
-def _encode_complex_a(opa: np.ndarray, basis: Basis, t: int, backend):
-    """``(Ar, Ai, vs)``: ``op(a)``'s parts sharing one exponent per row, and the limbs of ``Ar + Ai`` (or None)."""
-    sa = np.stack([opa.real, opa.imag])
-    SA = encode(sa, basis, t, shared_axes=(0, 2), backend=backend)
-    Ar, Ai = _unstack(SA, 0, 1), _unstack(SA, 1, 1)
-    v = _limbs(sa, t, (0, 2), opa.size)
-    if v is None:
-        return Ar, Ai, None
-    (H, L) = v
-    _attach_row_sums(Ar, (H[0], L[0]))
-    _attach_row_sums(Ai, (H[1], L[1]))
-    return Ar, Ai, (H[0] + H[1], L[0] + L[1])
-
-
-def _encode_complex_b(opb: np.ndarray, basis: Basis, t: int, backend):
-    """``(Br, Bi)``: ``op(b)``'s parts sharing one exponent per column."""
-    SB = encode(np.stack([opb.real, opb.imag]), basis, t, shared_axes=(0, 1), backend=backend)
-    return _unstack(SB, 0, 2), _unstack(SB, 1, 2)
-
-
-def _encode_complex(opa: np.ndarray, opb: np.ndarray, basis: Basis, t: int, backend):
-    """``Ar, Ai`` sharing one exponent per row and ``Br, Bi`` one per column (stacked encodings)."""
-    Ar, Ai, vs = _encode_complex_a(opa, basis, t, backend)
-    Br, Bi = _encode_complex_b(opb, basis, t, backend)
-    return Ar, Ai, Br, Bi, vs
-
-
-def _prepare_a(opa: np.ndarray, basis: Basis, t: int, cplx: bool, backend) -> tuple[RNSTensor, ...]:
-    """The operator side of a tile: ``(A,)`` real, ``(Ar, Ai, Ar + Ai)`` complex."""
-    with _phase("encode"):
-        if not cplx:
-            A = encode(opa, basis, t, shared_axes=(1,), backend=backend)
-            return (_attach_row_sums(A, _limbs(opa, t, (1,), opa.size)),)
-        Ar, Ai, vs = _encode_complex_a(opa, basis, t, backend)
-    with _phase("3m"):
-        return Ar, Ai, _attach_row_sums(add(Ar, Ai, backend=backend), vs)
-
-
-def _prepare_b(opb: np.ndarray, basis: Basis, t: int, cplx: bool, backend) -> tuple[RNSTensor, ...]:
-    """The tensor side of a tile: ``(B,)`` real, ``(Br, Bi, Br + Bi)`` complex."""
-    with _phase("encode"):
-        if not cplx:
-            return (encode(opb, basis, t, shared_axes=(0,), backend=backend),)
-        Br, Bi = _encode_complex_b(opb, basis, t, backend)
-    with _phase("3m"):
-        return Br, Bi, add(Br, Bi, backend=backend)
-
-
-def _slice(T: RNSTensor, axis: int, lo: int, hi: int) -> RNSTensor:
-    """Entries ``lo:hi`` along ``axis`` of a 2-D encoding (contiguous planes; scale, negative zeros, row sums follow)."""
-    if lo == 0 and hi == T.shape[axis]:
-        return T
-    idx = (slice(None),) * axis + (slice(lo, hi),)
-    axes = list(T.scale.axes)
-    if axes[axis] is not None:
-        axes[axis] = axes[axis][lo:hi]
-    field = T.scale.field
-    if field is not None and field.shape[axis] > 1:
-        field = field[idx]
-    negz = None if T.negative_zeros is None else T.negative_zeros[idx]
-    out = RNSTensor(
-        np.ascontiguousarray(T.residues[(slice(None),) + idx]), T.basis, T.active, T.bound,
-        Scale(T.scale.exp2, T.scale.factor, axes, field), negz,
-    )
-    if axis == 0 and T._row_sums is not None:
-        out._row_sums = T._row_sums[lo:hi]
-    return out
-
-
-def _products_3m(Ar, Ai, Br, Bi, vs, backend) -> tuple[RNSTensor, RNSTensor]:
-    """Exact ``(Re, Im)`` of ``(Ar + i Ai)(Br + i Bi)`` by the 3M form in residues: 3 products, 1 add each side, 3 subs."""
-    with _phase("3m"):
-        As = _attach_row_sums(add(Ar, Ai, backend=backend), vs)
-        Bs = add(Br, Bi, backend=backend)
-    return _products_3m_prepared((Ar, Ai, As), (Br, Bi, Bs), backend)
-
-
-def _products_3m_prepared(pa, pb, backend) -> tuple[RNSTensor, RNSTensor]:
-    """The 3M products and differences from prepared ``(Ar, Ai, Ar + Ai)`` and ``(Br, Bi, Br + Bi)``."""
-    (Ar, Ai, As), (Br, Bi, Bs) = pa, pb
-    with _phase("products"):
-        P0 = mode_product(Br, Ar, 0, backend=backend)
-        P1 = mode_product(Bi, Ai, 0, backend=backend)
-        P2 = mode_product(Bs, As, 0, backend=backend)
-    with _phase("3m"):
-        re = sub(P0, P1, backend=backend)
-        im = sub(sub(P2, P0, backend=backend), P1, backend=backend)
-    return re, im
-
-
-def _products_4m(Ar, Ai, Br, Bi, backend) -> tuple[RNSTensor, RNSTensor]:
-    """The 4M form ``(ArBr - AiBi, ArBi + AiBr)`` in residues (the test oracle of the 3M form)."""
-    re = sub(mode_product(Br, Ar, 0, backend=backend), mode_product(Bi, Ai, 0, backend=backend), backend=backend)
-    im = add(mode_product(Bi, Ar, 0, backend=backend), mode_product(Br, Ai, 0, backend=backend), backend=backend)
-    return re, im
-
-
-# ----- decode with alpha -----------------------------------------------------------------------
-
-
-def _alpha_parts(alpha: float) -> tuple[int, int]:
-    """``|alpha| = ma * 2**ea`` with ``ma`` odd (``alpha`` finite, nonzero)."""
-    mant, ex = math.frexp(abs(alpha))
-    ma, ea = int(mant * (1 << 53)), ex - 53
-    tz = (ma & -ma).bit_length() - 1
-    return ma >> tz, ea + tz
-
-
-def _decode_scaled(T: RNSTensor, alpha: float, backend) -> np.ndarray:
-    """The correctly rounded ``alpha * value(T)``: ``alpha``'s significand and exponent join the exact scale.
-
-    Non-finite ``alpha`` multiplies the correctly rounded value in float64
-    (IEEE rules); ``alpha == 0`` gives zeros (the exact value is finite).
+    ``finite``: the group holds no inf / NaN; ``Emax``: the frexp exponent of
+    its largest finite magnitude (``max(|re|, |im|)`` for complex data;
+    ``NONE`` for an all-zero group); ``lsb_min`` (``need_lsb`` only, else
+    ``None``): the lowest set bit of any of its significands. One pass over
+    ``|x|`` for the exponents; the lowest bits need every significand.
     """
-    if alpha == 0:
-        return np.zeros(T.shape)
-    if not math.isfinite(alpha):
-        with np.errstate(invalid="ignore"):
-            return alpha * decode(T, "exact", backend=backend)
-    ma, ea = _alpha_parts(alpha)
-    scale = T.scale.replace(factor=T.scale.factor * ma, exp2=T.scale.exp2 + ea)
-    out = decode(RNSTensor(T.residues, T.basis, T.active, T.bound, scale), "exact", backend=backend)
-    return -out if alpha < 0 else out
+    xp = array_module(x)
+    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
+    finite = xp.isfinite(x)
+    fin = finite.all(axis=axis)
+    amax = mag.max(axis=axis) if bool(fin.all()) else xp.where(finite, mag, 0.0).max(axis=axis)
+    lsb = entry_stats(x)[2].min(axis=axis) if need_lsb else None
+    return fin, frexp_exponent(amax), lsb
+
+
+def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm"):
+    """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
+
+    From the :func:`group_stats` of both operands (host or device vectors;
+    the moduli choice reads back one scalar). ``moduli=None``:
+    ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest ``s`` whose width
+    holds every finite row and column exactly (at most 49). ``ea = t - Emax``
+    for finite nonzero rows, 0 for the rest (their results come from float64).
+
+    Raises
+    ------
+    RNSRangeError
+        ``s`` moduli cannot hold a product of length ``k`` (no width ``t >= 1``).
+    """
+    kind = "complex" if cplx else "real"
+    (fa, Ea, la), (fb, Eb, lb) = a_stats, b_stats
+    xp = array_module(fa, fb, Ea, Eb)
+    if isinstance(moduli, int):
+        s = moduli
+    elif moduli is None:
+        s = moduli_for_bits(k, 53, kind=kind)
+    else:
+        need = 1
+        for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
+            ok = f & (E != _NONE)
+            if E.size:
+                need = max(need, int(xp.where(ok, E - lo, 1).max()))
+        try:
+            s = moduli_for_bits(k, need, kind=kind)
+        except RNSRangeError:
+            s = _MAX_MODULI
+    t = gemm_width(s, k, kind)
+    if t < 1:
+        least = moduli_for_bits(k, 1, kind=kind)
+        raise RNSRangeError(
+            f"{fn}: moduli={s} cannot hold a product of length k={k} (even width 1 needs "
+            f"{_RANGE_FACTOR[kind]}*k*4 < P); use moduli >= {least}"
+        )
+    ea = xp.where(fa & (Ea != _NONE), t - Ea, 0).astype(np.int64)
+    eb = xp.where(fb & (Eb != _NONE), t - Eb, 0).astype(np.int64)
+    return s, t, ea, eb
+
+
+def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
+    """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
+    auto = moduli == "auto"
+    return gemm_scale(moduli, k, cplx, group_stats(opa, 1, auto), group_stats(opb, 0, auto))[0]
+
+
+# ----- the program ------------------------------------------------------------------------------
+
+
+def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bool = False) -> ir.Program:
+    """The residue program of ``alpha * op(a) @ op(b)`` at width ``t``: two encodes, one product, one exact decode.
+
+    Slot 0 is ``op(a)`` (``'ik'``: one exponent per row), slot 1 ``op(b)``:
+    ``'kj'`` (one exponent per column), or ``'jk'`` when ``transposed`` (the
+    K-contiguous layout of the tensor-core engines, whose product is C^T).
+    Complex operands carry their (re, im) parts first (``'cik'``, sharing the
+    row exponent) and multiply by the exact 3M form. Bounds: ``2**t`` per
+    operand, ``k 4**t`` for the product (``6 k 4**t`` for the 3M parts), which
+    :func:`gemm_width` keeps inside the range.
+
+    Examples
+    --------
+    >>> p = gemm_program(Basis.int8(16), 56, 4096, False, 1.0)
+    >>> [type(s).__name__ for s in p.steps]
+    ['Encode', 'Encode', 'Contract', 'Decode']
+    """
+    B = 1 << t
+    out = "ji" if transposed else "ij"
+    if not cplx:
+        b_labels, b_shared = ("jk", (1,)) if transposed else ("kj", (0,))
+        steps = (
+            ir.Encode(0, 0, t, (1,), "ik", B),
+            ir.Encode(1, 1, t, b_shared, b_labels, B),
+            ir.Contract(2, 1, 0, b_labels, "ik", "", "", "k", "", "j", "i", "mode", out, k * B * B),
+            ir.Decode(3, 2, "exact", alpha),
+        )
+    else:
+        b_labels, b_shared = ("cjk", (0, 2)) if transposed else ("ckj", (0, 1))
+        steps = (
+            ir.Encode(0, 0, t, (0, 2), "cik", B, complex=True),
+            ir.Encode(1, 1, t, b_shared, b_labels, B, complex=True),
+            ir.Contract3M(2, 1, 0, b_labels, "cik", "k", "c" + out, 6 * k * B * B),
+            ir.Decode(3, 2, "exact", alpha, complex=True),
+        )
+    return ir.Program(basis, steps, 3, out, cplx)
+
+
+def _encoded(x, e, st: ir.Encode, basis: Basis, be) -> Value:
+    """An operand (or block of it) encoded with the exponents of the scan (``e`` keepdims, where ``x`` lives)."""
+    return Value(be.encode(x, e, basis.moduli, st.bits), -e, 1, st.bound, st.labels)
+
+
+def _rows(v: Value, lo: int, hi: int) -> Value:
+    """Rows ``lo:hi`` (the ``'i'`` index) of an encoded ``op(a)``: contiguous planes, the same exponents."""
+    xp = array_module(v.planes)
+    ax = v.labels.index("i")
+    idx = (slice(None),) * ax + (slice(lo, hi),)
+    return Value(xp.ascontiguousarray(v.planes[(slice(None),) + idx]), v.exp[idx], v.factor, v.bound, v.labels)
+
+
+def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, nb: int, cache_a: bool, be, xp,
+               backend_name, transposed: bool) -> None:
+    """Every output tile of ``prog``: ``op(b)`` encoded once per column block, ``op(a)`` once or per row block."""
+    enc_a, enc_b, product, dec = prog.steps
+    cplx = prog.complex
+    basis = prog.basis
+
+    def parts(x):
+        return xp.stack([x.real, x.imag]) if cplx else x
+
+    ea_k = ea[None, :, None] if cplx else ea[:, None]
+
+    def encode_a(i0, i1):
+        return _encoded(parts(A[i0:i1]), ea_k[..., i0:i1, :], enc_a, basis, be)
+
+    whole_a = None
+    if cache_a:
+        with _phase("encode"):
+            whole_a = encode_a(0, m)
+    for j0 in range(0, n, nb):
+        j1 = min(j0 + nb, n)
+        with _phase("encode"):
+            if transposed:
+                xb = parts(xp.ascontiguousarray(Bm[:, j0:j1].T))
+                e = eb[None, j0:j1, None] if cplx else eb[j0:j1, None]
+            else:
+                xb = parts(Bm[:, j0:j1])
+                e = eb[None, None, j0:j1] if cplx else eb[None, j0:j1]
+            vb = _encoded(xb, e, enc_b, basis, be)
+        for i0 in range(0, m, mb):
+            i1 = min(i0 + mb, m)
+            if whole_a is not None:
+                va = _rows(whole_a, i0, i1)
+            else:
+                with _phase("encode"):
+                    va = encode_a(i0, i1)
+            vals = {0: va, 1: vb}
+            with _phase("products"):
+                run_step(product, vals, basis, be, backend_name)
+            with _phase("decode"):
+                res = run_step(dec, vals, basis, be, backend_name)
+            term[i0:i1, j0:j1] = res.T if transposed else res
 
 
 # ----- the driver --------------------------------------------------------------------------------
-
-
-def _resolve_moduli(moduli, opa: np.ndarray, opb: np.ndarray, k: int, cplx: bool) -> int:
-    kind = "complex" if cplx else "real"
-    if isinstance(moduli, int):
-        return moduli
-    if moduli is None:
-        return moduli_for_bits(k, 53, kind=kind)
-    # 'auto': the width at which both encodings are exact, so the product is exact
-    if cplx:
-        need = max(
-            exact_bits_needed(np.stack([opa.real, opa.imag]), (0, 2)),
-            exact_bits_needed(np.stack([opb.real, opb.imag]), (0, 1)),
-        )
-    else:
-        need = max(exact_bits_needed(opa, (1,)), exact_bits_needed(opb, (0,)))
-    try:
-        return moduli_for_bits(k, need, kind=kind)
-    except RNSRangeError:
-        return _MAX_MODULI
 
 
 def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str = "N") -> int:
@@ -519,6 +547,7 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
     encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly
     (at most 49). Complex input (either operand) selects the complex rule.
+    NumPy or CuPy operands (the scan runs where they live).
 
     Examples
     --------
@@ -527,31 +556,26 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     >>> gemm_moduli(a, a.T), gemm_moduli(a, a.T, "auto"), gemm_moduli(a, a.T, 9)
     (14, 16, 9)
     """
-    a, b = np.asarray(a), np.asarray(b)
-    cplx = np.iscomplexobj(a) or np.iscomplexobj(b)
+    xp = array_module(a, b, names=("a", "b"), fn="gemm_moduli")
+    a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
+    cplx = a.dtype.kind == "c" or b.dtype.kind == "c"
     fn = "gemm_moduli"
     moduli = _check_moduli(moduli, fn)
     flags = ("N", "T", "C")
     ta, tb = _check_trans(trans_a, "trans_a", flags), _check_trans(trans_b, "trans_b", flags)
     if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"{fn}: a and b must be 2-D; got shapes {a.shape} and {b.shape}")
+        raise ValueError(f"{fn}: a and b must be 2-D; got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     opa = a if ta == "N" else a.T
     opb = b if tb == "N" else b.T
-    if cplx:
-        opa, opb = opa.astype(np.complex128), opb.astype(np.complex128)
-    else:
-        opa, opb = opa.astype(np.float64), opb.astype(np.float64)
-    fa = np.isfinite(opa).all(axis=1)
-    fb = np.isfinite(opb).all(axis=0)
-    ea = np.where(fa[:, None], opa, 0)
-    eb = np.where(fb[None, :], opb, 0)
-    return _resolve_moduli(moduli, ea, eb, opa.shape[1], cplx)
+    dtype = np.complex128 if cplx else np.float64
+    opa, opb = opa.astype(dtype, copy=False), opb.astype(dtype, copy=False)
+    return _resolve_moduli(moduli, opa, opb, opa.shape[1], cplx)
 
 
 def blas_operands(a, b, ta: str, tb: str, cplx: bool, fn: str):
     """``(op(a), op(b))`` for checked BLAS flags (``'C'`` conjugates complex data), inner dimensions checked.
 
-    Works on any array type with ``.T``, ``.conj()`` and ``.shape`` (numpy, Dask).
+    Works on any array type with ``.T``, ``.conj()`` and ``.shape`` (NumPy, CuPy, Dask).
     """
 
     def op(x, f):
@@ -574,62 +598,51 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     flags = ("N", "T", "C")
     ta = _check_trans(trans_a, "trans_a", flags)
     tb = _check_trans(trans_b, "trans_b", flags)
-    a = _check_array(a, "a", dtype, fn)
-    b = _check_array(b, "b", dtype, fn)
+    be, xp = dispatch(a, b, c, out, backend=backend, names=("a", "b", "c", "out"), fn=fn)
+    a = _check_array(a, "a", dtype, fn, xp)
+    b = _check_array(b, "b", dtype, fn, xp)
     moduli = _check_moduli(moduli, fn)
     alpha = _check_scalar(alpha, "alpha", fn, cplx)
     beta = _check_scalar(beta, "beta", fn, cplx)
-    workspace = _check_workspace(workspace_bytes, fn)
+    workspace = _check_workspace(workspace_bytes, fn, xp)
+    backend_name = be.name if xp is not np else backend
 
     opa, opb = blas_operands(a, b, ta, tb, cplx, fn)
     m, k = opa.shape
     n = opb.shape[1]
     if c is not None:
-        c = np.asarray(c)
-        if c.shape != (m, n):
-            raise ValueError(f"{fn}: c must have shape ({m}, {n}) = op(a) rows x op(b) columns; got {c.shape}")
+        c = c if xp is not np else np.asarray(c)
+        if tuple(c.shape) != (m, n):
+            raise ValueError(f"{fn}: c must have shape ({m}, {n}) = op(a) rows x op(b) columns; got {tuple(c.shape)}")
         if c.dtype != dtype and beta != 0:
             raise TypeError(f"{fn}: c must be a {dtype.name} array; got dtype {c.dtype}")
     elif beta != 0:
         raise ValueError(f"{fn}: c is required when beta != 0 (got beta={beta!r})")
     if out is not None:
-        if not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != (m, n) or not out.flags.writeable:
-            raise ValueError(f"{fn}: out must be a writeable {dtype.name} ndarray of shape ({m}, {n})")
+        kind = "CuPy array" if xp is not np else "ndarray"
+        ok = is_device_array(out) if xp is not np else isinstance(out, np.ndarray) and out.flags.writeable
+        if not ok or out.dtype != dtype or tuple(out.shape) != (m, n):
+            raise ValueError(f"{fn}: out must be a writeable {dtype.name} {kind} of shape ({m}, {n})")
 
-    term = np.zeros((m, n), dtype)
+    term = xp.zeros((m, n), dtype)
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
-            fa = np.isfinite(opa).all(axis=1)
-            fb = np.isfinite(opb).all(axis=0)
-            ea = opa if fa.all() else np.where(fa[:, None], opa, 0)
-            eb = opb if fb.all() else np.where(fb[None, :], opb, 0)
-            s = _resolve_moduli(moduli, ea, eb, k, cplx)
-            kind = "complex" if cplx else "real"
-            t = gemm_width(s, k, kind)
-            if t < 1:
-                need = moduli_for_bits(k, 1, kind=kind)
-                raise RNSRangeError(
-                    f"{fn}: moduli={s} cannot hold a product of length k={k} (even width 1 needs "
-                    f"{_RANGE_FACTOR[kind]}*k*4 < P); use moduli >= {need}"
-                )
-            basis = Basis.int8(s)
+            auto = moduli == "auto"
+            sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
+            s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn)
+            fa, fb = sa[0], sb[0]
+            finite_a, finite_b = bool(fa.all()), bool(fb.all())
+            A = opa if finite_a else xp.where(fa[:, None], opa, 0)
+            Bm = opb if finite_b else xp.where(fb[None, :], opb, 0)
+            transposed = getattr(be, "gemm_layout", "NN") == "TN"
+            prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
             mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
-        whole_a = _prepare_a(ea, basis, t, cplx, backend) if cache_a else None
-        for j0 in range(0, n, nb):
-            j1 = min(j0 + nb, n)
-            pb = _prepare_b(eb[:, j0:j1], basis, t, cplx, backend)
-            for i0 in range(0, m, mb):
-                i1 = min(i0 + mb, m)
-                if whole_a is not None:
-                    pa = tuple(_slice(T, 0, i0, i1) for T in whole_a)
-                else:
-                    pa = _prepare_a(ea[i0:i1], basis, t, cplx, backend)
-                _tile(term, pa, pb, i0, j0, alpha, cplx, backend)
-        # rows / columns holding inf or NaN: float64 BLAS with IEEE propagation
+        _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+        # rows / columns holding inf or NaN: float64 matmul with IEEE propagation (where the data lives)
         with np.errstate(invalid="ignore", over="ignore"):
-            if not fa.all():
+            if not finite_a:
                 term[~fa, :] = alpha * (opa[~fa] @ opb)
-            if not fb.all():
+            if not finite_b:
                 term[:, ~fb] = alpha * (opa @ opb[:, ~fb])
     if beta != 0:
         with np.errstate(invalid="ignore", over="ignore"):
@@ -638,23 +651,6 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         out[...] = term
         return out
     return term
-
-
-def _tile(term, pa, pb, i0, j0, alpha, cplx, backend) -> None:
-    """One output tile from prepared operands: exact residue products, exact decode (with alpha) into ``term``."""
-    i1, j1 = i0 + pa[0].shape[0], j0 + pb[0].shape[1]
-    if not cplx:
-        with _phase("products"):
-            Z = mode_product(pb[0], pa[0], 0, backend=backend)
-        with _phase("decode"):
-            term[i0:i1, j0:j1] = _decode_scaled(Z, alpha, backend)
-        return
-    re, im = _products_3m_prepared(pa, pb, backend)
-    with _phase("decode"):
-        ar, ai = alpha.real, alpha.imag
-        # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
-        term[i0:i1, j0:j1].real = _decode_scaled(re, ar, backend) - _decode_scaled(im, ai, backend) if ai else _decode_scaled(re, ar, backend)
-        term[i0:i1, j0:j1].imag = _decode_scaled(im, ar, backend) + _decode_scaled(re, ai, backend) if ai else _decode_scaled(im, ar, backend)
 
 
 def dgemm(
@@ -697,6 +693,8 @@ def dgemm(
     Parameters
     ----------
     a, b : ndarray of float64, 2-D, any strides
+        NumPy arrays (the CPU backend) or CuPy arrays (the CUDA backend: the
+        result is a CuPy array, and nothing data-sized leaves the device).
     c : ndarray of float64, shape (m, n), optional (required when ``beta != 0``)
     alpha, beta : float
     trans_a, trans_b : {'N', 'T', 'C'}
@@ -710,7 +708,7 @@ def dgemm(
         one), so the integer product is the exact product and the result is
         correctly rounded; capped at 49 (best effort: ``t = gemm_width(49, k)``).
     out : ndarray, optional
-        Where to write the result (may be ``c`` itself).
+        Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional
         Residue backend (default: the current one); all give identical bits.
     workspace_bytes : int, optional
@@ -776,6 +774,7 @@ def zgemm(
     Parameters
     ----------
     a, b : ndarray of complex128, 2-D, any strides
+        NumPy or CuPy arrays, as in :func:`dgemm`.
     c : ndarray of complex128, shape (m, n), optional
     alpha, beta : complex
     trans_a, trans_b : {'N', 'T', 'C'}
@@ -789,7 +788,7 @@ def zgemm(
         one), so the integer product is the exact product and the result is
         correctly rounded; capped at 49 (best effort: ``t = gemm_width(49, k)``).
     out : ndarray, optional
-        Where to write the result (may be ``c`` itself).
+        Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional
         Residue backend (default: the current one); all give identical bits.
     workspace_bytes : int, optional
@@ -825,6 +824,7 @@ def matmul(
     1-D ``a`` is a row vector, 1-D ``b`` a column vector (the added axis is
     removed again); leading axes broadcast as batch axes. A float64 operand
     meets a complex128 one as complex128 (exact). Other dtypes: ``TypeError``.
+    CuPy operands give a CuPy result, computed on the device.
 
     Examples
     --------
@@ -833,7 +833,8 @@ def matmul(
     array([[3.],
            [3.]])
     """
-    a, b = np.asarray(a), np.asarray(b)
+    xp = array_module(a, b, names=("a", "b"), fn="matmul")
+    a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
     for name, x in (("a", a), ("b", b)):
         if x.dtype not in (np.float64, np.complex128):
             raise TypeError(f"matmul: {name} must be float64 or complex128 (dgemm / zgemm emulation); got dtype {x.dtype}")
@@ -847,13 +848,13 @@ def matmul(
     if a2.shape[-1] != b2.shape[-2]:
         raise ValueError(f"matmul: shape mismatch: a {a.shape} and b {b.shape} (core dimension {a2.shape[-1]} != {b2.shape[-2]})")
     try:
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        batch = np.broadcast_shapes(tuple(a2.shape[:-2]), tuple(b2.shape[:-2]))
     except ValueError:
         raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
     m, n = a2.shape[-2], b2.shape[-1]
-    A = np.broadcast_to(a2, batch + a2.shape[-2:])
-    B = np.broadcast_to(b2, batch + b2.shape[-2:])
-    res = np.empty(batch + (m, n), np.complex128 if cplx else np.float64)
+    A = xp.broadcast_to(a2, batch + tuple(a2.shape[-2:]))
+    B = xp.broadcast_to(b2, batch + tuple(b2.shape[-2:]))
+    res = xp.empty(batch + (m, n), np.complex128 if cplx else np.float64)
     gemm = zgemm if cplx else dgemm
     for idx in np.ndindex(*batch):
         gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes)

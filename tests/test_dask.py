@@ -260,10 +260,8 @@ def test_results_keep_numpy_meta():
 
 @pytest.mark.parametrize("moduli", [None, "auto", 12])
 @pytest.mark.parametrize("cplx", [False, True])
-def test_device_matmul_block_logic_on_the_host(moduli, cplx):
-    """The per-block GEMM the CuPy path of batched matmul runs, on NumPy blocks: rt.matmul bit for bit."""
-    from rnstensor.dask import _matmul_block
-
+def test_batched_matmul_blocks_are_the_in_memory_matmul(moduli, cplx):
+    """Batched matmul runs rt.matmul on whole-k blocks (NumPy or CuPy alike): its bits, inf / NaN included."""
     A, B = _gemm_case(m=9, k=21, n=7, seed=7, cplx=cplx)
     S = np.stack([A, -2.0 * A, A[::-1]])
     S[1, 4, 3] = np.inf
@@ -272,11 +270,12 @@ def test_device_matmul_block_logic_on_the_host(moduli, cplx):
     St = S.transpose(0, 2, 1).copy()  # (3, 21, 9)
     cases = ((S, B), (S, T), (A, np.stack([B, T])), (S, B[:, 0]), (A[0], St), (S[:, None], np.stack([B, -B])))
     for x, y in cases:
-        got = _matmul_block(x, y, cplx, moduli, "cpu")
+        got = rd.matmul(da.from_array(x, chunks=2), da.from_array(y, chunks=2), moduli=moduli).compute()
         ref = rt.matmul(x, y, moduli=moduli)
         assert got.shape == ref.shape
         assert np.array_equal(got, ref, equal_nan=True)
-    assert _matmul_block(S[:, :, :0], B[:0], cplx, moduli, "cpu").shape == (3, 9, 7)
+    empty = rd.matmul(da.from_array(S[:, :, :0]), da.from_array(B[:0]), moduli=moduli)
+    assert empty.compute().shape == (3, 9, 7)
 
 
 @pytest.mark.parametrize("cplx", [False, True])
@@ -293,134 +292,3 @@ def test_explicit_backend_is_passed_to_every_block(cplx):
     D = da.from_array(X, chunks=(3, 3, 3, 3))
     assert np.array_equal(rd.apply(plan, D, backend="numpy").compute(), plan(X))
     assert np.array_equal(rd.apply(expr, D, backend="numpy").compute(), expr(X))
-
-
-# ----- the device code paths with a stand-in CuPy (a NumPy subclass) and a CPU-backed 'cuda' backend ---------
-# What the GPU tests (tests/gpu/test_dask_cuda.py) check on a device, checked here for the array-type handling:
-# results of the chunk type, the in-memory bits, and no NumPy block handed to the backend by the GEMMs.
-# Skipped where the real CuPy is importable (Dask would keep the stand-in's registrations for 'cupy').
-
-
-class _StandInDeviceArray(np.ndarray):
-    def get(self):
-        return np.array(self).view(np.ndarray)
-
-
-_StandInDeviceArray.__module__ = "cupy._core.core"
-
-
-def _to_dev(x):
-    if isinstance(x, np.ndarray) and not isinstance(x, _StandInDeviceArray):
-        return x.view(_StandInDeviceArray)
-    if isinstance(x, tuple):
-        return tuple(_to_dev(v) for v in x)
-    return x
-
-
-def _strip(x):
-    return np.asarray(x) if isinstance(x, _StandInDeviceArray) else x
-
-
-class _StandInCuda:
-    """The CPU backend behind CudaBackend's array contract: device arrays in, device arrays out; calls recorded."""
-
-    name = "cuda"
-
-    def __init__(self):
-        from rnstensor.backends.cpu import CpuBackend
-
-        self.cpu, self.calls = CpuBackend(), []
-
-    def __getattr__(self, name):
-        f = getattr(self.cpu, name)
-
-        def call(*args, **kw):
-            host = not any(isinstance(a, _StandInDeviceArray) for a in args)
-            self.calls.append((name, host))
-            r = f(*[_strip(a) for a in args], **kw)
-            if host:
-                return r
-            return (_to_dev(r[0]),) + r[1:] if isinstance(r, tuple) else _to_dev(r)
-
-        return call
-
-
-@pytest.fixture
-def stand_in_cupy(monkeypatch):
-    import importlib.util
-    import sys
-    import types
-
-    import dask
-
-    if importlib.util.find_spec("cupy") is not None:
-        pytest.skip("the real CuPy is installed: tests/gpu/test_dask_cuda.py checks these paths")
-    from rnstensor import backends
-
-    mod = types.ModuleType("cupy")
-    mod.ndarray = _StandInDeviceArray
-    mod.asarray = lambda x, dtype=None: np.array(np.asarray(x), dtype=dtype).view(_StandInDeviceArray)
-    mod.asnumpy = lambda x: np.array(x).view(np.ndarray)
-
-    def __getattr__(name):
-        f = getattr(np, name)
-        return (lambda *a, **k: _to_dev(f(*[_strip(v) for v in a], **k))) if callable(f) else f
-
-    mod.__getattr__ = __getattr__
-    be = _StandInCuda()
-    monkeypatch.setitem(sys.modules, "cupy", mod)
-    monkeypatch.setitem(backends._BACKENDS, "cuda", be)
-    # in this process only (a distributed client of other tests may be the default scheduler)
-    with dask.config.set(scheduler="synchronous"):
-        yield mod, be
-
-
-def _on_dev(cp, x, chunks):
-    return da.from_array(x, chunks=chunks).map_blocks(cp.asarray, dtype=x.dtype)
-
-
-def _same_dev(D, ref):
-    assert type(D._meta) is _StandInDeviceArray
-    got = D.compute(scheduler="synchronous")
-    assert type(got) is _StandInDeviceArray
-    got, ref = np.asarray(got), np.asarray(ref)
-    assert got.shape == ref.shape and np.array_equal(got.view(np.uint8), ref.view(np.uint8))
-
-
-def test_device_paths_gemm(stand_in_cupy):
-    cp, be = stand_in_cupy
-    A, B = _gemm_case(m=20, k=300, n=12, seed=9)
-    _same_dev(rd.dgemm(_on_dev(cp, A, (8, 64)), _on_dev(cp, B, (100, 5)), moduli="auto"), rt.dgemm(A, B, moduli="auto"))
-    Z, W = _gemm_case(m=9, k=50, n=7, seed=10, cplx=True)
-    _same_dev(rd.zgemm(_on_dev(cp, Z, (4, 16)), _on_dev(cp, W, (20, 3)), alpha=0.5 + 2j), rt.zgemm(Z, W, alpha=0.5 + 2j))
-    S = np.stack([A, A[::-1]])
-    _same_dev(rd.matmul(_on_dev(cp, S, (1, 8, 300)), _on_dev(cp, B, (300, 5))), rt.matmul(S, B))
-    assert be.calls and not any(host for _, host in be.calls)  # every backend call got device blocks
-    assert {name for name, _ in be.calls} == {"encode", "add", "matmul", "decode"}
-    # NumPy's float64 steps (inf / NaN rows, a complex beta) and an in-memory c
-    An = Z.copy()
-    An[2, 3] = np.inf
-    C = Z[:, :7] * 0.5
-    ref = rt.zgemm(An, W, C, beta=0.25 - 1.5j)
-    got = rd.zgemm(_on_dev(cp, An, (4, 16)), _on_dev(cp, W, (20, 3)), C, beta=0.25 - 1.5j).compute(scheduler="synchronous")
-    assert type(got) is _StandInDeviceArray and np.array_equal(np.asarray(got), ref, equal_nan=True)
-
-
-def test_device_paths_apply(stand_in_cupy):
-    from rnstensor.fem import MassOperator, TensorBasis, box_mesh
-
-    cp, be = stand_in_cupy
-    X, ops = _chain_case()
-    plan = rt.plan_chain(ops, [0, 1, 2], ndim=3)
-    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3])
-    D = _on_dev(cp, X, (5, 4, 4, 4))
-    _same_dev(rd.apply(plan, D), plan(X))
-    _same_dev(rd.apply(expr, D), expr(X))
-    _same_dev(rd.apply(lambda b: plan(b, decode="exact"), D), plan(X, decode="exact"))
-    basis = TensorBasis(3, dim=3)
-    mesh = box_mesh(basis, shape=(3, 2, 2), curved=0.1)
-    u = mesh.gather(np.sin(mesh.coords[:, 0]) + mesh.coords[:, 2])
-    op = MassOperator(basis, mesh.qdata)
-    _same_dev(rd.apply(op, _on_dev(cp, u, (5, 3, 3, 3))), op.apply(u))
-    assert op.backend is None  # the per-block copies ran on 'cuda', the operator itself is unchanged
-    assert any(name == "decode" for name, _ in be.calls)

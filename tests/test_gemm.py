@@ -423,21 +423,31 @@ def test_tiling_with_op_a_encoded_once_is_bitwise_identical(cplx):
     assert G._plan_tiles(m, n, k, 16, cplx, 1 << 40) == (m, n, False)  # untiled: nothing cached
 
 
-def test_slice_keeps_the_encoding():
+def test_row_slices_keep_the_encoding():
+    # the tiles of op(a) cut from its encoding as a whole equal the encodings of the row blocks
+    from rnstensor.program.execute import tensor_of
+
     basis = rt.Basis.int8(16)
     x = phi((6, 9), 2.0, 39)
     x[2, 3] = -0.0
-    T = rt.encode(x, basis, 40, shared_axes=(1,))
-    for lo, hi in ((0, 6), (1, 4), (5, 6)):
-        U = G._slice(T, 0, lo, hi)
-        V = rt.encode(x[lo:hi], basis, 40, shared_axes=(1,))
-        np.testing.assert_array_equal(U.residues, V.residues)
-        assert_bitwise(rt.decode(U, "exact"), rt.decode(V, "exact"))
-    y = phi((9, 5), 2.0, 40)
-    T = rt.encode(y, basis, 40, shared_axes=(0,))
-    U = G._slice(T, 1, 2, 4)
-    assert U.residues.flags.c_contiguous and U.shape == (9, 2)
-    assert_bitwise(rt.decode(U, "exact"), rt.decode(rt.encode(y[:, 2:4], basis, 40, shared_axes=(0,)), "exact"))
+    z = np.stack([x, phi((6, 9), 1.0, 40)])  # a complex operand's parts share the row exponent
+    be = rt.get_backend("cpu")
+    for labels, data, shared in (("ik", x, (1,)), ("cik", z, (0, 2))):
+        st = G.gemm_program(basis, 40, 9, labels == "cik", 1.0).steps[0]
+        assert st.labels == labels and st.shared == shared
+
+        def encoded(a):
+            stats = G.group_stats(a if labels == "ik" else a[0] + 1j * a[1], 1, False)
+            e = G.gemm_scale(16, 9, labels == "cik", stats, stats)[2]
+            return G._encoded(a, e[:, None] if labels == "ik" else e[None, :, None], st, basis, be)
+
+        T = encoded(data)
+        for lo, hi in ((0, 6), (1, 4), (5, 6)):
+            U = G._rows(T, lo, hi)
+            V = encoded(data[..., lo:hi, :])
+            assert U.planes.flags.c_contiguous
+            np.testing.assert_array_equal(U.planes, V.planes)
+            assert_bitwise(rt.decode(tensor_of(U, basis), "exact"), rt.decode(tensor_of(V, basis), "exact"))
 
 
 @pytest.mark.parametrize("cplx", [False, True])
@@ -461,16 +471,38 @@ def test_backends_bitwise(cplx):
 
 @pytest.mark.parametrize("k", [20, 1100])
 def test_3m_residues_equal_4m(k):
+    # the 3M step of the GEMM program against the 4M form from the primitives
+    from rnstensor.program.execute import run_step, tensor_of
+
     A = phi((4, k), 1.0, 37) + 1j * phi((4, k), 2.0, 38)
     B = phi((k, 3), 1.0, 39) - 1j * unif((k, 3), 40)
     s = 16
     basis = rt.Basis.int8(s)
     t = G.gemm_width(s, k, "complex")
-    Ar, Ai, Br, Bi, vs = G._encode_complex(A, B, basis, t, None)
-    re3, im3 = G._products_3m(Ar, Ai, Br, Bi, vs, None)
-    re4, im4 = G._products_4m(Ar, Ai, Br, Bi, None)
+    prog = G.gemm_program(basis, t, k, True, 1.0)
+    be = rt.get_backend("cpu")
+    _, _, ea, eb = G.gemm_scale(s, k, True, G.group_stats(A, 1, False), G.group_stats(B, 0, False))
+    va = G._encoded(np.stack([A.real, A.imag]), ea[None, :, None], prog.steps[0], basis, be)
+    vb = G._encoded(np.stack([B.real, B.imag]), eb[None, None, :], prog.steps[1], basis, be)
+    vals = {0: va, 1: vb}
+    v3 = run_step(prog.steps[2], vals, basis, be, "cpu")
+    re3, im3 = (tensor_of(type(v3)(v3.planes[:, p], v3.exp[0], v3.factor, v3.bound, "ij"), basis) for p in (0, 1))
+    # the 4M form from the primitives, on operands sharing the 3M step's exponents
+    Ar, Ai = (_with_exponents(x, -ea[:, None], basis, t) for x in (A.real, A.imag))
+    Br, Bi = (_with_exponents(x, -eb[None, :], basis, t) for x in (B.real, B.imag))
+    re4 = rt.sub(rt.mode_product(Br, Ar, 0), rt.mode_product(Bi, Ai, 0))
+    im4 = rt.add(rt.mode_product(Bi, Ar, 0), rt.mode_product(Br, Ai, 0))
     assert np.array_equal(re3.residues, re4.residues) and np.array_equal(im3.residues, im4.residues)
-    assert re3.scale.same_as(re4.scale) and im3.scale.same_as(im4.scale)
+    assert np.array_equal(re3.scale.exponent(), re4.scale.exponent())
+    assert np.array_equal(im3.scale.exponent(), im4.scale.exponent())
+
+
+def _with_exponents(x, e, basis, t):
+    """``x`` encoded at width ``t`` with the given keepdims exponents ``e`` (``x ~= v * 2**e``), row or column scales."""
+    be = rt.get_backend("cpu")
+    planes = be.encode(x, -e, basis.moduli, t)
+    axes = (e.reshape(-1), None) if e.shape[1] == 1 else (None, e.reshape(-1))
+    return rt.RNSTensor(planes, basis, basis.moduli, 1 << t, rt.Scale(0, 1, axes))
 
 
 @pytest.mark.parametrize("ta", FLAGS)

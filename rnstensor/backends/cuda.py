@@ -223,6 +223,9 @@ class CudaBackend:
     """
 
     name = "cuda"
+    #: GEMMs hand the product ``op(b)`` K-contiguous (C^T = B^T A^T, the TN layout), the layout the wgmma and cuBLAS
+    #: INT8 engines read
+    gemm_layout = "TN"
 
     def __init__(
         self, product_engine: str | None = None, product_thresholds: dict | None = None,

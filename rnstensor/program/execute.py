@@ -24,7 +24,7 @@ from ..encode import encode
 from ..primitives import decode as decode_tensor
 from ..primitives import drop
 from ..tensor import RNSTensor, Scale
-from .ir import Add, Combine, Contract, Decode, Drop, Encode, Operand, Program, Reencode, Sum
+from .ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Operand, Program, Reencode, Sum
 
 __all__ = ["Value", "execute", "run_step", "encode_value", "value_of", "tensor_of", "permuted", "unit", "alpha_parts"]
 
@@ -126,6 +126,30 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
     return Value(planes, xe2 + ye2, factor, st.bound, st.labels, X.active)
 
 
+def _contract_3m(X: Value, Y: Value, st: Contract3M, basis: Basis, be) -> Value:
+    """The 3M complex mode product: the backend's fused kernel where it has one, else its composition (same bits)."""
+    xp = array_module(X.planes, Y.planes)
+    moduli = _moduli(X, basis)
+    ax = X.labels.index(st.contracted) - 1  # within one part (the first axis is (re, im))
+    kop = st.y_labels[1:].replace(st.contracted, "")
+    op_planes, op_exp = permuted(Y, st.y_labels[0] + kop + st.contracted)
+    ore, oim = (xp.ascontiguousarray(op_planes[:, p]) for p in (0, 1))
+    xre, xim = (xp.ascontiguousarray(X.planes[:, p]) for p in (0, 1))
+    fused = getattr(be, "product_3m", None)
+    if fused is not None:
+        re, im = fused(ore, oim, xre, xim, moduli, ax)
+    else:
+        P0 = be.product(ore, xre, moduli, ax)
+        P1 = be.product(oim, xim, moduli, ax)
+        P2 = be.product(be.add(ore, oim, moduli), be.add(xre, xim, moduli), moduli, ax)
+        re = be.add(P0, P1, moduli, True)
+        im = be.add(be.add(P2, P0, moduli, True), P1, moduli, True)
+    shape = [1] * (len(X.labels) - 1)
+    shape[ax] = op_exp.shape[1]
+    exp = X.exp[0] + op_exp[0].reshape(shape)
+    return Value(xp.stack([re, im], axis=1), exp[None], X.factor * Y.factor, st.bound, st.labels, X.active)
+
+
 def combine_parts(z, i: int, j: int):
     """``part(a, b)`` of an array whose axes ``i`` and ``j`` are two operands' (re, im) axes.
 
@@ -209,23 +233,42 @@ def unit(v: Value):
         return xp.ldexp(float(v.factor), xp.clip(v.exp, -1100, 1100).astype(np.int32))
 
 
-def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
-    """The slot decoded (``alpha`` joins the exact scale: the correctly rounded ``alpha * value`` for 'exact')."""
-    T = tensor_of(v, basis)
-    alpha = st.alpha
+def _decode_real(T: RNSTensor, mode: str, alpha: float, backend):
+    """``alpha * value(T)``: ``alpha``'s significand and exponent join the exact scale (correctly rounded for 'exact')."""
     if alpha == 1.0:
-        return decode_tensor(T, st.mode, backend=backend)
-    xp = array_module(v.planes)
+        return decode_tensor(T, mode, backend=backend)
+    xp = array_module(T.residues)
     if alpha == 0:
         return xp.zeros(T.shape)
     if not math.isfinite(alpha):
         with np.errstate(invalid="ignore"):
-            return alpha * decode_tensor(T, st.mode, backend=backend)
+            return alpha * decode_tensor(T, mode, backend=backend)
     ma, ea = alpha_parts(alpha)
     scaled = RNSTensor(T.residues, T.basis, T.active, T.bound,
                        T.scale.replace(factor=T.scale.factor * ma, exp2=T.scale.exp2 + ea))
-    out = decode_tensor(scaled, st.mode, backend=backend)
+    out = decode_tensor(scaled, mode, backend=backend)
     return -out if alpha < 0 else out
+
+
+def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
+    """The slot decoded, times ``alpha`` (a complex result from its (re, im) axis when ``st.complex``)."""
+    if not st.complex:
+        return _decode_real(tensor_of(v, basis), st.mode, float(st.alpha.real if isinstance(st.alpha, complex)
+                                                                else st.alpha), backend)
+    xp = array_module(v.planes)
+    parts = [tensor_of(Value(v.planes[:, p], v.exp[0], v.factor, v.bound, v.labels[1:], v.active), basis)
+             for p in (0, 1)]
+    ar, ai = complex(st.alpha).real, complex(st.alpha).imag
+    re, im = parts
+    out = xp.empty(re.shape, np.complex128)
+    # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
+    if ai:
+        out.real[...] = _decode_real(re, st.mode, ar, backend) - _decode_real(im, st.mode, ai, backend)
+        out.imag[...] = _decode_real(im, st.mode, ar, backend) + _decode_real(re, st.mode, ai, backend)
+    else:
+        out.real[...] = _decode_real(re, st.mode, ar, backend)
+        out.imag[...] = _decode_real(im, st.mode, ar, backend)
+    return out
 
 
 def alpha_parts(alpha: float) -> tuple[int, int]:
@@ -271,6 +314,10 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
         X, Y = vals.pop(st.x), vals.pop(st.y)
         X.labels, Y.labels = st.x_labels, st.y_labels
         v = _contract(X, Y, st, basis, be)
+    elif isinstance(st, Contract3M):
+        X, Y = vals.pop(st.x), vals.pop(st.y)
+        X.labels, Y.labels = st.x_labels, st.y_labels
+        v = _contract_3m(X, Y, st, basis, be)
     elif isinstance(st, Combine):
         v = _combine(vals[st.x], st, basis, be)
     elif isinstance(st, Add):

@@ -24,8 +24,8 @@ from typing import Optional, Union
 
 from ..basis import Basis
 
-__all__ = ["Encode", "Operand", "Drop", "Reencode", "Sum", "Contract", "Combine", "Add", "Decode", "Step", "Program",
-           "CONTRACT_KINDS"]
+__all__ = ["Encode", "Operand", "Drop", "Reencode", "Sum", "Contract", "Contract3M", "Combine", "Add", "Decode", "Step",
+           "Program", "CONTRACT_KINDS"]
 
 #: How a :class:`Contract` runs: a mode product of ``x`` along its one contracted index with the 2-D ``y``
 #: (``'mode'``; ``'mode_rev'`` the roles swapped), a batched GEMM (``'matmul'``), or an elementwise / outer
@@ -127,6 +127,27 @@ class Contract:
 
 
 @dataclass(frozen=True)
+class Contract3M:
+    """The exact 3M complex mode product of slot ``x`` with the complex 2-D operator ``y``.
+
+    Both carry their (re, im) axis as the first label. ``contracted`` is the
+    one index of ``x`` summed with ``y``'s last; ``y``'s row index takes its
+    place in ``labels``. In residues: ``P0 = y_re x_re``, ``P1 = y_im x_im``,
+    ``P2 = (y_re + y_im)(x_re + x_im)``, ``Re = P0 - P1``, ``Im = P2 - P0 - P1``
+    (3 products instead of 4; all exact). ``bound`` bounds both parts.
+    """
+
+    out: int
+    x: int
+    y: int
+    x_labels: str
+    y_labels: str
+    contracted: str
+    labels: str
+    bound: int
+
+
+@dataclass(frozen=True)
 class Combine:
     """The exact 4M complex combination of a product of two complex values.
 
@@ -155,15 +176,23 @@ class Add:
 
 @dataclass(frozen=True)
 class Decode:
-    """Slot ``x`` to float64 (``'fp64'`` or ``'exact'``), times ``alpha`` (a float, joined to the exact scale)."""
+    """Slot ``x`` to float64 (``'fp64'`` or ``'exact'``), times ``alpha``.
+
+    A real ``alpha``'s significand and exponent join the exact scale, so
+    ``'exact'`` gives the correctly rounded ``alpha * value``. ``complex``:
+    the first axis of ``x`` holds (re, im), the result is complex128, and a
+    complex ``alpha = ar + i ai`` gives ``(ar Re - ai Im) + i (ar Im + ai Re)``,
+    each product correctly rounded and one float64 sum per part.
+    """
 
     out: int
     x: int
     mode: str
-    alpha: float = 1.0
+    alpha: complex = 1.0
+    complex: bool = False
 
 
-Step = Union[Encode, Operand, Drop, Reencode, Sum, Contract, Combine, Add, Decode]
+Step = Union[Encode, Operand, Drop, Reencode, Sum, Contract, Contract3M, Combine, Add, Decode]
 
 
 @dataclass(frozen=True)

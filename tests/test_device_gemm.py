@@ -1,0 +1,87 @@
+"""dgemm / zgemm / matmul on device arrays (strict CuPy stand-in): CuPy in, CuPy out, the CPU backend's bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnstensor as rt
+from device import device, same_bits  # noqa: F401  (the fixture)
+from rnstensor.arrays import MixedDevicesError
+
+
+def _operands(rng, m, k, n, cplx=False):
+    a = rng.standard_normal((m, k)) * np.exp2(rng.integers(-20, 20, (m, 1)))
+    b = rng.standard_normal((k, n)) * np.exp2(rng.integers(-20, 20, (1, n)))
+    if cplx:
+        a = a + 1j * rng.standard_normal((m, k))
+        b = b - 1j * rng.standard_normal((k, n))
+    return a, b
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (17, 33, 9), (40, 64, 24)])
+@pytest.mark.parametrize("moduli", [None, "auto", 12])
+def test_dgemm(device, m, k, n, moduli):
+    rng = np.random.default_rng(m + k + n)
+    a, b = _operands(rng, m, k, n)
+    ad, bd = device.put(a), device.put(b)
+    got = device.resident(lambda: rt.dgemm(ad, bd, moduli=moduli))
+    same_bits(got, rt.dgemm(a, b, moduli=moduli))
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-0.75, 0.5), (2.0**-40, 1.0)])
+def test_dgemm_blas_parameters(device, alpha, beta):
+    rng = np.random.default_rng(3)
+    a, b = _operands(rng, 9, 20, 7)
+    c = rng.standard_normal((7, 9))
+    ad, bd, cd = device.put(a), device.put(b), device.put(c)
+    kw = dict(alpha=alpha, beta=beta, trans_a="T", trans_b="C")
+    want = rt.dgemm(a.T, b.T, c.T.copy(), **kw)
+    got = device.resident(lambda: rt.dgemm(ad.T, bd.T, cd.T, **kw))
+    same_bits(got, want)
+    out = device.cp.zeros((9, 7))
+    assert rt.dgemm(ad, bd, out=out, alpha=alpha) is out
+    same_bits(out, rt.dgemm(a, b, alpha=alpha))
+
+
+def test_zgemm(device):
+    rng = np.random.default_rng(4)
+    a, b = _operands(rng, 12, 30, 8, cplx=True)
+    c = rng.standard_normal((12, 8)) + 1j * rng.standard_normal((12, 8))
+    ad, bd, cd = device.put(a), device.put(b), device.put(c)
+    for kw in ({}, {"alpha": 0.5 - 2j}, {"alpha": 1j, "beta": 0.25, "c": cd}, {"trans_b": "C", "moduli": "auto"}):
+        host = {key: (c if key == "c" else v) for key, v in kw.items()}
+        bb, bh = (bd.T.conj(), b.T.conj().copy()) if kw.get("trans_b") == "C" else (bd, b)
+        got = device.resident(lambda: rt.zgemm(ad, bb, **kw))
+        same_bits(got, rt.zgemm(a, bh, **host))
+
+
+def test_nonfinite_rows_and_tiles(device):
+    rng = np.random.default_rng(5)
+    a, b = _operands(rng, 20, 50, 16)
+    a[3, 7] = np.inf
+    b[2, 5] = np.nan
+    ad, bd = device.put(a), device.put(b)
+    want = rt.dgemm(a, b, workspace_bytes=20_000)
+    got = device.resident(lambda: rt.dgemm(ad, bd, workspace_bytes=20_000))
+    same_bits(got, want)
+
+
+def test_matmul(device):
+    rng = np.random.default_rng(6)
+    S = rng.standard_normal((2, 3, 5, 7))
+    v = rng.standard_normal(7)
+    Sd, vd = device.put(S), device.put(v)
+    same_bits(device.resident(lambda: rt.matmul(Sd, vd)), rt.matmul(S, v))
+    same_bits(device.resident(lambda: rt.matmul(Sd, Sd.transpose(0, 1, 3, 2))), rt.matmul(S, S.transpose(0, 1, 3, 2)))
+    assert rt.gemm_moduli(Sd[0, 0], Sd[0, 0].T, "auto") == rt.gemm_moduli(S[0, 0], S[0, 0].T, "auto")
+
+
+def test_device_errors(device):
+    a = np.ones((3, 4))
+    with pytest.raises(MixedDevicesError, match="b"):
+        rt.dgemm(device.put(a), a.T)
+    with pytest.raises(ValueError, match="backend"):
+        rt.dgemm(device.put(a), device.put(a.T), backend="cpu")
+    with pytest.raises(ValueError, match="out"):
+        rt.dgemm(device.put(a), device.put(a.T), out=device.cp.zeros((3, 3), np.float32))
