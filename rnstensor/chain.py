@@ -9,17 +9,25 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .arrays import is_device_array
+from .arrays import array_module, dispatch, to_host
 from .basis import Basis, log2_int
-from .encode import as_basis, check_float_array, encode
-from .backends import get_backend
-from .encode import group_exponents
+from .encode import as_basis, check_float_array, encode, group_exponents
 from .planner import Schedule, plan_schedule
 from .planner.bounds import composed_bound, fraction_up, operator_norms, persistent_coefficients
-from .primitives import DECODE_MODES, decode, drop, mode_product, strip_pending
-from .tensor import RNSTensor
+from .primitives import DECODE_MODES, strip_pending
+from .program import ir
+from .program.execute import Value, encode_value, run_step, value_of
+from .tensor import RNSTensor, Scale
 
 __all__ = ["ChainPlan", "plan_chain", "mode_chain"]
+
+#: the label of an operator's row index in a chain program (the product puts it where the contracted index was)
+_ROW = "\x02"
+
+
+def _axis_labels(ndim: int) -> str:
+    """Labels of a chain program's values: the batch, then one per tensor axis."""
+    return "z" + "".join(chr(0x100 + a) for a in range(ndim))
 
 
 class ChainPlan:
@@ -66,6 +74,8 @@ class ChainPlan:
         self._encoded = tuple(_encode_operator(op, self.basis, self.bits) for op in schedule.operators)
         self._norms = None
         self._coefficients: dict = {}
+        self._op_values: dict = {}
+        self.program = self._build_program()
 
     @property
     def encoded_operators(self) -> tuple[RNSTensor, ...]:
@@ -107,7 +117,8 @@ class ChainPlan:
         Parameters
         ----------
         X : array, ``(*batch, *tensor)``
-            NumPy, or CuPy (which runs on the ``'cuda'`` backend and returns CuPy).
+            NumPy, or CuPy (which runs on the ``'cuda'`` backend and returns CuPy,
+            every step on the device).
         decode : {'fp64', 'exact'}
         backend : str, optional
             ``'cpu'``, ``'numpy'`` or ``'cuda'`` (default: the current backend; ``'cuda'`` for CuPy input).
@@ -115,17 +126,13 @@ class ChainPlan:
             On ``'cuda'``: run the whole chain as one kernel (``rnstensor/kernels/chain.cu``),
             each tensor kept in shared memory from load to store. ``None`` (default) fuses
             where the plan allows it (:func:`rnstensor.kernels.fused.fusable`); ``True``
-            raises where it does not; ``False`` runs one kernel per step. Results are
-            bitwise the same either way.
+            raises where it does not; ``False`` runs one kernel per step (:attr:`program`).
+            Results are bitwise the same either way.
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
-        on_device = is_device_array(X)
-        if on_device and backend is None:
-            backend = "cuda"
-        be = get_backend(backend)
-        if on_device and be.name != "cuda":
-            raise ValueError(f"X is a CuPy array but backend={be.name!r}: use backend='cuda' or pass cupy.asnumpy(X)")
+        be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
+        on_device = xp is not np
         can_fuse = callable(getattr(be, "chain", None))  # a backend with the fused chain kernel
         if fused and not can_fuse:
             raise ValueError(f"fused=True runs on the 'cuda' backend (the fused chain kernel); backend is {be.name!r}")
@@ -133,17 +140,67 @@ class ChainPlan:
             done = self._run_fused(X, decode, be, on_device, required=bool(fused))
             if done is not None:
                 return done
-        if on_device:  # the step-by-step kernels take host arrays at each step: move once, explicitly
-            import cupy
-
-            return cupy.asarray(self.run(cupy.asnumpy(X), decode, backend=backend, fused=False))
         x = self._check_input(X)
         batch = x.ndim - self.ndim
+        lead = tuple(x.shape[:batch])
+        xb = x.reshape((math.prod(lead),) + tuple(x.shape[batch:]))
+        name = be.name if on_device else backend
+        vals = self._execute({}, be, xp, name, xb)
+        y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
+        return y.reshape(lead + tuple(y.shape[1:]))
+
+    def _build_program(self) -> ir.Program:
+        """The plan as a residue program: the input encoded once (slot 0), then per product its operator
+        (slot 1, a constant), the product, and its drops; ``'composed'`` re-encodes before every product."""
+        labels = _axis_labels(self.ndim)
+        steps: list = []
         if self.method == "composed":
-            return self._run_composed(x, batch, decode, backend)
-        T = self.encode_input(x, backend=backend)
-        T = self.apply(T, backend=backend)
-        return _decode(T, decode, backend)
+            for k, (op, st, ax) in enumerate(zip(self._encoded, self._schedule.steps, self.axes)):
+                C = labels[1 + ax]
+                bits, shared = self.bits, (1 + ax,)
+                steps.append(ir.Encode(0, 0, bits, shared, labels, 1 << bits) if k == 0
+                             else ir.Reencode(0, 0, bits, shared, labels, 1 << bits))
+                steps.append(ir.Encode(1, k, self.bits, (1,), _ROW + C, op.bound, constant=True))
+                steps.append(ir.Contract(0, 0, 1, labels, _ROW + C, "", "", C, "", labels.replace(C, ""), _ROW, "mode",
+                                         labels, st.product))
+            return ir.Program(self.basis, tuple(steps), 0, labels)
+        extend = self.method == "rescale_be"
+        steps.append(ir.Encode(0, 0, self.input_bits, tuple(range(1, self.ndim + 1)), labels, 1 << self.input_bits))
+        pending: set = set()
+        for k, (op, st, ax) in enumerate(zip(self._encoded, self._schedule.steps, self.axes)):
+            C = labels[1 + ax]
+            if ax in pending:  # the previous product's row scales, folded into this operator
+                steps.append(ir.Fold(0, 0, C))
+            steps.append(ir.Encode(1, k, self.bits, (1,), _ROW + C, op.bound, constant=True))
+            steps.append(ir.Contract(0, 0, 1, labels, _ROW + C, "", "", C, "", labels.replace(C, ""), _ROW, "mode",
+                                     labels, st.product))
+            pending.add(ax)
+            if st.dropped:
+                steps.append(ir.Drop(0, 0, tuple(st.dropped), extend, st.after))
+        return ir.Program(self.basis, tuple(steps), 0, labels)
+
+    def _operator_value(self, k: int, xp) -> Value:
+        """Operator ``k`` as the program's constant, on the array module ``xp`` (copied to a device once)."""
+        key = (k, xp.__name__)
+        if key not in self._op_values:
+            v = value_of(self._encoded[k], _ROW + "?", self._encoded[k].bound)
+            if xp is not np:
+                v = Value(xp.asarray(v.planes), xp.asarray(v.exp), v.factor, v.bound, v.labels, v.active)
+            self._op_values[key] = v
+        return self._op_values[key]
+
+    def _execute(self, vals: dict, be, xp, backend_name, x=None, start: int = 0) -> dict:
+        """Run the program's steps from ``start`` (the input encode: ``x``, ``(B, *tensor)``) on ``vals``."""
+
+        def encoded(st):
+            if st.constant:
+                v = self._operator_value(st.source, xp)
+                return Value(v.planes, v.exp, v.factor, v.bound, st.labels, v.active)
+            return encode_value(x, st, self.basis, backend_name)
+
+        for st in self.program.steps[start:]:
+            run_step(st, vals, self.basis, be, backend_name, encoded=encoded)
+        return vals
 
     def _run_fused(self, X, decode: str, be, on_device: bool, required: bool):
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``required``)."""
@@ -181,29 +238,43 @@ class ChainPlan:
         return encode(x, self.basis, self.input_bits, shared_axes=tensor_axes, backend=backend)
 
     def apply(self, T: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:
-        """Apply every product, drop and extension of the plan to an encoded tensor; no decode."""
+        """Apply every product, drop and extension of the plan to an encoded tensor; no decode.
+
+        ``T`` (``(*batch, *tensor)``, e.g. :meth:`encode_input`) needs
+        exponents constant along every contracted axis (a pending scale from
+        an earlier product is folded into the operator, as the plan does).
+        """
         if self.method == "composed":
             raise ValueError("the composed method decodes after every product; call the plan on a float array")
         batch = T.ndim - self.ndim
-        extend = self.method == "rescale_be"
-        for op, ax, dropped in self.executed_steps():
-            T, _ = strip_pending(T, batch + ax)  # the plan folded it into this operator
-            T = mode_product(T, op, batch + ax, backend=backend)
-            if dropped:
-                T = drop(T, moduli=dropped, extend=extend, backend=backend)
-        return T
+        if batch < 0:
+            raise ValueError(f"T must have at least {self.ndim} axes (the tensor); got shape {T.shape}")
+        self._check_shape(T.shape)
+        if T.basis != self.basis:
+            raise ValueError(f"T is on {T.basis!r}, the plan on {self.basis!r}; encode it on the plan's basis")
+        for ax in set(self.axes):
+            T, _ = strip_pending(T, batch + ax)  # the plan folds it into the operator
+            if T.scale.field is not None and T.scale.field.shape[batch + ax] != 1:
+                raise ValueError(
+                    f"T's encoding exponents vary along axis {batch + ax}; encode T with shared_axes including it"
+                )
+        be, xp = dispatch(T.residues, backend=backend, names=("T",), fn="ChainPlan.apply")
+        name = be.name if xp is not np else backend
+        lead = tuple(T.shape[:batch])
+        B = math.prod(lead)
+        v = value_of(T, _axis_labels(self.ndim), T.bound)
+        e = xp.broadcast_to(v.exp, lead + tuple(v.exp.shape[batch:]))
+        flat = Value(T.residues.reshape((len(T.active), B) + tuple(T.shape[batch:])),
+                     e.reshape((B,) + tuple(e.shape[batch:])), v.factor, v.bound, v.labels, v.active)
+        out = self._execute({0: flat}, be, xp, name, start=1)[0]
+        active = self.basis.moduli if out.active is None else out.active
+        planes = out.planes.reshape((len(active),) + lead + tuple(out.planes.shape[2:]))
+        exp = out.exp.reshape(lead + tuple(out.exp.shape[1:]))
+        return RNSTensor(planes, self.basis, active, out.bound, Scale(0, out.factor, (None,) * exp.ndim, exp))
 
     def executed_steps(self) -> tuple[tuple[RNSTensor, int, tuple[int, ...]], ...]:
         """``(encoded operator, tensor axis, moduli dropped after it)`` for every product, in order."""
         return tuple(zip(self._encoded, self.axes, (st.dropped for st in self._schedule.steps)))
-
-    def _run_composed(self, x: np.ndarray, batch: int, mode: str, backend) -> np.ndarray:
-        last = len(self.axes) - 1
-        for i, (op, ax) in enumerate(zip(self._encoded, self.axes)):
-            T = encode(x, self.basis, self.bits, shared_axes=(batch + ax,), backend=backend)
-            T = mode_product(T, op, batch + ax, backend=backend)
-            x = _decode(T, mode if i == last else "fp64", backend)
-        return x
 
     # ----- error bound --------------------------------------------------------------------
 
@@ -235,19 +306,20 @@ class ChainPlan:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
         x = self._check_input(X)
-        xnorm = Fraction(float(np.max(np.abs(x)))) if x.size else Fraction(0)
+        xp = array_module(x)
+        xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
         if self.method == "composed":
             rhos = [op.rho for op in self._schedule.operators]
             return fraction_up(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode))
         # one exponent per tensor of the batch (as encode_input): bound each exponent class, take the max
         tensor_axes = tuple(range(x.ndim - self.ndim, x.ndim))
         e = group_exponents(x, self.input_bits, tensor_axes)
-        scaled = np.ldexp(x, e.astype(np.int32))
-        enc_err = np.max(np.abs(np.rint(scaled) - scaled), axis=tensor_axes, keepdims=True).reshape(-1)
-        amax = np.max(np.abs(x), axis=tensor_axes, keepdims=True).reshape(-1)
+        scaled = xp.ldexp(x, e.astype(np.int32))
+        enc_err = xp.abs(xp.rint(scaled) - scaled).max(axis=tensor_axes, keepdims=True).reshape(-1)
+        amax = xp.abs(x).max(axis=tensor_axes, keepdims=True).reshape(-1)
         e = e.reshape(-1)
         nonzero = amax > 0  # an all-zero tensor stays exactly zero
-        if not nonzero.any():
+        if not bool(nonzero.any()):
             return 0.0
         if decode not in self._coefficients:
             steps = self._schedule.steps
@@ -258,11 +330,12 @@ class ChainPlan:
             )
         coef = self._coefficients[decode]
         worst = Fraction(0)
-        for ee in np.unique(e[nonzero]):
-            sel = nonzero & (e == ee)
+        # the reductions stay where x lives: per exponent class, two maxima are read back
+        for ee in to_host(xp.unique(e[nonzero])):
+            sel = nonzero & (e == int(ee))
             unit = Fraction(2) ** (-int(ee))
-            enc = Fraction(float(enc_err[sel].max())) * unit
-            worst = max(worst, coef.evaluate(enc, Fraction(float(amax[sel].max())), unit))
+            enc = Fraction(float(xp.where(sel, enc_err, 0.0).max())) * unit
+            worst = max(worst, coef.evaluate(enc, Fraction(float(xp.where(sel, amax, 0.0).max())), unit))
         return fraction_up(worst)
 
     # ----- reporting ----------------------------------------------------------------------
@@ -306,10 +379,6 @@ def _encode_operator(op, basis: Basis, bits: int) -> RNSTensor:
         T = RNSTensor(T.residues, T.basis, T.active, T.bound, T.scale.replace(axes=(rows, None)), T.negative_zeros)
     T._row_sums = tuple(int(sum(abs(int(a)) for a in row)) for row in op.ints)
     return T
-
-
-def _decode(T: RNSTensor, mode: str, backend) -> np.ndarray:
-    return decode(T, mode, backend=backend)
 
 
 def _axis_lengths(operators, axes, ndim: int) -> dict[int, int]:

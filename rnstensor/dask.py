@@ -54,7 +54,6 @@ cached on disk.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import numpy as np

@@ -12,7 +12,6 @@ layout its tensor-core engines read (``op(b)`` K-contiguous).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from contextlib import contextmanager

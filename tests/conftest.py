@@ -18,3 +18,6 @@ settings.register_profile(
 )
 settings.register_profile("ci", parent=settings.get_profile("rnstensor"), derandomize=True)
 settings.load_profile(os.environ.get("RNSTENSOR_HYPOTHESIS_PROFILE", "rnstensor"))
+
+# the strict CuPy stand-in fixture ``device`` (tests/device.py) for the tests of public entry points on device arrays
+from device import device  # noqa: E402,F401

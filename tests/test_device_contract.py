@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rnstensor as rt
-from device import device, same_bits  # noqa: F401  (the fixture)
+from device import same_bits
 from rnstensor.arrays import MixedDevicesError
 
 CASES = [

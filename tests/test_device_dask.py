@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import rnstensor as rt
-from device import device, same_bits  # noqa: F401  (the fixture)
+from device import same_bits
 
 da = pytest.importorskip("dask.array")
 rd = pytest.importorskip("rnstensor.dask")

@@ -1,7 +1,8 @@
 """The residue program: one representation (:mod:`.ir`) and its interpreters (execution, the running error analysis)."""
 
 from .execute import Value, execute
-from .ir import CONTRACT_KINDS, Add, Combine, Contract, Decode, Drop, Encode, Operand, Program, Reencode, Sum
+from .ir import (CONTRACT_KINDS, Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program,
+                 Reencode, Sum)
 
-__all__ = ["Program", "Encode", "Operand", "Drop", "Reencode", "Sum", "Contract", "Combine", "Add", "Decode",
-           "CONTRACT_KINDS", "Value", "execute"]
+__all__ = ["Program", "Encode", "Operand", "Drop", "Reencode", "Fold", "Sum", "Contract", "Contract3M", "Combine",
+           "Add", "Decode", "CONTRACT_KINDS", "Value", "execute"]

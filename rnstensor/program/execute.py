@@ -24,7 +24,7 @@ from ..encode import encode
 from ..primitives import decode as decode_tensor
 from ..primitives import drop
 from ..tensor import RNSTensor, Scale
-from .ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Operand, Program, Reencode, Sum
+from .ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
 __all__ = ["Value", "execute", "run_step", "encode_value", "value_of", "tensor_of", "permuted", "unit", "alpha_parts"]
 
@@ -72,6 +72,14 @@ def _moduli(v: Value, basis: Basis) -> tuple:
     return basis.moduli if v.active is None else v.active
 
 
+def _planes_on(v: Value, active: tuple, basis: Basis):
+    """``v``'s planes for the moduli ``active`` (those of the other operand, after its drops), in that order."""
+    have = _moduli(v, basis)
+    if have == active:
+        return v.planes
+    return v.planes[[have.index(p) for p in active]]
+
+
 def _sum(v: Value, over: str, bound: int, basis: Basis, be) -> Value:
     """The residues of the sum over the labels ``over``: a product with a row of ones (exact, any backend)."""
     xp = array_module(v.planes)
@@ -98,12 +106,14 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
     L = len(moduli)
     if kind in ("mode", "mode_rev"):
         T, op, kop = (X, Y, Ky) if kind == "mode" else (Y, X, Kx)
+        moduli = _moduli(T, basis)
         ax = T.labels.index(C)
         op_planes, op_exp = permuted(op, kop + C)
+        op_planes = _planes_on(Value(op_planes, op_exp, 1, 0, kop + C, op.active), moduli, basis)
         planes = be.product(xp.ascontiguousarray(op_planes), xp.ascontiguousarray(T.planes), moduli, ax)
         shape = [1] * len(T.labels)
         shape[ax] = op_exp.shape[0]
-        return Value(planes, T.exp + op_exp.reshape(shape), factor, st.bound, st.labels, X.active)
+        return Value(planes, T.exp + op_exp.reshape(shape), factor, st.bound, st.labels, T.active)
     xp_, xe = permuted(X, Bt + Kx + C)
     yp, ye = permuted(Y, Bt + C + Ky)
     nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
@@ -306,6 +316,10 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
         x = vals[st.x]
         y = decode_tensor(tensor_of(x, basis), "fp64", backend=backend_name)
         v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound)
+    elif isinstance(st, Fold):
+        x = vals[st.x]
+        v = Value(x.planes, x.exp.max(axis=x.labels.index(st.label), keepdims=True), x.factor, x.bound, x.labels,
+                  x.active)
     elif isinstance(st, Sum):
         x = vals.pop(st.x)
         x.labels = st.x_labels

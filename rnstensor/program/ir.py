@@ -24,8 +24,8 @@ from typing import Optional, Union
 
 from ..basis import Basis
 
-__all__ = ["Encode", "Operand", "Drop", "Reencode", "Sum", "Contract", "Contract3M", "Combine", "Add", "Decode", "Step",
-           "Program", "CONTRACT_KINDS"]
+__all__ = ["Encode", "Operand", "Drop", "Reencode", "Fold", "Sum", "Contract", "Contract3M", "Combine", "Add", "Decode",
+           "Step", "Program", "CONTRACT_KINDS"]
 
 #: How a :class:`Contract` runs: a mode product of ``x`` along its one contracted index with the 2-D ``y``
 #: (``'mode'``; ``'mode_rev'`` the roles swapped), a batched GEMM (``'matmul'``), or an elementwise / outer
@@ -86,6 +86,16 @@ class Reencode:
     shared: tuple
     labels: str
     bound: int
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The exponents of slot ``x`` along ``label`` become their largest: the integers stay, and the planner has
+    folded the differences into the next operator's columns (the effective operator of papers/002 Sec. 5.2)."""
+
+    out: int
+    x: int
+    label: str
 
 
 @dataclass(frozen=True)
@@ -192,7 +202,7 @@ class Decode:
     complex: bool = False
 
 
-Step = Union[Encode, Operand, Drop, Reencode, Sum, Contract, Contract3M, Combine, Add, Decode]
+Step = Union[Encode, Operand, Drop, Reencode, Fold, Sum, Contract, Contract3M, Combine, Add, Decode]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,53 @@
+"""Chain plans on device arrays (strict CuPy stand-in): fused and step by step, CuPy in, CuPy out, the CPU bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnstensor as rt
+from device import same_bits
+
+METHODS = ["rescale_be", "rescale", "norescale", "composed"]
+
+
+def _plan(method, n=4):
+    rng = np.random.default_rng(1)
+    ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
+    return rt.plan_chain(ops, [0, 1, 2], method=method), rng
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("fused", [None, False])
+def test_run(device, method, fused):
+    plan, rng = _plan(method)
+    X = rng.uniform(-1, 1, (2, 3, 4, 4, 4))
+    X[0, 1] *= 2.0**-600
+    Xd = device.put(X)
+    for decode in ("fp64", "exact"):
+        got = device.resident(lambda: plan.run(Xd, decode, fused=fused))
+        same_bits(got, plan.run(X, decode, backend="cpu"))
+    if fused is None and method != "composed":
+        assert device.launches[-1].startswith("rns_chain_fused")  # the whole chain as one kernel
+    if fused is False:
+        assert not any(k.startswith("rns_chain_fused") for k in device.launches[-4:])
+
+
+def test_apply_and_error_bound(device):
+    plan, rng = _plan("rescale_be")
+    X = rng.uniform(-1, 1, (5, 4, 4, 4))
+    Xd = device.put(X)
+    T = device.resident(lambda: plan.apply(plan.encode_input(Xd)).residues)
+    same_bits(T, plan.apply(plan.encode_input(X)).residues)
+    Td, Th = plan.apply(plan.encode_input(Xd)), plan.apply(plan.encode_input(X))
+    assert (Td.bound, Td.active) == (Th.bound, Th.active)
+    same_bits(rt.decode(Td, "exact"), rt.decode(Th, "exact"))
+    for decode in ("fp64", "exact"):  # the bound's reductions on the device: a few scalars read back
+        assert plan.error_bound(Xd, decode) == plan.error_bound(X, decode)
+    assert rt.mode_chain(Xd, plan.operators, plan.axes).get().shape == (5, 4, 4, 4)
+
+
+def test_backend_mismatch(device):
+    plan, rng = _plan("rescale_be")
+    with pytest.raises(ValueError, match="backend"):
+        plan.run(device.put(rng.uniform(-1, 1, (4, 4, 4))), backend="cpu")
