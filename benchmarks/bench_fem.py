@@ -26,51 +26,40 @@ from _timing import best_time
 
 from rnstensor.backends import get_backend
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
-from rnstensor.fem.program import ResidueRunner, voigt_index
-from rnstensor.primitives import add, decode, drop, hadamard, mode_product
+from rnstensor.fem.program import voigt_index
+from rnstensor.primitives import decode
+from rnstensor.program import ir
+from rnstensor.program.execute import tensor_of
 
 
-class TimedRunner(ResidueRunner):
-    """The residue runner with each kind of step timed (same calls, same order)."""
+class StepTimer:
+    """An observer of the executor: the seconds since the previous step, charged to this step's kind."""
 
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.t = dict(products=0.0, hadamard_add=0.0, drop_extend=0.0)
+    def __init__(self):
+        self.t = dict(encode=0.0, products=0.0, hadamard_add=0.0, drop_extend=0.0)
+        self.last = time.perf_counter()
 
-    def stage(self, inputs, outs):
-        subset = self.plan.drops[self.k]
-        self.k += 1
-        if subset:
-            t0 = time.perf_counter()
-            inputs = [drop(T, moduli=subset, extend=True) for T in inputs]
-            self.t["drop_extend"] += time.perf_counter() - t0
-        res = []
-        for terms in outs:
-            acc = None
-            for i, key, axis in terms:
-                t0 = time.perf_counter()
-                if axis is None:
-                    t = hadamard(inputs[i], self.operands[key])
-                    self.t["hadamard_add"] += time.perf_counter() - t0
-                else:
-                    t = mode_product(inputs[i], self.operands[key], axis + 1)
-                    self.t["products"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                acc = t if acc is None else add(acc, t)
-                self.t["hadamard_add"] += time.perf_counter() - t0
-            res.append(acc)
-        return res
+    def __call__(self, st, before, v, vals):
+        now = time.perf_counter()
+        if isinstance(st, ir.Encode):
+            kind = "encode" if not st.constant else "hadamard_add"
+        elif isinstance(st, ir.Contract):
+            kind = "products" if st.kind != "outer" else "hadamard_add"
+        elif isinstance(st, ir.Drop):
+            kind = "drop_extend"
+        else:
+            kind = "hadamard_add"
+        self.t[kind] += now - self.last
+        self.last = now
 
 
 def phases(op, u) -> dict:
+    """Seconds per kind of step of one RescaleBE application: the operator's program, observed step by step."""
+    timer = StepTimer()
+    vals = op.run_program(u, observer=timer)
+    t = dict(timer.t)
     t0 = time.perf_counter()
-    T = op._encode_u(u)
-    t = dict(encode=time.perf_counter() - t0)
-    run = TimedRunner(op.plan, {**op._ops, **op._residue_fields()})
-    Y = op._program(run, T, op.basis.dim)
-    t.update(run.t)
-    t0 = time.perf_counter()
-    decode(Y, "fp64")
+    decode(tensor_of(vals[op.program.out], op.basis.moduli), "fp64")
     t["decode"] = time.perf_counter() - t0
     return t
 

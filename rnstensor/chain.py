@@ -16,7 +16,7 @@ from .planner import Schedule, plan_schedule
 from .planner.bounds import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
-from .program.execute import Value, encode_value, run_step, value_of
+from .program.execute import Value, encode_value, moved, run_step, value_of
 from .tensor import RNSTensor, Scale
 
 __all__ = ["ChainPlan", "plan_chain", "mode_chain"]
@@ -183,10 +183,7 @@ class ChainPlan:
         """Operator ``k`` as the program's constant, on the array module ``xp`` (copied to a device once)."""
         key = (k, xp.__name__)
         if key not in self._op_values:
-            v = value_of(self._encoded[k], _ROW + "?", self._encoded[k].bound)
-            if xp is not np:
-                v = Value(xp.asarray(v.planes), xp.asarray(v.exp), v.factor, v.bound, v.labels, v.active)
-            self._op_values[key] = v
+            self._op_values[key] = moved(value_of(self._encoded[k], _ROW + "?", self._encoded[k].bound), xp)
         return self._op_values[key]
 
     def _execute(self, vals: dict, be, xp, backend_name, x=None, start: int = 0) -> dict:

@@ -17,7 +17,7 @@ from .errors import PlanError, RNSRangeError
 from .primitives import decode as decode_tensor
 from .program import ir
 from .program.errors import EntrywiseErrors, decoded
-from .program.execute import Value, execute, permuted, tensor_of, value_of
+from .program.execute import Value, execute, moved, permuted, tensor_of, value_of
 from .tensor import RNSTensor, Scale
 
 __all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS"]
@@ -409,10 +409,6 @@ def _on(xp, a):
     return a if is_device_array(a) else xp.asarray(a)
 
 
-def _value_on(xp, v: Value) -> Value:
-    return Value(_on(xp, v.planes), _on(xp, v.exp), v.factor, v.bound, v.labels, v.active)
-
-
 # ----- the expression -----------------------------------------------------------------------
 
 
@@ -635,7 +631,7 @@ class ContractExpression:
             if array_module(v.planes) is not xp:  # a constant encoded on the other side: copied once
                 dkey = key + (xp.__name__,)
                 if dkey not in self._const_cache:
-                    self._const_cache[dkey] = _value_on(xp, v)
+                    self._const_cache[dkey] = moved(v, xp)
                 v = self._const_cache[dkey]
             return Value(v.planes, v.exp, v.factor, v.bound, labels)
 

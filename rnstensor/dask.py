@@ -28,12 +28,12 @@ CuPy is never imported unless a chunk is a CuPy array. With CuPy chunks:
   float64 fallback product) and ``beta * c`` for a complex ``beta`` with a
   nonzero imaginary part (NumPy's complex multiply).
 - :func:`apply` hands CuPy blocks as they are to a :class:`~rnstensor.ChainPlan`
-  (``plan.run(block, backend='cuda')``) and a one-operand
-  :class:`~rnstensor.ContractExpression`: CuPy in, CuPy out. FEM operators and
-  plain functions take NumPy: their blocks make an explicit host round trip
-  (``cupy.asnumpy`` → ``f`` → ``cupy.asarray``), the operator still running
-  its residue work on ``backend``. For a function that takes CuPy itself,
-  use ``X.map_blocks``.
+  (``plan.run(block, backend='cuda')``), a one-operand
+  :class:`~rnstensor.ContractExpression` and a FEM operator (its fields placed
+  on the device once, on the client; each block slices them): CuPy in, CuPy
+  out. Plain functions take NumPy: their blocks make an explicit host round
+  trip (``cupy.asnumpy`` → ``f`` → ``cupy.asarray``). For a function that
+  takes CuPy itself, use ``X.map_blocks``.
 
 One worker per GPU
 ------------------
@@ -186,7 +186,9 @@ def _blockwise_function(f, X, backend: Optional[str]) -> tuple[Any, tuple, bool]
         if X.shape[0] != f.nelem:
             raise ValueError(f"apply: X has {X.shape[0]} elements but the operator's geometric data has {f.nelem}")
         out = np.asarray(f.elements(0, 1).apply(probe))
-        return "elements", out.shape[1:], False
+        if backend == "cuda" or chunk_module(X) == "cupy":
+            f.place(get_backend("cuda").xp)  # the blocks slice the operator's device copies
+        return "elements", out.shape[1:], True
     if callable(f):
         out = np.asarray(f(probe))
         return f, out.shape[1:], False
@@ -205,13 +207,12 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None, backend: Optional[str]
     element's result depends only on that element, so any chunking gives the
     in-memory result bit for bit.
 
-    CuPy chunks (see the module notes): a ChainPlan and a contract expression
-    run each block on the device, CuPy in and out. A FEM operator or a plain
-    function takes NumPy, so each of their blocks makes an explicit host round
-    trip (``cupy.asnumpy(block)``, ``f``, ``cupy.asarray``); operators still
-    do their residue work on ``backend`` (``'cuda'``). The result has CuPy
-    chunks either way. A function that takes CuPy blocks itself belongs in
-    ``X.map_blocks``.
+    CuPy chunks (see the module notes): a ChainPlan, a contract expression
+    and a FEM operator run each block on the device, CuPy in and out. A plain
+    function takes NumPy, so each of its blocks makes an explicit host round
+    trip (``cupy.asnumpy(block)``, ``f``, ``cupy.asarray``). The result has
+    CuPy chunks either way. A function that takes CuPy blocks itself belongs
+    in ``X.map_blocks``.
 
     Parameters
     ----------

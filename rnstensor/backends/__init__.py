@@ -24,6 +24,8 @@ aside), so all backends return identical bits. The contract:
 ``decode(planes, active, exponent, factor, mode)``
     float64 of ``v * factor * 2**exponent``: ``mode='fp64'`` is MRC + Horner
     in float64 then the scale; ``mode='exact'`` rounds the exact product once.
+``xp``
+    the array module the backend computes with (``numpy``; ``cupy`` on a GPU).
 ``constants(key, make)``
     the host arrays ``make()`` returns (a tuple), where the backend computes:
     as they are on the host, copied to the device once per ``key`` on a GPU.
@@ -122,6 +124,7 @@ class NumpyBackend:
     """The plain-numpy reference (``rnstensor.arith``): slow, simple, the oracle for the others."""
 
     name = "numpy"
+    xp = np  # the array module it computes with
 
     def encode(self, x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits: int) -> np.ndarray:
         return arith.encode_ref(x, exponent, moduli, bits)

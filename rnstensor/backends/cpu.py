@@ -1161,6 +1161,7 @@ class CpuBackend:
     """Fused numba kernels with numpy layout and float32 BLAS; bit-identical to :class:`NumpyBackend`."""
 
     name = "cpu"
+    xp = np  # the array module it computes with
 
     # ----- encode -------------------------------------------------------------------------
 

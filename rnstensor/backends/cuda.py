@@ -243,6 +243,7 @@ class CudaBackend:
         if cp.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("the 'cuda' backend found no CUDA device; use backend 'cpu'")
         self._cp = cp
+        self.xp = cp  # the array module it computes with
         info = device_info()
         self.device_name = info["name"]
         self.arch = info["arch"]

@@ -26,20 +26,21 @@ from typing import Optional
 
 import numpy as np
 
+from ..arrays import array_module, dispatch, to_host
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
-from ..backends import get_backend
 from ..planner.bounds import decode_factor
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
+from ..program.execute import Value, encode_value, execute, moved, tensor_of, value_of
 from ..tensor import RNSTensor, Scale
 from .program import (
     FloatRunner,
     ProgramPlan,
-    ResidueRunner,
     mass_program,
     plan_program,
     poisson_program,
+    residue_program,
     voigt_index,
 )
 from .tensorbasis import TensorBasis
@@ -89,15 +90,41 @@ def _plan(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset) -
 
 
 @lru_cache(maxsize=None)
+def _residue_program(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset):
+    """The operator's residue program under its plan, and the keys of its constants (cached like the plan)."""
+    plan = _plan(kind, basis, bits, skip)
+    d = basis.dim
+    if kind == "mass":
+        return residue_program(mass_program, plan, _growth(basis, ("W",))(plan.bits), d)
+    fields = tuple(("G", c) for c in range(3 * (d - 1)) if c not in skip)
+    return residue_program(partial(poisson_program, skip=skip), plan, _growth(basis, fields)(plan.bits), d)
+
+
+@lru_cache(maxsize=None)
 def _composed_plan(basis: TensorBasis, key: str, axis: int):
     return plan_chain([_matrices(basis)[key]], [axis], moduli=basis.moduli, method="composed", ndim=basis.dim)
 
 
-def _float64_product(basis: TensorBasis, x: np.ndarray, key: str, axis: int) -> np.ndarray:
+def _float64_product(basis: TensorBasis, x, key: str, axis: int):
     d = basis.dim
     idx = "ijk"[:d]
     out = idx[:axis] + "z" + idx[axis + 1:]
-    return np.einsum(f"z{idx[axis]},e{idx}->e{out}", _matrices(basis)[key], x, optimize=True)
+    xp = array_module(x)
+    return xp.einsum(f"z{idx[axis]},e{idx}->e{out}", _matrix_on(basis, key, xp), x, optimize=True)
+
+
+_MATRICES_ON: dict = {}
+
+
+def _matrix_on(basis: TensorBasis, key: str, xp):
+    """A 1-D matrix of ``basis`` in the array module ``xp`` (copied to a device once)."""
+    A = _matrices(basis)[key]
+    if xp is np:
+        return A
+    k = (basis, key, xp.__name__)
+    if k not in _MATRICES_ON:
+        _MATRICES_ON[k] = xp.asarray(A)
+    return _MATRICES_ON[k]
 
 
 @lru_cache(maxsize=None)
@@ -151,14 +178,25 @@ class _ErrorRunner:
         return res
 
 
-def _field_error(F: np.ndarray, T: RNSTensor, axes: tuple) -> tuple:
-    """Per element: ``(max |F|, max |F̂|, max |F̂ - F|, unit)`` of a field encoded with one exponent per element."""
-    e = np.broadcast_to(-T.scale.exponent().reshape(-1), (F.shape[0],)).astype(np.int64)  # keepdims: (nelem,) or (1,)
+def _on_xp(xp, a):
+    """``a`` in the array module ``xp`` (an explicit copy across the bus where it lives on the other side)."""
+    if xp is np:
+        return to_host(a)
+    return xp.asarray(a)
+
+
+def _field_error(F, T: RNSTensor, axes: tuple) -> tuple:
+    """Per element: ``(max |F|, max |F̂|, max |F̂ - F|, unit)`` of a field encoded with one exponent per element.
+
+    Computed where ``F`` and its encoding ``T`` live.
+    """
+    xp = array_module(F, T.residues)
+    e = xp.broadcast_to(-T.exponent().reshape(-1), (F.shape[0],)).astype(np.int64)  # keepdims: (nelem,) or (1,)
     shape = (-1,) + (1,) * (F.ndim - 1)
-    scaled = np.ldexp(F, e.reshape(shape).astype(np.int32))
-    diff = np.ldexp(np.max(np.abs(np.rint(scaled) - scaled), axis=axes), (-e).astype(np.int32))
-    fmag = np.max(np.abs(F), axis=axes)
-    return fmag, (fmag + diff) * _INFLATE, diff, np.ldexp(1.0, (-e).astype(np.int32))
+    scaled = xp.ldexp(F, e.reshape(shape).astype(np.int32))
+    diff = xp.ldexp(xp.abs(xp.rint(scaled) - scaled).max(axis=axes), (-e).astype(np.int32))
+    fmag = xp.abs(F).max(axis=axes)
+    return fmag, (fmag + diff) * _INFLATE, diff, xp.ldexp(1.0, (-e).astype(np.int32))
 
 
 class _Operator:
@@ -179,6 +217,33 @@ class _Operator:
         self.bits = self.plan.bits
         self._ops = _encoded_ops(self.basis, self.bits)
         self._skip = skip
+        #: the residue program of ``method='rescale_be'`` (:mod:`rnstensor.program`), written once per plan
+        self.program, self._constant_keys = _residue_program(self.kind, self.basis, self._bits_arg, skip)
+        self._placed: dict = {}  # per array module: the program's constants, fields and the fused kernel's field
+
+    def _on(self, what: str, xp, make):
+        """``make()`` for the array module ``xp``, made (and copied to a device) once per operator."""
+        key = (what, xp.__name__)
+        if key not in self._placed:
+            self._placed[key] = make()
+        return self._placed[key]
+
+    def _constants(self, xp) -> list:
+        """The program's constants (1-D operators, fields) as values on ``xp``, in ``Encode.source`` order."""
+
+        def make():
+            fields = self._residue_fields()
+            out = []
+            for key in self._constant_keys:
+                T = self._ops[key] if key in self._ops else fields[key]
+                out.append(moved(value_of(T, "", T.bound), xp))
+            return out
+
+        return self._on("constants", xp, make)
+
+    def _backend_of(self, x):
+        be, xp = dispatch(x, backend=self.backend, names=("u",), fn=f"{type(self).__name__}.apply")
+        return be, xp, (be.name if xp is not np else self.backend)
 
     @property
     def nelem(self) -> int:
@@ -202,7 +267,44 @@ class _Operator:
             if hasattr(self, name):
                 setattr(new, name, getattr(self, name)[lo:hi])
                 setattr(new, cache, None)
+        # what this operator placed (on a device) is sliced, not made again: every element has its own exponent
+        new._placed = {key: self._slice_placed(key[0], val, lo, hi) for key, val in self._placed.items()}
         return new
+
+    def _slice_placed(self, what: str, val, lo: int, hi: int):
+        """Elements ``lo:hi`` of a placed cache entry (see :meth:`_on`)."""
+        if what == "constants":
+            out = []
+            for key, v in zip(self._constant_keys, val):
+                if key not in self._ops:  # a field: the element axis is the values' first
+                    xp = array_module(v.planes)
+                    v = Value(xp.ascontiguousarray(v.planes[:, lo:hi]), v.exp[lo:hi], v.factor, v.bound, v.labels,
+                              v.active)
+                out.append(v)
+            return out
+        if what == "fused_field":
+            field, fexp = val
+            xp = array_module(field)
+            return xp.ascontiguousarray(field[:, lo:hi]), fexp[lo:hi]
+        if what == "float_fields":
+            return {k: a[lo:hi] for k, a in val.items()}
+        return {k: tuple(a[lo:hi] for a in v) for k, v in val.items()}  # field_errors
+
+    def place(self, xp) -> None:
+        """Encode and move this operator's constants and fields to the array module ``xp`` now (once), not at first use.
+
+        :func:`rnstensor.dask.apply` places an operator on the client before
+        its element blocks run, so the blocks slice these rather than encode.
+        """
+        if self.method == "rescale_be":
+            self._constants(xp)
+            if xp is not np:
+                from ..kernels import fused as _fused
+
+                if _fused.operator_fusable(self) is None:
+                    self._on("fused_field", xp, lambda: tuple(_on_xp(xp, a) for a in _fused.operator_field(self)))
+        else:
+            self._on("float_fields", xp, lambda: {k: _on_xp(xp, f) for k, f in self._float_fields().items()})
 
     def _check_u(self, u):
         x, single = self.basis.check_elements(u, self.basis.P)
@@ -220,13 +322,31 @@ class _Operator:
         """The ``'rescale_be'`` result before its decode: an :class:`~rnstensor.RNSTensor`, ``(nelem, P, ..., P)``.
 
         Its bound is exactly the plan's ``final_bound``; decode it with
-        :func:`rnstensor.decode`.
+        :func:`rnstensor.decode`. The operator's :attr:`program` run by the
+        executor, where ``u`` lives (CuPy input: every step on the device).
         """
         if self.method != "rescale_be":
             raise ValueError(f"apply_rns needs method='rescale_be' (this operator uses {self.method!r})")
         x, _ = self._check_u(u)
-        run = ResidueRunner(self.plan, {**self._ops, **self._residue_fields()}, self.backend)
-        return self._program(run, self._encode_u(x), self.basis.dim)
+        vals = self.run_program(x)
+        return tensor_of(vals[self.program.out], self.basis.moduli)
+
+    def run_program(self, x, observer=None) -> dict:
+        """Execute :attr:`program` on checked element values ``x`` (NumPy or CuPy): every slot's value.
+
+        ``observer`` is handed to :func:`rnstensor.program.execute.execute` (a benchmark's step timer).
+        """
+        be, xp, name = self._backend_of(x)
+        consts = self._constants(xp)
+        basis = self.basis.moduli
+
+        def encoded(st):
+            if st.constant:
+                v = consts[st.source]
+                return Value(v.planes, v.exp, v.factor, v.bound, st.labels, v.active)
+            return encode_value(x, st, basis, name)
+
+        return execute(self.program, be, name, encoded=encoded, observer=observer)
 
     def apply(self, u, decode: str = "fp64", *, fused: Optional[bool] = None) -> np.ndarray:
         """Apply the operator to element-local nodal values ``u`` of shape ``(nelem, P, ..., P)``.
@@ -253,12 +373,16 @@ class _Operator:
         if y is not None:
             pass  # the whole operator in one kernel
         elif self.method == "rescale_be":
-            y = _decode(self.apply_rns(x), decode, backend=self.backend)
+            y = _decode(self.apply_rns(x), decode, backend=self._backend_of(x)[2])
         elif self.method == "composed":
-            run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax)(z), self._float_fields())
+            be, xp, name = self._backend_of(x)
+            fields = self._on("float_fields", xp, lambda: {k: _on_xp(xp, f) for k, f in self._float_fields().items()})
+            run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax).run(z, backend=name), fields)
             y = self._program(run, x, d)
         else:
-            run = FloatRunner(lambda z, key, ax: _float64_product(self.basis, z, key, ax), self._float_fields())
+            xp = array_module(x)
+            fields = self._on("float_fields", xp, lambda: {k: _on_xp(xp, f) for k, f in self._float_fields().items()})
+            run = FloatRunner(lambda z, key, ax: _float64_product(self.basis, z, key, ax), fields)
             y = self._program(run, x, d)
         return y[0] if single else y
 
@@ -268,7 +392,7 @@ class _Operator:
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``fused``)."""
         from ..kernels import fused as _fused
 
-        be = get_backend(self.backend)
+        be, xp, _ = self._backend_of(x)
         why = None if callable(getattr(be, "chain", None)) else f"the fused kernel runs on the 'cuda' backend, not {be.name!r}"
         prog, why = _fused.program_or_reason(lambda: _fused.operator_program(self), why or _fused.operator_fusable(self),
                                              decode)
@@ -276,7 +400,9 @@ class _Operator:
             if fused:
                 raise ValueError(f"fused=True: {why}")
             return None
-        field, fexp = _fused.operator_field(self)
+        # the encoded field as the kernel reads it, on the device once per operator
+        on = be.xp
+        field, fexp = self._on("fused_field", on, lambda: tuple(_on_xp(on, a) for a in _fused.operator_field(self)))
         return be.chain(prog, x, decode, field=field, fexp=fexp)
 
     def error_bound(self, u, decode: str = "fp64") -> np.ndarray:
@@ -306,21 +432,24 @@ class _Operator:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
         x, _ = self._check_u(u)
         T = self._encode_u(x)
+        xp = array_module(x)
         axes = tuple(range(1, x.ndim))
         _, _, udiff, uunit = _field_error(x, T, axes)
-        umag = np.max(np.abs(x), axis=axes)
+        umag = xp.abs(x).max(axis=axes)
         # work in units of u's encoding (exact power-of-two scaling per element): no underflow for tiny u
-        e = np.broadcast_to(-T.scale.exponent().reshape(-1), umag.shape).astype(np.int32)
-        umag, udiff, uunit = np.ldexp(umag, e), np.ldexp(udiff, e), np.ldexp(uunit, e)
+        e = xp.broadcast_to(-T.exponent().reshape(-1), umag.shape).astype(np.int32)
+        umag, udiff, uunit = xp.ldexp(umag, e), xp.ldexp(udiff, e), xp.ldexp(uunit, e)
         norms = {
             k: v + (2.0 ** self._ops[k].scale.exp2,) for k, v in _op_norms(self.basis, self.bits).items()
         }
-        run = _ErrorRunner(self.plan, norms, self._field_errors())
+        fields = self._on("field_errors", xp, lambda: {
+            k: tuple(_on_xp(xp, a) for a in v) for k, v in self._field_errors().items()})
+        run = _ErrorRunner(self.plan, norms, fields)
         _, err, unit = self._program(run, (umag, udiff, uunit), self.basis.dim)
         dec = float(decode_factor(decode, self.basis.moduli.moduli, self.plan.final_bound)) * _INFLATE
         scaled = (err + dec * float(self.plan.final_bound) * unit) * _INFLATE
         # back to value units; ldexp may round (subnormal results): step one float up, add the subnormal unit
-        return np.nextafter(np.ldexp(scaled, -e), np.inf) + 2.0**-1074
+        return xp.nextafter(xp.ldexp(scaled, -e), np.inf) + 2.0**-1074
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.basis!r}, nelem={self._nelem}, method={self.method!r}, bits={self.bits})"

@@ -26,11 +26,10 @@ import numpy as np
 from ..basis import Basis, log2_int
 from ..errors import PlanError
 from ..planner.bounds import min_product_subset
-from ..primitives import add, decode, drop, hadamard, mode_product
-from ..tensor import RNSTensor
+from ..program import ir
 
-__all__ = ["Term", "ProgramPlan", "plan_program", "ResidueRunner", "FloatRunner", "mass_program", "poisson_program",
-           "voigt_index"]
+__all__ = ["Term", "ProgramPlan", "plan_program", "ProgramWriter", "residue_program", "FloatRunner", "mass_program",
+           "poisson_program", "voigt_index", "ROW"]
 
 Term = tuple  # (input index, operand key, tensor axis or None)
 
@@ -222,32 +221,92 @@ def plan_program(
 # ----- execution ----------------------------------------------------------------------------
 
 
-class ResidueRunner:
-    """Runs a program on RNSTensors with the planned drops (base extension after each)."""
+#: the label of a 1-D operator's row index in a written program (the product puts it where the contracted index was)
+ROW = "\x02"
 
-    def __init__(self, plan: ProgramPlan, operands: dict, backend: Optional[str] = None):
-        self.plan = plan
-        self.operands = operands
-        self.backend = backend
+
+def _labels(dim: int) -> str:
+    """Labels of an element tensor in a written program: the element, then one per axis."""
+    return "e" + "".join(chr(0x100 + a) for a in range(dim))
+
+
+class ProgramWriter:
+    """Writes a program function's stages as residue program steps, with the plan's drops and exact bounds.
+
+    Slot 0 is the encoded input; every operand (a 1-D operator ``'B'``, a
+    field ``'W'``, ...) is a constant read by an :class:`~rnstensor.program.ir.Encode`
+    step whose ``source`` indexes :attr:`constants`. A stage drops each input
+    by its planned moduli (RnsDrop + base extension, one :class:`~rnstensor.program.ir.Drop`
+    each), then writes every output as a sum (:class:`~rnstensor.program.ir.Add`)
+    of mode products and Hadamard products (:class:`~rnstensor.program.ir.Contract`).
+    Bounds are those the planner computed (``growth``: each operand's bound factor).
+    """
+
+    def __init__(self, plan: "ProgramPlan", growth: dict, dim: int):
+        self.plan, self.growth, self.dim = plan, growth, dim
+        self.labels = _labels(dim)
+        self.steps: list = [ir.Encode(0, 0, plan.bits, tuple(range(1, dim + 1)), self.labels, 1 << plan.bits)]
+        self.bounds = {0: 1 << plan.bits}
+        self.constants: list = []
         self.k = 0
 
-    def stage(self, inputs: Sequence[RNSTensor], outs) -> list[RNSTensor]:
+    def _slot(self, bound: int) -> int:
+        n = len(self.bounds)
+        self.bounds[n] = bound
+        return n
+
+    def _constant(self, key, labels: str) -> int:
+        if key not in self.constants:
+            self.constants.append(key)
+        slot = self._slot(0)
+        self.steps.append(ir.Encode(slot, self.constants.index(key), self.plan.bits, (), labels, 0, constant=True))
+        return slot
+
+    def stage(self, inputs: Sequence[int], outs) -> list[int]:
         subset = self.plan.drops[self.k]
+        after, out_bounds = self.plan.bounds[self.k]
         self.k += 1
         if subset:
-            inputs = [drop(T, moduli=subset, extend=True, backend=self.backend) for T in inputs]
+            dropped = []
+            for s, b in zip(inputs, after):
+                d = self._slot(b)
+                self.steps.append(ir.Drop(d, s, tuple(subset), True, b))
+                dropped.append(d)
+            inputs = dropped
+        L = self.labels
         res = []
-        for terms in outs:
+        for terms, want in zip(outs, out_bounds):
             acc = None
             for i, key, axis in terms:
-                op = self.operands[key]
-                if axis is None:
-                    t = hadamard(inputs[i], op, backend=self.backend)
+                x = inputs[i]
+                b = self.bounds[x] * self.growth[key]
+                if axis is None:  # a Hadamard product with the field: nothing contracted, every index shared
+                    c = self._constant(key, L)
+                    t = self._slot(b)
+                    self.steps.append(ir.Contract(t, x, c, L, L, "", "", "", L, "", "", "outer", L, b))
                 else:
-                    t = mode_product(inputs[i], op, axis + 1, backend=self.backend)
-                acc = t if acc is None else add(acc, t, backend=self.backend)
+                    C = L[1 + axis]
+                    c = self._constant(key, ROW + C)
+                    t = self._slot(b)
+                    self.steps.append(ir.Contract(t, x, c, L, ROW + C, "", "", C, "", L.replace(C, ""), ROW, "mode",
+                                                  L, b))
+                if acc is None:
+                    acc = t
+                else:
+                    s = self._slot(self.bounds[acc] + b)
+                    self.steps.append(ir.Add(s, acc, t, False, self.bounds[s]))
+                    acc = s
+            if self.bounds[acc] != want:  # pragma: no cover - the writer and the planner disagree
+                raise AssertionError(f"stage {self.k}: bound {self.bounds[acc]} written, {want} planned")
             res.append(acc)
         return res
+
+
+def residue_program(program: Callable, plan: "ProgramPlan", growth: dict, dim: int) -> tuple[ir.Program, tuple]:
+    """The residue program of ``program`` under ``plan``, and the keys of its constants (``Encode.source`` order)."""
+    w = ProgramWriter(plan, growth, dim)
+    out = program(w, 0, dim)
+    return ir.Program(plan.basis, tuple(w.steps), out, w.labels), tuple(w.constants)
 
 
 class FloatRunner:
@@ -266,8 +325,3 @@ class FloatRunner:
                 acc = t if acc is None else acc + t
             res.append(acc)
         return res
-
-
-def residue_decode(T: RNSTensor, mode: str, backend: Optional[str] = None) -> np.ndarray:
-    """Decode the program's result (one decode per application)."""
-    return decode(T, mode, backend=backend)

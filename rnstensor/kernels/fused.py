@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from .. import arith
+from ..arrays import array_module
 from ..encode import encode
 from ..primitives import _planes_on, add, drop, hadamard, mode_product, strip_pending
 from . import tables
@@ -591,16 +592,16 @@ def operator_field(op) -> tuple[np.ndarray, np.ndarray]:
     """The operator's encoded field as the kernel reads it, ``(planes, nelem, components, Q**dim)`` int8 on
     the basis moduli, and its exponent per element (int32)."""
     if op.kind == "mass":
-        W = op._residue_fields()["W"]
-        res, scale_exp = np.asarray(W.residues), W.scale.exponent()
+        T = op._residue_fields()["W"]
     else:
         op._residue_fields()
-        G = op._Gres[0]
-        res, scale_exp = np.asarray(G.residues), G.scale.exponent()
+        T = op._Gres[0]
+    res, scale_exp = T.residues, T.exponent()  # where the field was encoded (NumPy or CuPy)
+    xp = array_module(res)
     L, E = res.shape[:2]
     ncomp = len(_field_components(op))
-    field = np.ascontiguousarray(res.reshape(L, E, ncomp, -1))
-    fexp = np.ascontiguousarray(np.broadcast_to(scale_exp.reshape(-1), (E,)).astype(np.int32))
+    field = xp.ascontiguousarray(res.reshape(L, E, ncomp, -1))
+    fexp = xp.ascontiguousarray(xp.broadcast_to(scale_exp.reshape(-1), (E,)).astype(np.int32))
     return field, fexp
 
 
@@ -618,7 +619,7 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     why = operator_fusable(op)
     if why is not None:
         raise ValueError(f"this operator cannot run as one fused kernel: {why}")
-    per_op = _CACHE.setdefault(op, {})
+    per_op = _CACHE.setdefault(op.program, {})  # one per plan: the operator's element slices share it
     key = ("operator", budget)
     if key not in per_op:
         prog = _trace_operator(op)

@@ -62,6 +62,8 @@ class EntrywiseErrors:
 
     def __call__(self, st, before: dict, v: Value, vals: dict) -> None:
         err = self.err
+        for k in [k for k in err if k not in vals]:  # slots the executor has freed
+            del err[k]
         xp = array_module(v.planes) if isinstance(v, Value) else array_module(v)
         if isinstance(st, Encode):
             x = self.leaf(st)
@@ -82,14 +84,14 @@ class EntrywiseErrors:
             err[st.out] = (M + f + half, D + f + half)
         elif isinstance(st, Sum):
             x = before[st.x]
-            M, D = err.pop(st.x)
+            M, D = err[st.x]
             axes = tuple(st.x_labels.index(c) for c in st.over)
             n = math.prod(x.planes.shape[ax + 1] for ax in axes)
             shape = x.planes.shape[1:]
             err[st.out] = tuple(inflate(xp.sum(xp.broadcast_to(z, shape), axis=axes), n) for z in (M, D))
         elif isinstance(st, Contract):
             X, Y = before[st.x], before[st.y]
-            (Mx, Dx), (My, Dy) = err.pop(st.x), err.pop(st.y)
+            (Mx, Dx), (My, Dy) = err[st.x], err[st.y]
             Mx, Dx = (xp.broadcast_to(z, X.planes.shape[1:]) for z in (Mx, Dx))
             My, Dy = (xp.broadcast_to(z, Y.planes.shape[1:]) for z in (My, Dy))
             eq = _letters(st.x_labels, st.y_labels, _result_letters(st))

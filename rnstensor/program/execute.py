@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..arrays import array_module
+from ..arrays import array_module, is_device_array
 from ..basis import Basis, pow2_cycle
 from ..encode import encode
 from ..primitives import decode as decode_tensor
@@ -26,7 +26,8 @@ from ..primitives import drop
 from ..tensor import RNSTensor, Scale
 from .ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
-__all__ = ["Value", "execute", "run_step", "encode_value", "value_of", "tensor_of", "permuted", "unit", "alpha_parts"]
+__all__ = ["Value", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
+           "alpha_parts", "last_reads"]
 
 
 @dataclass
@@ -43,6 +44,16 @@ class Value:
     bound: int
     labels: str
     active: Optional[tuple] = None
+
+
+def moved(v: Value, xp) -> Value:
+    """``v`` in the array module ``xp``: an explicit copy across the bus where it lives on the other side (once)."""
+    def on(a):
+        if xp is np:
+            return a.get() if is_device_array(a) else a
+        return a if is_device_array(a) else xp.asarray(a)
+
+    return Value(on(v.planes), on(v.exp), v.factor, v.bound, v.labels, v.active)
 
 
 def tensor_of(v: Value, basis: Basis) -> RNSTensor:
@@ -289,6 +300,11 @@ def alpha_parts(alpha: float) -> tuple[int, int]:
     return ma >> tz, ea + tz
 
 
+def _named(v: Value, labels: str) -> Value:
+    """``v`` with its axes called ``labels`` (a step names its operands' axes; the value is not changed)."""
+    return v if v.labels == labels else Value(v.planes, v.exp, v.factor, v.bound, labels, v.active)
+
+
 def encode_value(x, st: Encode, basis: Basis, backend_name) -> Value:
     """The value of an :class:`Encode` step for the float array ``x`` (as the builder prepared it)."""
     T = encode(x, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name)
@@ -321,17 +337,11 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
         v = Value(x.planes, x.exp.max(axis=x.labels.index(st.label), keepdims=True), x.factor, x.bound, x.labels,
                   x.active)
     elif isinstance(st, Sum):
-        x = vals.pop(st.x)
-        x.labels = st.x_labels
-        v = _sum(x, st.over, st.bound, basis, be)
+        v = _sum(_named(vals[st.x], st.x_labels), st.over, st.bound, basis, be)
     elif isinstance(st, Contract):
-        X, Y = vals.pop(st.x), vals.pop(st.y)
-        X.labels, Y.labels = st.x_labels, st.y_labels
-        v = _contract(X, Y, st, basis, be)
+        v = _contract(_named(vals[st.x], st.x_labels), _named(vals[st.y], st.y_labels), st, basis, be)
     elif isinstance(st, Contract3M):
-        X, Y = vals.pop(st.x), vals.pop(st.y)
-        X.labels, Y.labels = st.x_labels, st.y_labels
-        v = _contract_3m(X, Y, st, basis, be)
+        v = _contract_3m(_named(vals[st.x], st.x_labels), _named(vals[st.y], st.y_labels), st, basis, be)
     elif isinstance(st, Combine):
         v = _combine(vals[st.x], st, basis, be)
     elif isinstance(st, Add):
@@ -346,20 +356,35 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
     return v
 
 
+def _reads(st) -> tuple:
+    return tuple(k for k in (getattr(st, "x", None), getattr(st, "y", None)) if k is not None)
+
+
+def last_reads(program: Program) -> dict:
+    """``{slot: index of the last step that reads it}``: the executor frees a slot after it."""
+    last: dict = {}
+    for i, st in enumerate(program.steps):
+        for k in _reads(st):
+            last[k] = i
+    return last
+
+
 def execute(program: Program, be, backend_name, *, encoded=None, operand=None, tables=None, observer=None) -> dict:
     """Run every step of ``program`` on backend ``be``; returns the slot values (the result at ``program.out``).
 
+    A slot is freed after the last step that reads it (the result is kept).
     ``observer(step, before, after, vals)`` is called after each step with
     the operand values it read (``before``) and its result.
     """
     vals: dict = {}
-    for st in program.steps:
-        before = None
-        if observer is not None:
-            before = {k: vals[k] for k in (getattr(st, "x", None), getattr(st, "y", None)) if k in vals}
-            if isinstance(st, (Contract, Sum)):  # the step relabels its operands in place: keep their labels
-                before = {k: Value(v.planes, v.exp, v.factor, v.bound, v.labels, v.active) for k, v in before.items()}
+    last = last_reads(program)
+    for i, st in enumerate(program.steps):
+        reads = _reads(st)
+        before = {k: vals[k] for k in reads} if observer is not None else None
         v = run_step(st, vals, program.basis, be, backend_name, encoded=encoded, operand=operand, tables=tables)
         if observer is not None:
             observer(st, before, v, vals)
+        for k in reads:
+            if last.get(k) == i and k != st.out and k != program.out:
+                vals.pop(k, None)
     return vals

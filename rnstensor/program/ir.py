@@ -205,7 +205,7 @@ class Decode:
 Step = Union[Encode, Operand, Drop, Reencode, Fold, Sum, Contract, Contract3M, Combine, Add, Decode]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key of the kernels built for it
 class Program:
     """A residue program on ``basis``: its steps, the slot and labels of its result, and what its planner said.
 
