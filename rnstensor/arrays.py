@@ -1,9 +1,10 @@
-"""Array types: whether an array lives on the host (NumPy) or the device (CuPy), and the backend that runs it.
+"""Array types: whether an array lives on the host (NumPy) or the device (CuPy).
 
-Every public entry point dispatches through here: NumPy in, NumPy out on the
-CPU backend; CuPy in, CuPy out on the CUDA backend. CuPy is recognised from
-an array's type (its module) and imported only when such an array is seen,
-so this module imports on any machine.
+The one place that tells them apart (:func:`rnstensor.backends.dispatch`
+picks the backend from it): NumPy in, NumPy out on the CPU backend; CuPy in,
+CuPy out on the CUDA backend. CuPy is recognised from an array's type (its
+module) and imported only when such an array is seen, so this module imports
+on any machine.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["is_device_array", "device_module", "array_module", "dispatch", "to_host", "MixedDevicesError"]
+__all__ = ["is_device_array", "device_module", "array_module", "to_host", "MixedDevicesError"]
 
 
 class MixedDevicesError(TypeError):
@@ -67,28 +68,6 @@ def array_module(*arrays: Any, names: Optional[tuple[str, ...]] = None, fn: str 
             "on the device (CuPy); nothing is moved implicitly: move one explicitly with cupy.asarray(x) or x.get()"
         )
     return device_module()
-
-
-def dispatch(*arrays: Any, backend: Optional[str] = None, names: Optional[tuple[str, ...]] = None,
-             fn: str = "rnstensor"):
-    """``(backend object, xp)`` for a call on ``arrays``: CuPy arrays run on ``'cuda'``, NumPy ones on ``backend``.
-
-    ``backend=None`` is the current default for host arrays and ``'cuda'``
-    for device arrays; a host backend named for device arrays is a
-    ``ValueError`` (a CPU backend cannot read device memory).
-    """
-    from .backends import get_backend
-
-    xp = array_module(*arrays, names=names, fn=fn)
-    if xp is np:
-        return get_backend(backend), np
-    be = get_backend("cuda" if backend is None else backend)
-    if be.name != "cuda":
-        raise ValueError(
-            f"{fn}: the operands are CuPy arrays but backend={be.name!r}: use backend='cuda' (or None), "
-            "or move them to the host first (x.get())"
-        )
-    return be, xp
 
 
 def to_host(x: Any) -> np.ndarray:

@@ -9,7 +9,8 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .arrays import array_module, dispatch, to_host
+from .arrays import array_module, to_host
+from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode, group_exponents
 from .planner import Schedule, plan_schedule
@@ -178,6 +179,10 @@ class ChainPlan:
             if st.dropped:
                 steps.append(ir.Drop(0, 0, tuple(st.dropped), extend, st.after))
         return ir.Program(self.basis, tuple(steps), 0, labels)
+
+    def program_constants(self, xp=np) -> list:
+        """The constants of :attr:`program` (the encoded operators) as values on ``xp``, in ``Encode.source`` order."""
+        return [self._operator_value(k, xp) for k in range(len(self._encoded))]
 
     def _operator_value(self, k: int, xp) -> Value:
         """Operator ``k`` as the program's constant, on the array module ``xp`` (copied to a device once)."""

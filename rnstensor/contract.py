@@ -10,7 +10,8 @@ import numpy as np
 import opt_einsum
 from opt_einsum import parser as oe_parser
 
-from .arrays import array_module, dispatch, is_device_array
+from .arrays import array_module, is_device_array
+from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, encode, encode_integers
 from .errors import PlanError, RNSRangeError

@@ -8,7 +8,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from .arith import float_parts
-from .arrays import array_module, dispatch, to_host
+from .arrays import array_module, to_host
+from .backends import dispatch
 from .basis import Basis
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale

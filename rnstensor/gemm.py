@@ -20,7 +20,8 @@ from typing import Callable, Iterator, Optional, Union
 import numpy as np
 
 from .arith import float_parts
-from .arrays import array_module, dispatch, is_device_array
+from .arrays import array_module, is_device_array
+from .backends import dispatch
 from .basis import Basis, int8_pool
 from .errors import RNSRangeError
 from .program import ir

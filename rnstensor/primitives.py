@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import arith
-from .arrays import array_module, dispatch, is_device_array, to_host
+from .arrays import array_module, is_device_array, to_host
+from .backends import dispatch
 from .encode import normalize_axis
 from .errors import range_error
 from .tensor import RNSTensor, Scale

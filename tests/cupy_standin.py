@@ -36,6 +36,7 @@ import numpy as np
 
 from rnstensor import arith
 from rnstensor.kernels import build, tables
+from rnstensor.kernels.layout import RC
 
 __all__ = ["DevArray", "FakeModule", "Transfers", "dev", "install", "kernel_signatures", "check_launch_args"]
 
@@ -528,9 +529,9 @@ class FakeModule:
         assert self.chain is not None, "the SIMT build of chain.cu is needed"
         assert xb.dtype == np.uint64 and out.dtype == np.float64 and pi.dtype == np.int32 and pf.dtype == np.float32
         assert qd.dtype == np.float64 and ops.dtype == np.int8 and dexp.dtype == np.int32 and flags.dtype == np.int32
-        nb = int(pi[4])
+        nb = int(pi[RC["NB"]])
         assert block[0] == 256 and grid[0] == -(-int(B) // nb) and out.shape[0] == int(B)
-        if int(pi[18]):  # a program with Hadamard steps: its field and the field's exponents, on the device
+        if int(pi[RC["NFIELD"]]):  # a program with Hadamard steps: its field and the field's exponents, on the device
             assert field is not None and field.dtype == np.int8 and fexp is not None
             assert fexp.dtype == np.int32 and fexp.shape == (int(B),) and int(fstride) == field[0].size
         fptr, eptr = (None, None) if field is None else (_ptr(field), _ptr(fexp))

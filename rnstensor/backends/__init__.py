@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from .. import arith
+from ..arrays import array_module
 from ..basis import Basis
 
-__all__ = ["NumpyBackend", "get_backend", "set_backend", "available_backends"]
+__all__ = ["NumpyBackend", "get_backend", "set_backend", "available_backends", "dispatch"]
 
 
 def product_layout(op_shape, planes_shape, L: int, axis: int, what: str = "product"):
@@ -200,3 +201,23 @@ def set_backend(name: str) -> str:
     old = _current[0]
     _current[0] = name
     return old
+
+
+def dispatch(*arrays: Any, backend: Optional[str] = None, names: Optional[tuple[str, ...]] = None,
+             fn: str = "rnstensor"):
+    """``(backend object, xp)`` for a call on ``arrays``: CuPy arrays run on ``'cuda'``, NumPy ones on ``backend``.
+
+    ``backend=None`` is the current default for host arrays and ``'cuda'``
+    for device arrays; a host backend named for device arrays is a
+    ``ValueError`` (a CPU backend cannot read device memory).
+    """
+    xp = array_module(*arrays, names=names, fn=fn)
+    if xp is np:
+        return get_backend(backend), np
+    be = get_backend("cuda" if backend is None else backend)
+    if be.name != "cuda":
+        raise ValueError(
+            f"{fn}: the operands are CuPy arrays but backend={be.name!r}: use backend='cuda' (or None), "
+            "or move them to the host first (x.get())"
+        )
+    return be, xp

@@ -26,7 +26,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..arrays import array_module, dispatch, to_host
+from ..arrays import array_module, to_host
+from ..backends import dispatch
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
 from ..planner.bounds import decode_factor
@@ -227,6 +228,14 @@ class _Operator:
         if key not in self._placed:
             self._placed[key] = make()
         return self._placed[key]
+
+    def program_constants(self, xp=np) -> list:
+        """The constants of :attr:`program` (1-D operators, encoded fields) as values on ``xp``, in source order."""
+        return self._constants(xp)
+
+    def program_constants_keys(self) -> tuple:
+        """What each constant of :attr:`program` is: ``'B'``, ``'D'``, ``'Bt'``, ``'Dt'`` or a field key."""
+        return self._constant_keys
 
     def _constants(self, xp) -> list:
         """The program's constants (1-D operators, fields) as values on ``xp``, in ``Encode.source`` order."""

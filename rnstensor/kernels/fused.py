@@ -1,16 +1,19 @@
-"""Programs for the fused kernel (``chain.cu``): a chain plan's or a FEM operator's layouts, slots, tables, built on the host.
+"""The fused-kernel packer: a residue program (:mod:`rnstensor.program`) as the parameters of ``chain.cu``.
 
 The kernel keeps ``nb`` tensors of the batch in shared memory from the
 float64 load to the float64 store. Everything it needs is decided here, once
-per program: the physical layout of every intermediate (the contracted axis
+per program, by reading the program's steps (an interpreter of the program
+beside execution, the error analysis and planning): its *stages* (the drops
+of every input, then sums of mode products along one axis or of Hadamard
+products), the active moduli and shape of every tensor, and the exponent of
+every output entry (for an input and fields encoded with exponent 0). From
+those: the physical layout of every intermediate (the contracted axis
 innermost, padded to 4 bytes; each product writes its new axis outermost, so
 the next contracted axis moves inside), the shared-memory slot of every live
-tensor and the barriers between ops, the operator residues on the planes each
-product sees, the drop/extension and decode tables of the CPU backend, and
-the exponent of every output entry. The stages, their active moduli and the
-output scale come from running the program's own primitives on one all-zero
-tensor (numpy backend, :class:`_Recorder`), so the kernel's bookkeeping is
-the library's.
+tensor and the barriers between ops, the operator residues on the planes
+each product sees, and the drop/extension and decode tables of the CPU
+backend. The records are written through the layout that
+``rns_chain_layout.cuh`` defines (:mod:`rnstensor.kernels.layout`).
 """
 
 from __future__ import annotations
@@ -24,16 +27,16 @@ import numpy as np
 
 from .. import arith
 from ..arrays import array_module
-from ..encode import encode
-from ..primitives import _planes_on, add, drop, hadamard, mode_product, strip_pending
+from ..program import ir
 from . import tables
+from .layout import KERNEL, RC, RS
 
 __all__ = ["ChainProgram", "chain_program", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
-#: threads per block (RNS_CHAIN_THREADS in chain.cu)
-THREADS = 256
+#: threads per block (RNS_CHAIN_THREADS of rns_chain_layout.cuh)
+THREADS = KERNEL["THREADS"]
 #: shared memory a block aims for (two blocks per SM on Hopper)
 SHARED_BUDGET = 100 * 1024
 #: the most dynamic shared memory one block may take (Hopper: 227 KiB)
@@ -43,11 +46,11 @@ WIDTHS = tuple(range(1, 17))
 #: entries per block the batch size aims for (enough rows for every thread)
 _TARGET_ENTRIES = 4096
 
-# program header and step record (the RC_* / RS_* slots of chain.cu)
-_HEADER = 22
-_STEP = 20
-_TMAX = 3  # terms of one sum (RNS_TMAX in chain.cu)
-_PRODUCT_TMAX = 2  # terms of one sum of mode products, rows of <= 4 words (RNS_PRODUCT_TMAX)
+# program header and op record sizes (the RC_* / RS_* slots of rns_chain_layout.cuh)
+_HEADER = max(RC.values()) + 1
+_STEP = RS["SIZE"]
+_TMAX = KERNEL["TMAX"]  # terms of one sum
+_PRODUCT_TMAX = KERNEL["PRODUCT_TMAX"]  # terms of one sum of mode products, rows of <= 4 words
 
 
 def _pad4(n: int) -> int:
@@ -146,83 +149,161 @@ class _Program:
         return tuple(st.axis for st in self.stages if st.kind == "product")
 
 
-def _output_scale(T) -> tuple[np.ndarray, int]:
-    e = np.broadcast_to(T.scale.exponent(), T.shape).reshape(T.shape[1:]).astype(np.int64)
-    return e, int(T.scale.factor)
+@dataclass
+class _Tensor:
+    """What the packer knows of a tensor slot: its kernel tensor id, planes, shape (one tensor), exponents, factor."""
+
+    tid: int
+    active: tuple
+    shape: tuple
+    exp: np.ndarray
+    factor: int
 
 
-class _Recorder:
-    """Runs a program's stages on RNSTensors (numpy backend) and records them for the kernel.
+@dataclass
+class _Partial:
+    """A stage output being summed: its terms (input slot, operand, axis or None) and its exponents."""
 
-    ``stage(inputs, outs)`` follows :class:`rnstensor.fem.program.ResidueRunner`:
-    every input dropped by ``drops[k]`` (and extended) first, then each output
-    a sum of terms ``(input index, operand key, axis or None)``.
+    terms: list
+    exp: np.ndarray
+    factor: int
+    active: tuple
+    shape: tuple
+
+
+def _stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict) -> _Program:
+    """The fused kernel's view of ``program``: its stages, tensors and output scale, read from its steps.
+
+    ``constants[source]`` is every constant's value (host residues, exponents
+    and factor: the program's 1-D operators); ``fields[source]`` the field
+    component a constant stands for (a Hadamard factor, read per element by
+    the kernel, whose exponent it adds itself). A stage is the drops of its
+    inputs (all by the same moduli) followed by sums of mode products along
+    one axis, or of Hadamard products; a new stage starts at a drop, at
+    another kind or axis, or where a product reads what this stage writes.
+
+    Raises
+    ------
+    ValueError
+        A step the kernel does not run (a reason it cannot be fused).
     """
+    basis = program.basis.moduli
+    ndim = len(in_shape)
+    slots: dict = {}
+    consts: dict = {}
+    stages: list = []
+    cur: dict = {}
+    next_tid = [1]
+    extend = True
+    first = bits = None
 
-    def __init__(self, drops, operands: dict, extend: bool, fields: dict):
-        self.drops, self.operands, self.extend, self.fields = drops, operands, extend, fields
-        self.stages: list[_Stage] = []
-        self.ids: dict[int, int] = {}  # id(RNSTensor) -> tensor id
-        self.keep: list = []  # the recorded tensors (their ids stay unique)
+    def new_tid() -> int:
+        next_tid[0] += 1
+        return next_tid[0] - 1
 
-    def tid(self, T) -> int:
-        if id(T) not in self.ids:
-            self.ids[id(T)] = len(self.ids)
-            self.keep.append(T)
-        return self.ids[id(T)]
-
-    def stage(self, inputs, outs):
-        k = len(self.stages)
-        subset = tuple(self.drops[k]) if k < len(self.drops) else ()
-        in_ids = tuple(self.tid(T) for T in inputs)
-        before = inputs[0].active
-        if subset:
-            inputs = [drop(T, moduli=subset, extend=self.extend, backend="numpy") for T in inputs]
-        act = inputs[0].active
-        kinds = {axis is None for terms in outs for _, _, axis in terms}
-        axes = {axis for terms in outs for _, _, axis in terms}
-        if len(kinds) != 1 or len(axes) != 1:
-            raise ValueError("a stage mixes Hadamard products and mode products along different axes")
-        hada = kinds.pop()
-        axis = axes.pop()
-        res, recorded = [], []
-        for terms in outs:
-            if len(terms) > _TMAX:
-                raise ValueError(f"a sum of {len(terms)} terms (the fused kernel adds at most {_TMAX})")
-            acc, rec = None, []
-            for i, key, ax in terms:
-                F = self.operands[key]
-                if hada:
-                    t = hadamard(inputs[i], F, backend="numpy")
-                    rec.append(_Term(i, field=self.fields[key]))
+    def close():
+        if not cur:
+            return
+        parts = cur["parts"]
+        outs = [k for k, p in parts.items() if k not in cur["consumed"]]
+        recorded, out_ids = [], []
+        for k in outs:
+            p = parts[k]
+            if len(p.terms) > _TMAX:
+                raise ValueError(f"a sum of {len(p.terms)} terms (the fused kernel adds at most {_TMAX})")
+            rec = []
+            for x, operand, axis in p.terms:
+                i = cur["inputs"].index(x)
+                if axis is None:
+                    rec.append(_Term(i, field=fields[operand]))
                 else:
-                    t = mode_product(inputs[i], F, ax + 1, backend="numpy")
-                    rec.append(_Term(i, op=np.asarray(_planes_on(F, act, "op"))))
-                acc = t if acc is None else add(acc, t, backend="numpy")
-            res.append(acc)
+                    c = constants[operand]
+                    have = tuple(c.active or basis)
+                    planes = np.asarray(c.planes)[[have.index(q) for q in cur["active"]]]
+                    rec.append(_Term(i, op=planes))
             recorded.append(tuple(rec))
-        self.stages.append(_Stage(in_ids, subset, before, act, "hadamard" if hada else "product",
-                                  None if hada else axis, tuple(recorded), tuple(self.tid(T) for T in res)))
-        return res
+            t = _Tensor(new_tid(), p.active, p.shape, p.exp, p.factor)
+            slots[k] = t
+            out_ids.append(t.tid)
+        stages.append(_Stage(tuple(cur["tids"]), cur["dropped"], cur["drop_active"], cur["active"], cur["kind"],
+                             cur["axis"], tuple(recorded), tuple(out_ids)))
+        for k in outs:
+            dropped_from.pop(k, None)  # the slot holds this stage's output now
+        cur.clear()
 
+    dropped_from: dict = {}  # a dropped slot -> (the slot of the tensor before its drops, the moduli)
+    for st in program.steps:
+        if isinstance(st, ir.Encode):
+            if st.constant:
+                consts[st.out] = st.source
+                continue
+            if slots:
+                raise ValueError("a program that encodes twice (the composed method) decodes in between")
+            first, bits = basis, st.bits
+            slots[st.out] = _Tensor(0, basis, tuple(in_shape), np.zeros((1,) * ndim, np.int64), 1)
+        elif isinstance(st, ir.Fold):
+            t = slots[st.x]
+            exp = t.exp.max(axis=program.out_labels.index(st.label) - 1, keepdims=True)
+            slots[st.out] = _Tensor(t.tid, t.active, t.shape, exp, t.factor)
+        elif isinstance(st, ir.Drop):
+            close()
+            dropped_from[st.out] = (st.x, tuple(st.moduli))
+            extend = st.extend
+        elif isinstance(st, ir.Contract):
+            if st.y not in consts or st.x in consts:
+                raise ValueError("a contraction of two tensors (the fused kernel multiplies by operators and fields)")
+            x, operand = st.x, consts[st.y]
+            src, moduli = dropped_from.get(x, (x, ()))
+            kind = "hadamard" if st.kind == "outer" else "product"
+            if kind == "product" and st.kind != "mode":
+                raise ValueError(f"a {st.kind!r} contraction (the fused kernel runs mode products)")
+            axis = None if kind == "hadamard" else st.x_labels.index(st.contracted) - 1
+            if cur and (cur["kind"] != kind or cur["axis"] != axis or src in cur["parts"] or
+                        cur["dropped"] != moduli):
+                close()
+            t = slots[src]
+            if not cur:
+                act = t.active
+                for q in moduli:
+                    act = tuple(p for p in act if p != q)
+                if moduli and extend:
+                    act = basis
+                cur.update(kind=kind, axis=axis, inputs=[], tids=[], dropped=moduli, drop_active=t.active,
+                           active=act, parts={}, consumed=set())
+            if src not in cur["inputs"]:
+                cur["inputs"].append(src)
+                cur["tids"].append(t.tid)
+            factor = t.factor * math.prod(moduli)
+            if kind == "hadamard":
+                exp, shape = t.exp, t.shape
+            else:
+                c = constants[operand]
+                n_out = c.planes.shape[1]
+                shape = t.shape[:axis] + (n_out,) + t.shape[axis + 1:]
+                if t.exp.shape[axis] != 1:
+                    raise ValueError("a product along an axis whose exponents vary (no fold before it)")
+                col = [1] * ndim
+                col[axis] = n_out
+                exp = t.exp + np.asarray(c.exp).reshape(-1)[:n_out].reshape(col) if np.asarray(c.exp).size > 1 \
+                    else t.exp + int(np.asarray(c.exp).reshape(-1)[0])
+                factor *= c.factor
+            cur["parts"][st.out] = _Partial([(src, operand, axis)], exp, factor, cur["active"], shape)
+        elif isinstance(st, ir.Add):
+            if not cur or st.x not in cur["parts"] or st.y not in cur["parts"] or st.subtract:
+                raise ValueError("a sum the fused kernel does not form (the terms of one stage only)")
+            a, b = cur["parts"][st.x], cur["parts"][st.y]
+            cur["parts"][st.out] = _Partial(a.terms + b.terms, a.exp, a.factor, a.active, a.shape)
+            cur["consumed"].update((st.x, st.y))
+        else:
+            raise ValueError(f"a {type(st).__name__} step (the fused kernel runs products, sums, drops)")
+    close()
+    if program.out not in slots or first is None:
+        raise ValueError("a program without a result")
+    out = slots[program.out]
+    dexp = np.broadcast_to(out.exp, out.shape).astype(np.int64)
+    return _Program(ndim, tuple(in_shape), bits, basis, extend, first, tuple(stages), out.tid, out.active, dexp,
+                    out.factor)
 
-def _trace(plan, in_shape) -> _Program:
-    """Run the plan's primitives on one zero tensor: every step's planes and operator, and the output scale."""
-    T = plan.encode_input(np.zeros((1,) + tuple(in_shape)), backend="numpy")
-    steps = plan.executed_steps()
-    rec = _Recorder([()] + [d for _, _, d in steps], {}, plan.method == "rescale_be", {})
-    prev = rec.tid(T)
-    first = T.active
-    for k, (op, ax, _) in enumerate(steps):
-        T, _ = strip_pending(T, 1 + ax)  # the same integers: only the scale's bookkeeping moves
-        rec.ids[id(T)] = prev
-        rec.keep.append(T)
-        rec.operands[k] = op
-        (T,) = rec.stage([T], [[(0, k, ax)]])
-        prev = rec.tid(T)
-    dexp, factor = _output_scale(T)
-    return _Program(plan.ndim, tuple(in_shape), plan.input_bits, plan.basis.moduli, plan.method == "rescale_be",
-                    first, tuple(rec.stages), prev, T.active, dexp, factor)
 
 
 def _in_shape(plan) -> list[int]:
@@ -326,8 +407,8 @@ def _build(plan, shape, budget) -> ChainProgram:
     why = fusable(plan, shape)
     if why is not None:
         raise ValueError(f"this plan cannot run as one fused kernel: {why}")
-    in_shape = list(shape) if shape is not None else _in_shape(plan)
-    return _compile(_trace(plan, in_shape), budget)
+    in_shape = tuple(shape) if shape is not None else tuple(_in_shape(plan))
+    return _compile(_stages(plan.program, in_shape, plan.program_constants(), {}), budget)
 
 
 def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
@@ -480,7 +561,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     for n, rec in enumerate(records):
         P, ext = rec["layout"]
         vals = [0] * _STEP
-        vals[0], vals[1], vals[2], vals[4], vals[5] = rec["kind"], rec.get("sync", 0), rec["out"], rec["L"], rec["red"]
+        put = {"KIND": rec["kind"], "SYNC": rec.get("sync", 0), "OUT": rec["out"], "L": rec["L"], "RED": rec["red"]}
         if rec["kind"] == 0:
             rows = [ext[a] for a in P[:-1]]
             MT = math.prod(rows)
@@ -489,27 +570,30 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
             out_ext = dict(ext)
             out_ext[P[-1]] = rec["n_out"]
             osb = _strides([P[-1]] + P[:-1], out_ext)[1]
-            vals[6:15] = [nb * MT, rec["W"], rec["n_out"], nlast, nlastpad, MT, osb, rec["nt"], rec["terms"]]
+            put.update(M=nb * MT, W=rec["W"], NOUT=rec["n_out"], NLAST=nlast, NLASTPAD=nlastpad, MT=MT, OSB=osb,
+                       NT=rec["nt"], TERMS=rec["terms"])
         elif rec["kind"] == 1:
-            vals[13], vals[14], vals[15], vals[16] = rec["nt"], rec["terms"], rec["fplane"], place_map(P, ext)
+            put.update(NT=rec["nt"], TERMS=rec["terms"], FPLANE=rec["fplane"], MAP=place_map(P, ext))
         else:
             inner = ext[P[-1]]
-            vals[3], vals[9], vals[10] = rec["in"], inner, _pad4(inner)
-            vals[17], vals[18], vals[19] = rec["drop"][0], rec["drop"][1], nb * math.prod(ext[a] for a in P)
+            put.update(IN=rec["in"], NLAST=inner, NLASTPAD=_pad4(inner), DROP_I=rec["drop"][0], DROP_F=rec["drop"][1],
+                       SLOTS=nb * math.prod(ext[a] for a in P))
+        for name, v in put.items():
+            vals[RS[name]] = v
         ints[base0 + _STEP * n: base0 + _STEP * (n + 1)] = vals
 
     enc = tables.encode_tables(tuple(first))
     Pm, IPm, Hm, CP, pw, pa, per = enc
     dib, dfb, qd = tables.decode_tables(tuple(prog.final_active))
     hdr = {
-        0: prog.ndim, 1: len(records), 2: n_in_entries, 3: math.prod(out_shape), 4: nb, 5: len(first),
-        6: prog.bits, 7: cap, 8: lmax, 9: opbytes,
-        10: add_floats(Pm, IPm, Hm, CP, pw), 11: pw.shape[1], 12: add_ints(np.concatenate([pa, per])),
-        13: place_map(seq[0][0], seq[0][1]), 14: place_map(Pf, extf), 15: slot_of[prog.final],
-        16: add_ints(dib), 17: add_floats(dfb), 18: nfield, 19: nq, 20: nslots[0], 21: base0,
+        "NDIM": prog.ndim, "STEPS": len(records), "NIN": n_in_entries, "NOUT": math.prod(out_shape), "NB": nb,
+        "L0": len(first), "BITS": prog.bits, "CAP": cap, "LMAX": lmax, "OPBYTES": opbytes,
+        "ENC_F": add_floats(Pm, IPm, Hm, CP, pw), "ENC_LDPW": pw.shape[1], "ENC_I": add_ints(np.concatenate([pa, per])),
+        "ENC_MAP": place_map(seq[0][0], seq[0][1]), "DEC_MAP": place_map(Pf, extf), "DEC_BUF": slot_of[prog.final],
+        "DEC_I": add_ints(dib), "DEC_F": add_floats(dfb), "NFIELD": nfield, "NQ": nq, "NSLOTS": nslots[0], "OPS": base0,
     }
     for k, v in hdr.items():
-        ints[k] = int(v)
+        ints[RC[k]] = int(v)
     final = prog.final_active
 
     f, k = arith.float_factor(factor)
@@ -572,22 +656,6 @@ def _field_components(op) -> dict:
     return {"W": 0} if op.kind == "mass" else {("G", c): c for c in range(3 * (op.basis.dim - 1))}
 
 
-def _trace_operator(op) -> _Program:
-    """Run the operator's residue program on one zero element (numpy backend), recording every stage."""
-    basis, d = op.basis, op.basis.dim
-    axes = tuple(range(1, d + 1))
-    T = encode(np.zeros((1,) + (basis.P,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
-    comps = _field_components(op)
-    zero = encode(np.zeros((1,) + (basis.Q,) * d), basis.moduli, op.bits, shared_axes=axes, backend="numpy")
-    fields = {key: zero for key in comps}  # exponent 0: the kernel adds each element's own
-    rec = _Recorder(op.plan.drops, {**op._ops, **fields}, True, comps)
-    rec.tid(T)
-    out = op._program(rec, T, d)
-    dexp, factor = _output_scale(out)
-    return _Program(d, (basis.P,) * d, op.bits, tuple(basis.moduli.moduli), True, T.active, tuple(rec.stages),
-                    rec.tid(out), out.active, dexp, factor)
-
-
 def operator_field(op) -> tuple[np.ndarray, np.ndarray]:
     """The operator's encoded field as the kernel reads it, ``(planes, nelem, components, Q**dim)`` int8 on
     the basis moduli, and its exponent per element (int32)."""
@@ -622,8 +690,10 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     per_op = _CACHE.setdefault(op.program, {})  # one per plan: the operator's element slices share it
     key = ("operator", budget)
     if key not in per_op:
-        prog = _trace_operator(op)
-        per_op[key] = _compile(prog, budget, nfield=len(_field_components(op)), nq=op.basis.Q**op.basis.dim)
+        comps = _field_components(op)
+        fields = {i: comps[key] for i, key in enumerate(op.program_constants_keys()) if key in comps}
+        prog = _stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields)
+        per_op[key] = _compile(prog, budget, nfield=len(comps), nq=op.basis.Q**op.basis.dim)
     return per_op[key]
 
 
@@ -648,7 +718,7 @@ SPEC_CONST_ROW_WORDS = 2
 
 def specialize_by_default(program: ChainProgram) -> bool:
     """Whether :class:`~rnstensor.backends.cuda.CudaBackend` compiles ``program`` into its own kernel by default."""
-    return int(program.ints[1]) <= SPEC_MAX_OPS
+    return int(program.ints[RC["STEPS"]]) <= SPEC_MAX_OPS
 
 
 #: the generated header a specialized build includes, and the option that makes it do so
@@ -669,8 +739,9 @@ def spec_header(program: ChainProgram) -> dict[str, str]:
     """
     words = np.frombuffer(program.ops.tobytes(), dtype="<i4")
     pi = program.ints
-    K, base = int(pi[1]), int(pi[21])
-    row_words = max([int(pi[base + 20 * k + 7]) for k in range(K) if int(pi[base + 20 * k]) == 0] or [0])
+    K, base = int(pi[RC["STEPS"]]), int(pi[RC["OPS"]])
+    records = [pi[base + _STEP * k: base + _STEP * (k + 1)] for k in range(K)]
+    row_words = max([int(r[RS["W"]]) for r in records if int(r[RS["KIND"]]) == 0] or [0])
     # dp4a takes no immediate operand: constexpr words cost a move each (UMOV), words in constant memory
     # one uniform load per two (ULDC.64). But ptxas takes far longer on long rows of constant-memory
     # words (n = 16: 71 s against 11 s here), so they go there only for rows of at most
