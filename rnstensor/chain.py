@@ -265,13 +265,15 @@ class ChainPlan:
         lead = tuple(T.shape[:batch])
         B = math.prod(lead)
         v = value_of(T, _axis_labels(self.ndim), T.bound)
-        e = xp.broadcast_to(v.exp, lead + tuple(v.exp.shape[batch:]))
+        e = v.exp.total()
+        e = xp.broadcast_to(e, lead + tuple(e.shape[batch:]))
         flat = Value(T.residues.reshape((len(T.active), B) + tuple(T.shape[batch:])),
                      e.reshape((B,) + tuple(e.shape[batch:])), v.factor, v.bound, v.labels, v.active)
         out = self._execute({0: flat}, be, xp, name, start=1)[0]
         active = self.basis.moduli if out.active is None else out.active
         planes = out.planes.reshape((len(active),) + lead + tuple(out.planes.shape[2:]))
-        exp = out.exp.reshape(lead + tuple(out.exp.shape[1:]))
+        e = out.exp.total()
+        exp = e.reshape(lead + tuple(e.shape[1:]))
         return RNSTensor(planes, self.basis, active, out.bound, Scale(0, out.factor, (None,) * exp.ndim, exp))
 
     def executed_steps(self) -> tuple[tuple[RNSTensor, int, tuple[int, ...]], ...]:

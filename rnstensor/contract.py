@@ -641,7 +641,7 @@ class ContractExpression:
                        tables=getattr(be, "constants", None), observer=observer)
         Z = vals[plan.out]
         planes, exp = permuted(Z, plan.out_labels)
-        W = Value(xp.ascontiguousarray(planes), exp.astype(np.int64, order="C", copy=False), Z.factor, Z.bound,
+        W = Value(xp.ascontiguousarray(planes), exp.total().astype(np.int64, order="C", copy=False), Z.factor, Z.bound,
                   plan.out_labels)
         MD = None
         if track:

@@ -21,6 +21,8 @@ def _frozen(a):
         return None
     if is_device_array(a):
         return a.astype(np.int64, copy=True)
+    if isinstance(a, np.ndarray) and a.dtype == np.int64 and not a.flags.writeable and a.base is None:
+        return a  # already a frozen array of its own (the executor's exponents): nothing can change it
     a = np.array(a, dtype=np.int64, copy=True)
     a.setflags(write=False)
     return a
@@ -75,6 +77,9 @@ class Scale:
         """
         ndim = len(self.axes)
         xp = array_module(*self.axes, self.field, fn="Scale") if xp is None else xp
+        if self.exp2 == 0 and self.field is not None and all(v is None for v in self.axes) \
+                and array_module(self.field) is xp and self.field.ndim == ndim:
+            return self.field  # read-only (or a private device copy): no copy of a full-size exponent array
         e = xp.full((1,) * ndim, self.exp2, dtype=np.int64)
         for a, vec in enumerate(self.axes):
             if vec is not None:

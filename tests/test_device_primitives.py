@@ -71,3 +71,14 @@ def test_mixing_host_and_device_is_a_type_error(device):
         np.asarray(X.residues)  # the strict stand-in refuses implicit conversion, as CuPy does
     with pytest.raises(ValueError, match="backend"):
         rt.encode(device.put(x), 15, backend="cpu")
+
+
+def test_the_readme_gpu_example_runs(device):
+    # the README's CuPy example (its ```py block), on the strict stand-in
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = re.findall(r"```py\n(.*?)```", readme, re.S)
+    assert "import cupy" in block
+    exec(compile(block, "README.md", "exec"), {})

@@ -284,8 +284,8 @@ def _stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dic
                     raise ValueError("a product along an axis whose exponents vary (no fold before it)")
                 col = [1] * ndim
                 col[axis] = n_out
-                exp = t.exp + np.asarray(c.exp).reshape(-1)[:n_out].reshape(col) if np.asarray(c.exp).size > 1 \
-                    else t.exp + int(np.asarray(c.exp).reshape(-1)[0])
+                rows = np.asarray(c.exp.total())
+                exp = t.exp + rows.reshape(-1)[:n_out].reshape(col) if rows.size > 1 else t.exp + int(rows.reshape(-1)[0])
                 factor *= c.factor
             cur["parts"][st.out] = _Partial([(src, operand, axis)], exp, factor, cur["active"], shape)
         elif isinstance(st, ir.Add):

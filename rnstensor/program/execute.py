@@ -22,20 +22,82 @@ from ..arrays import array_module, is_device_array
 from ..basis import Basis, pow2_cycle
 from ..encode import encode
 from ..primitives import decode as decode_tensor
-from ..primitives import drop
 from ..tensor import RNSTensor, Scale
 from .ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
-__all__ = ["Value", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
+__all__ = ["Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
            "alpha_parts", "last_reads"]
+
+
+class Exps:
+    """A value's exponents as a sum of small int64 terms, each with one dim per label (size 1 where constant).
+
+    A product adds its operator's row exponents as one more term rather than
+    a full-size array: the sum is formed once, when something reads it
+    (:meth:`total`: a decode, the error analysis). Layout steps map over the
+    terms.
+    """
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms):
+        self.terms = tuple(terms)
+
+    @property
+    def ndim(self) -> int:
+        return self.terms[0].ndim
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(np.broadcast_shapes(*(tuple(t.shape) for t in self.terms)))
+
+    def total(self):
+        """The exponent of every entry: the terms summed (a broadcastable array; formed once)."""
+        if len(self.terms) > 1:
+            e = self.terms[0]
+            for t in self.terms[1:]:
+                e = e + t
+            self.terms = (e,)  # the same sum: keep it
+        return self.terms[0]
+
+    def map(self, f) -> "Exps":
+        return Exps(f(t) for t in self.terms)
+
+    def transpose(self, perm) -> "Exps":
+        return self.map(lambda t: t.transpose(perm))
+
+    def __add__(self, other: "Exps") -> "Exps":
+        return Exps(self.terms + other.terms)
+
+    def max(self, axis: int) -> "Exps":
+        """The exponents made constant along ``axis``: their largest there (only the terms varying along it change)."""
+        vary = [t for t in self.terms if t.shape[axis] > 1]
+        if not vary:
+            return self
+        m = vary[0]
+        for t in vary[1:]:
+            m = m + t
+        return Exps([t for t in self.terms if t.shape[axis] == 1] + [m.max(axis=axis, keepdims=True)])
+
+    def __getitem__(self, idx) -> "Exps":
+        """Indexing of the leading axes (ints and slices); a term constant along an axis keeps its size 1 there."""
+        idx = idx if isinstance(idx, tuple) else (idx,)
+
+        def one(t):
+            sel = tuple((k if t.shape[a] > 1 else (0 if isinstance(k, (int, np.integer)) else slice(None)))
+                        for a, k in enumerate(idx))
+            return t[sel]
+
+        return self.map(one)
 
 
 @dataclass
 class Value:
     """A slot's residues at run time: planes ``(L, *shape)``, exponents, the dropped-moduli factor, bound, labels.
 
-    ``exp`` is int64 with one dim per label, size 1 where the exponent is
-    constant; ``active`` the moduli of the planes (``None``: the whole basis).
+    ``exp`` (:class:`Exps`; an int64 array is taken as its one term) has one
+    dim per label, size 1 where the exponent is constant; ``active`` the
+    moduli of the planes (``None``: the whole basis).
     """
 
     planes: Any
@@ -45,6 +107,10 @@ class Value:
     labels: str
     active: Optional[tuple] = None
 
+    def __post_init__(self):
+        if not isinstance(self.exp, Exps):
+            self.exp = Exps((self.exp,))
+
 
 def moved(v: Value, xp) -> Value:
     """``v`` in the array module ``xp``: an explicit copy across the bus where it lives on the other side (once)."""
@@ -53,13 +119,16 @@ def moved(v: Value, xp) -> Value:
             return a.get() if is_device_array(a) else a
         return a if is_device_array(a) else xp.asarray(a)
 
-    return Value(on(v.planes), on(v.exp), v.factor, v.bound, v.labels, v.active)
+    return Value(on(v.planes), v.exp.map(on), v.factor, v.bound, v.labels, v.active)
 
 
 def tensor_of(v: Value, basis: Basis) -> RNSTensor:
-    """The value as an :class:`~rnstensor.RNSTensor` (its exponents as the scale's field)."""
+    """The value as an :class:`~rnstensor.RNSTensor` (its exponents as the scale's field, shared, not copied)."""
     active = basis.moduli if v.active is None else v.active
-    return RNSTensor(v.planes, basis, active, v.bound, Scale(0, v.factor, (None,) * len(v.labels), v.exp))
+    exp = v.exp.total()
+    if isinstance(exp, np.ndarray) and exp.dtype == np.int64 and exp.base is None and exp.flags.writeable:
+        exp.setflags(write=False)  # nothing writes a value's exponents: the scale can keep this array
+    return RNSTensor(v.planes, basis, active, v.bound, Scale(0, v.factor, (None,) * len(v.labels), exp))
 
 
 def value_of(T: RNSTensor, labels: str, bound: int) -> Value:
@@ -75,8 +144,14 @@ def permuted(v: Value, labels: str):
     return v.planes.transpose([0] + [p + 1 for p in perm]), v.exp.transpose(perm)
 
 
-def _drop_axes(exp, axes: Sequence[int]):
-    return exp.reshape([n for i, n in enumerate(exp.shape) if i not in axes])
+def _drop_axes(exp: Exps, axes: Sequence[int]) -> Exps:
+    """The exponents without the (constant) axes ``axes``."""
+    return exp.map(lambda t: t.reshape([n for i, n in enumerate(t.shape) if i not in axes]))
+
+
+def _insert_axes(exp: Exps, at: int, count: int) -> Exps:
+    """The exponents with ``count`` constant axes inserted before axis ``at``."""
+    return exp.map(lambda t: t.reshape(tuple(t.shape[:at]) + (1,) * count + tuple(t.shape[at:])))
 
 
 def _moduli(v: Value, basis: Basis) -> tuple:
@@ -123,8 +198,9 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
         op_planes = _planes_on(Value(op_planes, op_exp, 1, 0, kop + C, op.active), moduli, basis)
         planes = be.product(xp.ascontiguousarray(op_planes), xp.ascontiguousarray(T.planes), moduli, ax)
         shape = [1] * len(T.labels)
-        shape[ax] = op_exp.shape[0]
-        return Value(planes, T.exp + op_exp.reshape(shape), factor, st.bound, st.labels, T.active)
+        rows = op_exp.total()
+        shape[ax] = rows.shape[0]
+        return Value(planes, T.exp + Exps((rows.reshape(shape),)), factor, st.bound, st.labels, T.active)
     xp_, xe = permuted(X, Bt + Kx + C)
     yp, ye = permuted(Y, Bt + C + Ky)
     nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
@@ -141,9 +217,8 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
         ym = yp.reshape(L, math.prod(bs), k, math.prod(ys))
         planes = be.matmul(xm, ym, moduli).reshape((L,) + bs + xs + ys)
     # exponents are constant along contracted indices (size-1 dims there): drop them and broadcast
-    xe2 = _drop_axes(xe, range(nb + nx, nb + nx + nc)).reshape(tuple(xe.shape[: nb + nx]) + (1,) * ny)
-    ye2 = _drop_axes(ye, range(nb, nb + nc))
-    ye2 = ye2.reshape(tuple(ye2.shape[:nb]) + (1,) * nx + tuple(ye2.shape[nb:]))
+    xe2 = _insert_axes(_drop_axes(xe, range(nb + nx, nb + nx + nc)), nb + nx, ny)
+    ye2 = _insert_axes(_drop_axes(ye, range(nb, nb + nc)), nb, nx)
     return Value(planes, xe2 + ye2, factor, st.bound, st.labels, X.active)
 
 
@@ -166,9 +241,11 @@ def _contract_3m(X: Value, Y: Value, st: Contract3M, basis: Basis, be) -> Value:
         re = be.add(P0, P1, moduli, True)
         im = be.add(be.add(P2, P0, moduli, True), P1, moduli, True)
     shape = [1] * (len(X.labels) - 1)
-    shape[ax] = op_exp.shape[1]
-    exp = X.exp[0] + op_exp[0].reshape(shape)
-    return Value(xp.stack([re, im], axis=1), exp[None], X.factor * Y.factor, st.bound, st.labels, X.active)
+    rows = op_exp.total()
+    shape[ax] = rows.shape[1]
+    exp = X.exp[0] + Exps((rows[0].reshape(shape),))
+    return Value(xp.stack([re, im], axis=1), exp.map(lambda t: t[None]), X.factor * Y.factor, st.bound, st.labels,
+                 X.active)
 
 
 def combine_parts(z, i: int, j: int):
@@ -192,7 +269,7 @@ def _combine(v: Value, st: Combine, basis: Basis, be) -> Value:
     part = combine_parts(v.planes, i + 1, j + 1)
     re = be.add(xp.ascontiguousarray(part(0, 0)), xp.ascontiguousarray(part(1, 1)), moduli, True)
     im = be.add(xp.ascontiguousarray(part(1, 0)), xp.ascontiguousarray(part(0, 1)), moduli, False)
-    exp = _drop_axes(v.exp, (i, j))[None]
+    exp = _drop_axes(v.exp, (i, j)).map(lambda t: t[None])
     return Value(xp.stack([re, im], axis=1), exp, v.factor, v.bound, st.labels, v.active)
 
 
@@ -249,9 +326,10 @@ def _align(T: RNSTensor, st: Operand, be, tables) -> Value:
 
 def unit(v: Value):
     """The value of one integer unit of every entry: ``factor * 2**exponent`` (float64, saturating)."""
-    xp = array_module(v.exp)
+    e = v.exp.total()
+    xp = array_module(e)
     with np.errstate(over="ignore"):
-        return xp.ldexp(float(v.factor), xp.clip(v.exp, -1100, 1100).astype(np.int32))
+        return xp.ldexp(float(v.factor), xp.clip(e, -1100, 1100).astype(np.int32))
 
 
 def _decode_real(T: RNSTensor, mode: str, alpha: float, backend):
@@ -325,17 +403,20 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
         v = _align(operand(st), st, be, tables)
     elif isinstance(st, Drop):
         x = vals[st.x]
-        T = drop(tensor_of(x, basis), moduli=st.moduli, extend=st.extend, backend=backend_name)
-        v = Value(T.residues, x.exp, T.scale.factor, T.bound, x.labels,
-                  None if T.active == basis.moduli else T.active)
+        active = _moduli(x, basis)
+        order = tuple(st.moduli)
+        # the backend's fast path is a count of the smallest moduli; other orders go as a tuple (as drop() does)
+        drops = len(order) if order == tuple(sorted(active)[: len(order)]) else order
+        planes, after = be.drop_extend(x.planes, active, basis, drops, st.extend)
+        v = Value(planes, x.exp, x.factor * math.prod(order), st.bound, x.labels,
+                  None if tuple(after) == basis.moduli else tuple(after))
     elif isinstance(st, Reencode):
         x = vals[st.x]
         y = decode_tensor(tensor_of(x, basis), "fp64", backend=backend_name)
         v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound)
     elif isinstance(st, Fold):
         x = vals[st.x]
-        v = Value(x.planes, x.exp.max(axis=x.labels.index(st.label), keepdims=True), x.factor, x.bound, x.labels,
-                  x.active)
+        v = Value(x.planes, x.exp.max(x.labels.index(st.label)), x.factor, x.bound, x.labels, x.active)
     elif isinstance(st, Sum):
         v = _sum(_named(vals[st.x], st.x_labels), st.over, st.bound, basis, be)
     elif isinstance(st, Contract):
