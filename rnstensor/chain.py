@@ -14,7 +14,7 @@ from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode, group_exponents
 from .planner import Schedule, plan_schedule
-from .planner.bounds import composed_bound, fraction_up, operator_norms, persistent_coefficients
+from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
 from .program.execute import Value, encode_value, moved, run_step, value_of
@@ -293,8 +293,8 @@ class ChainPlan:
 
         Accounts for the input encoding, the rounding of every operator to
         integers, every drop (``floor(q/2)`` units, propagated through the
-        remaining operators' norms) and the final decode; see
-        :mod:`rnstensor.planner.bounds`. Depends on each tensor of the batch
+        remaining operators' norms) and the final decode: the a-priori error
+        analysis of :mod:`rnstensor.program.errors` over :attr:`program`. Depends on each tensor of the batch
         only through its largest magnitude and its encoding error (every
         tensor is encoded with its own exponent); the bound is the largest.
 
@@ -330,7 +330,7 @@ class ChainPlan:
             gone = set() if self.method == "rescale_be" else {q for st in steps for q in st.dropped}
             final_moduli = [p for p in self.basis.moduli if p not in gone]
             self._coefficients[decode] = persistent_coefficients(
-                self.norms(), [st.dropped for st in steps], steps[-1].after, final_moduli, decode
+                self.norms(), [st.dropped for st in steps], steps[-1].after, final_moduli, decode, program=self.program
             )
         coef = self._coefficients[decode]
         worst = Fraction(0)

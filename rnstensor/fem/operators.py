@@ -30,7 +30,7 @@ from ..arrays import array_module, to_host
 from ..backends import dispatch
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
-from ..planner.bounds import decode_factor
+from ..program.errors import FieldErrors, NormErrors, OperatorBounds, decode_factor
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
 from ..program.execute import Value, encode_value, execute, moved, tensor_of, value_of
@@ -144,39 +144,6 @@ def _op_norms(basis: TensorBasis, bits: int) -> dict:
             ex, tr, df = max(ex, e_row), max(tr, t_row), max(df, d_row)
         out[key] = tuple(float(x) * _INFLATE for x in (ex, tr, df))
     return out
-
-
-class _ErrorRunner:
-    """Propagates per-element ``(|x|, |x̂ - x|, unit)`` bounds through a program (float64, rounded up)."""
-
-    def __init__(self, plan: ProgramPlan, norms: dict, fields: dict):
-        self.plan, self.norms, self.fields, self.k = plan, norms, fields, 0
-
-    def stage(self, inputs, outs):
-        subset = self.plan.drops[self.k]
-        self.k += 1
-        if subset:
-            new = []
-            for mag, err, unit in inputs:
-                for q in subset:
-                    err = (err + unit * (q // 2)) * _INFLATE
-                    unit = unit * q
-                new.append((mag, err, unit))
-            inputs = new
-        res = []
-        for terms in outs:
-            acc = None
-            for i, key, axis in terms:
-                mag, err, unit = inputs[i]
-                if axis is None:  # (|F|, |F̂|, |F̂ - F|, unit of F) per element
-                    fmag, fexec, fdiff, funit = self.fields[key]
-                    t = (mag * fmag, (fexec * err + fdiff * mag) * _INFLATE, unit * funit)
-                else:
-                    ex, tr, df, ounit = self.norms[key]
-                    t = (mag * tr * _INFLATE, (ex * err + df * mag) * _INFLATE, unit * ounit)
-                acc = t if acc is None else ((acc[0] + t[0]) * _INFLATE, (acc[1] + t[1]) * _INFLATE, acc[2])
-            res.append(acc)
-        return res
 
 
 def _on_xp(xp, a):
@@ -429,7 +396,7 @@ class _Operator:
 
         starting from the encoding error of ``u`` and ending with the decode
         error (``decode_factor * bound * unit``, see
-        :func:`rnstensor.planner.bounds.decode_factor`). ``||.||`` are exact
+        :func:`rnstensor.program.errors.decode_factor`). ``||.||`` are exact
         row-sum norms, ``unit`` the value of one integer step; every float
         operation is rounded up by a factor ``1 + 2**-45``.
 
@@ -448,13 +415,16 @@ class _Operator:
         # work in units of u's encoding (exact power-of-two scaling per element): no underflow for tiny u
         e = xp.broadcast_to(-T.exponent().reshape(-1), umag.shape).astype(np.int32)
         umag, udiff, uunit = xp.ldexp(umag, e), xp.ldexp(udiff, e), xp.ldexp(uunit, e)
-        norms = {
-            k: v + (2.0 ** self._ops[k].scale.exp2,) for k, v in _op_norms(self.basis, self.bits).items()
-        }
+        norms = _op_norms(self.basis, self.bits)
         fields = self._on("field_errors", xp, lambda: {
             k: tuple(_on_xp(xp, a) for a in v) for k, v in self._field_errors().items()})
-        run = _ErrorRunner(self.plan, norms, fields)
-        _, err, unit = self._program(run, (umag, udiff, uunit), self.basis.dim)
+        operands = {}
+        for source, key in enumerate(self._constant_keys):
+            if key in norms:  # (||Â||, ||A||, ||Â - A||) and one integer step of the operator
+                operands[source] = OperatorBounds(*norms[key], 2.0 ** self._ops[key].scale.exp2)
+            else:  # (|F|, |F̂|, |F̂ - F|, unit of F) per element
+                operands[source] = FieldErrors(*fields[key])
+        _, err, unit = NormErrors(operands, up=lambda z: z * _INFLATE).run(self.program, (umag, udiff, uunit))
         dec = float(decode_factor(decode, self.basis.moduli.moduli, self.plan.final_bound)) * _INFLATE
         scaled = (err + dec * float(self.plan.final_bound) * unit) * _INFLATE
         # back to value units; ldexp may round (subnormal results): step one float up, add the subnormal unit

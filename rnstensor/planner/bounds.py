@@ -1,8 +1,10 @@
-"""Rigorous a-priori error bounds of chain plans, and the drop schedule that minimises them.
+"""The drop schedules that minimise a chain's error bound, and the smallest drops that make room.
 
-All quantities are exact rationals (``fractions.Fraction``); a bound is rounded
-up once when it becomes a float. Norms are max-norms of tensors and induced
-row-sum norms of operators, which bound a mode product along any axis.
+The bound itself is the error analysis of :mod:`rnstensor.program.errors`
+(:func:`~rnstensor.program.errors.persistent_coefficients`, re-exported here):
+all quantities exact rationals (``fractions.Fraction``), rounded up once when
+a bound becomes a float. Norms are max-norms of tensors and induced row-sum
+norms of operators, which bound a mode product along any axis.
 
 The persistent methods compute ``Ŷ = Â_d D_{d-1}(Â_{d-1} ... D_1(Â_1 X̂))``
 with ``X̂`` the encoded input, ``Â_i`` the executed operators (the integers
@@ -26,14 +28,21 @@ plus ``2**-1074`` for a subnormal result.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import Optional, Sequence
 
-import numpy as np
 
-from ..basis import Basis, mrc_order
-from .operators import PreparedOperator
+from ..basis import Basis
+from ..program.errors import (
+    SUBNORMAL,
+    UNIT_ROUNDOFF,
+    Coefficients,
+    OperatorNorms,
+    composed_bound,
+    decode_factor,
+    fraction_up,
+    operator_norms,
+    persistent_coefficients,
+)
 
 __all__ = [
     "OperatorNorms",
@@ -43,152 +52,11 @@ __all__ = [
     "optimal_drops",
     "fraction_up",
     "min_product_subset",
+    "composed_bound",
+    "Coefficients",
+    "UNIT_ROUNDOFF",
+    "SUBNORMAL",
 ]
-
-UNIT_ROUNDOFF = Fraction(1, 2**53)
-SUBNORMAL = Fraction(1, 2**1074)
-
-
-def fraction_up(x: Fraction) -> float:
-    """The smallest float64 not below ``x``."""
-    f = float(x)
-    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
-
-
-def decode_factor(mode: str, moduli: Sequence[int], bound: int) -> Fraction:
-    """Decode error per unit of ``bound * s``: ``(2k + 3) u (1 + 2**-40)`` for ``'fp64'``, ``u`` for ``'exact'``.
-
-    Horner on the centered mixed-radix digits (conversion order ``o``, weights
-    ``W_j = o_0 ... o_{j-1}``) computes ``V_j = o_j V_{j+1} + d_j`` from the top
-    digit down; the exact partial values obey ``|V_j| <= B / W_j + 1/2``, so a
-    step is exact (integers below ``2**53``) while ``B / W_j + o_j / 2 <= 2**53``.
-    Each of the ``k`` steps past that rounds twice, adding at most
-    ``u (2B + W_{j+1})`` with ``W_{j+1} < 2**-44 B`` there; the float factor and
-    the product with it add ``2u``. Hence ``(2k + 3) u B`` with a margin.
-    """
-    if mode == "exact":
-        return UNIT_ROUNDOFF
-    order = mrc_order(tuple(moduli))
-    # B / W_j falls as j rises: the steps that may round are j = 0 .. k-1
-    k, W = 0, 1
-    for q in order[:-1]:
-        if Fraction(int(bound), W) + Fraction(q, 2) <= 2**53:
-            break
-        k += 1
-        W *= q
-    return UNIT_ROUNDOFF * (2 * k + 3) * (1 + Fraction(1, 2**40))
-
-
-def _pow2(k: int) -> Fraction:
-    return Fraction(2) ** int(k)
-
-
-@dataclass(frozen=True)
-class OperatorNorms:
-    """Exact norms of one step: executed ``||Â||``, true ``||A||``, ``||Â - A||``, and the unit shift.
-
-    ``unit_shift`` is ``max_j(-f_j)``: after the product one integer step is
-    worth at most ``2**unit_shift`` times what it was worth before.
-    """
-
-    executed: Fraction
-    true: Fraction
-    diff: Fraction
-    unit_shift: int
-
-
-def operator_norms(op: PreparedOperator, A: np.ndarray) -> OperatorNorms:
-    """Norms of the executed operator ``Â[j, k] = ints[j, k] * 2**(-f_j - r_k)`` against the true ``A``."""
-    ints, f, r = op.ints, op.row_exponents, op.column_exponents
-    col = [_pow2(-int(rk)) for rk in r]
-    executed = true = diff = Fraction(0)
-    for j in range(ints.shape[0]):
-        rs = _pow2(-int(f[j]))
-        e_row = a_row = d_row = Fraction(0)
-        for k in range(ints.shape[1]):
-            ahat = int(ints[j, k]) * rs * col[k]
-            a = Fraction(float(A[j, k]))
-            e_row += abs(ahat)
-            a_row += abs(a)
-            d_row += abs(ahat - a)
-        executed, true, diff = max(executed, e_row), max(true, a_row), max(diff, d_row)
-    shift = int(max(-f)) if f.size else 0
-    return OperatorNorms(executed, true, diff, shift)
-
-
-@dataclass(frozen=True)
-class Coefficients:
-    """``bound = enc * ||X̂ - X|| + x * ||X|| + unit * 2**-e + 2**-1074`` for an input with exponent ``e``."""
-
-    enc: Fraction
-    x: Fraction
-    unit: Fraction
-
-    def evaluate(self, enc_error: Fraction, x_norm: Fraction, unit: Fraction) -> Fraction:
-        return self.enc * enc_error + self.x * x_norm + self.unit * unit + SUBNORMAL
-
-
-def _drop_terms(norms: Sequence[OperatorNorms], drops: Sequence[Sequence[int]]) -> tuple[list[Fraction], Fraction]:
-    """Per step, the largest change the drops make (in input units, ``s_0 = 1``); and the final unit."""
-    s = Fraction(1)
-    terms = []
-    for nm, dropped in zip(norms, drops):
-        s *= _pow2(nm.unit_shift)
-        delta = Fraction(0)
-        for q in dropped:
-            delta += s * (q // 2)
-            s *= q
-        terms.append(delta)
-    return terms, s
-
-
-def persistent_coefficients(
-    norms: Sequence[OperatorNorms],
-    dropped: Sequence[Sequence[int]],
-    final_bound: int,
-    final_moduli: Sequence[int],
-    mode: str,
-) -> Coefficients:
-    """The error-bound coefficients of a persistent plan (rescale_be, rescale, norescale)."""
-    d = len(norms)
-    F = [Fraction(1)] * (d + 1)  # F[i] = prod_{j >= i} ||Â_j||, F[d] = 1
-    for i in range(d - 1, -1, -1):
-        F[i] = F[i + 1] * norms[i].executed
-    G = Fraction(1)
-    cx = Fraction(0)
-    for i, nm in enumerate(norms):
-        cx += F[i + 1] * nm.diff * G
-        G *= nm.true
-    terms, s_final = _drop_terms(norms, dropped)
-    cunit = sum((F[i + 1] * t for i, t in enumerate(terms)), Fraction(0))
-    cunit += decode_factor(mode, final_moduli, final_bound) * final_bound * s_final
-    return Coefficients(F[0], cx, cunit)
-
-
-def composed_bound(
-    norms: Sequence[OperatorNorms],
-    rhos: Sequence[int],
-    bits: int,
-    moduli: Sequence[int],
-    x_norm: Fraction,
-    mode: str,
-) -> Fraction:
-    """Error bound of the composed method (encode per fiber, decode after every product).
-
-    Product ``i`` holds integers below ``2**bits * rhos[i]`` on the whole basis ``moduli``.
-    """
-    err = Fraction(0)
-    size = x_norm  # bound on the exact intermediate
-    tiny = _pow2(-bits)
-    last = len(norms) - 1
-    for i, nm in enumerate(norms):
-        computed = size + err  # bound on the computed intermediate
-        encoded = computed * (1 + tiny)
-        factor = decode_factor(mode if i == last else "fp64", moduli, (1 << bits) * int(rhos[i]))
-        dec = factor * nm.executed * encoded + SUBNORMAL
-        err = nm.executed * (err + computed * tiny) + nm.diff * size + dec
-        size *= nm.true
-    return err
 
 
 def min_product_subset(avail: Sequence[int], target: int) -> Optional[tuple[int, ...]]:

@@ -1,28 +1,282 @@
-"""The running error analysis of a residue program: per entry, a magnitude bound ``M`` and an error bound ``D``.
+"""The error analysis of residue programs: one set of rules per step, interpreted in two domains.
 
-An observer of :func:`~rnstensor.program.execute.execute`: every step maps
-its operands' ``(M, D)`` (``|x̂| <= M``, ``|x̂ - x| <= D`` against the exact
-value ``x``) to its result's. Encoding errs by half a unit of the entry's
-exponent group, a drop by under one unit of the quotient, a product by
-``|x̂ŷ - xy| <= D_x M_y + M_x D_y`` summed over the contracted indices, a
-re-encoding by the fp64 decode's bound plus half a unit; the final decode
-adds its own term (:func:`decoded`). The float64 arithmetic of the bounds
-is inflated so that each stays an upper bound of its exact value.
+Every quantity bounds an exact one from above. :class:`EntrywiseErrors`
+follows a program per entry, beside its execution (einsum): a magnitude bound
+``M`` and an error bound ``D`` (``|x̂| <= M``, ``|x̂ - x| <= D``); encoding errs
+by half a unit of the entry's exponent group, a drop by under one unit of the
+quotient, a product by ``|x̂ŷ - xy| <= D_x M_y + M_x D_y`` summed over the
+contracted indices, a re-encoding by the fp64 decode's bound plus half a unit;
+the final decode adds its own term (:func:`decoded`). :class:`NormErrors`
+follows it per tensor (chain plans, FEM operators), a priori: a max-norm
+``|x|``, an error ``|x̂ - x|`` and the value of one integer step, through
+products with operators (``||A|| |x|``, ``||Â|| err + ||Â - A|| |x|``),
+Hadamard products with fields, sums, drops (``floor(q/2)`` units each) and
+the decode (``decode_factor * bound * unit``). Its numbers are exact linear
+forms in the input's norms (:class:`Linear`, the chain planner's scores and
+bounds, rounded up once) or float64 arrays inflated after every operation
+(per element, the FEM operators). The bounds' own float64 arithmetic is
+rounded upward so that each stays an upper bound of its exact value.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..arrays import array_module
-from ..planner.bounds import decode_factor, fraction_up
+from ..basis import mrc_order
+from . import ir
 from .execute import Value, combine_parts, unit
 from .ir import Combine, Contract, Drop, Encode, Operand, Reencode, Sum
 
-__all__ = ["EntrywiseErrors", "inflate", "decoded"]
+__all__ = ["EntrywiseErrors", "NormErrors", "Linear", "OperatorBounds", "FieldErrors", "inflate", "decoded", "decode_factor", "fraction_up",
+           "OperatorNorms", "operator_norms", "Coefficients", "persistent_coefficients", "composed_bound",
+           "UNIT_ROUNDOFF", "SUBNORMAL"]
+
+UNIT_ROUNDOFF = Fraction(1, 2**53)
+SUBNORMAL = Fraction(1, 2**1074)
+
+
+def fraction_up(x: Fraction) -> float:
+    """The smallest float64 not below ``x``."""
+    f = float(x)
+    return f if Fraction(f) >= x else math.nextafter(f, math.inf)
+
+
+def decode_factor(mode: str, moduli: Sequence[int], bound: int) -> Fraction:
+    """Decode error per unit of ``bound * s``: ``(2k + 3) u (1 + 2**-40)`` for ``'fp64'``, ``u`` for ``'exact'``.
+
+    Horner on the centered mixed-radix digits (conversion order ``o``, weights
+    ``W_j = o_0 ... o_{j-1}``) computes ``V_j = o_j V_{j+1} + d_j`` from the top
+    digit down; the exact partial values obey ``|V_j| <= B / W_j + 1/2``, so a
+    step is exact (integers below ``2**53``) while ``B / W_j + o_j / 2 <= 2**53``.
+    Each of the ``k`` steps past that rounds twice, adding at most
+    ``u (2B + W_{j+1})`` with ``W_{j+1} < 2**-44 B`` there; the float factor and
+    the product with it add ``2u``. Hence ``(2k + 3) u B`` with a margin.
+    """
+    if mode == "exact":
+        return UNIT_ROUNDOFF
+    order = mrc_order(tuple(moduli))
+    # B / W_j falls as j rises: the steps that may round are j = 0 .. k-1
+    k, W = 0, 1
+    for q in order[:-1]:
+        if Fraction(int(bound), W) + Fraction(q, 2) <= 2**53:
+            break
+        k += 1
+        W *= q
+    return UNIT_ROUNDOFF * (2 * k + 3) * (1 + Fraction(1, 2**40))
+
+
+def _pow2(k: int) -> Fraction:
+    return Fraction(2) ** int(k)
+
+
+@dataclass(frozen=True)
+class OperatorNorms:
+    """Exact norms of one step: executed ``||Â||``, true ``||A||``, ``||Â - A||``, and the unit shift.
+
+    ``unit_shift`` is ``max_j(-f_j)``: after the product one integer step is
+    worth at most ``2**unit_shift`` times what it was worth before.
+    """
+
+    executed: Fraction
+    true: Fraction
+    diff: Fraction
+    unit_shift: int
+
+
+def operator_norms(op, A: np.ndarray) -> OperatorNorms:
+    """Norms of the executed operator ``Â[j, k] = ints[j, k] * 2**(-f_j - r_k)`` against the true ``A``."""
+    ints, f, r = op.ints, op.row_exponents, op.column_exponents
+    col = [_pow2(-int(rk)) for rk in r]
+    executed = true = diff = Fraction(0)
+    for j in range(ints.shape[0]):
+        rs = _pow2(-int(f[j]))
+        e_row = a_row = d_row = Fraction(0)
+        for k in range(ints.shape[1]):
+            ahat = int(ints[j, k]) * rs * col[k]
+            a = Fraction(float(A[j, k]))
+            e_row += abs(ahat)
+            a_row += abs(a)
+            d_row += abs(ahat - a)
+        executed, true, diff = max(executed, e_row), max(true, a_row), max(diff, d_row)
+    shift = int(max(-f)) if f.size else 0
+    return OperatorNorms(executed, true, diff, shift)
+
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """``bound = enc * ||X̂ - X|| + x * ||X|| + unit * 2**-e + 2**-1074`` for an input with exponent ``e``."""
+
+    enc: Fraction
+    x: Fraction
+    unit: Fraction
+
+    def evaluate(self, enc_error: Fraction, x_norm: Fraction, unit: Fraction) -> Fraction:
+        return self.enc * enc_error + self.x * x_norm + self.unit * unit + SUBNORMAL
+
+
+def composed_bound(
+    norms: Sequence[OperatorNorms],
+    rhos: Sequence[int],
+    bits: int,
+    moduli: Sequence[int],
+    x_norm: Fraction,
+    mode: str,
+) -> Fraction:
+    """Error bound of the composed method (encode per fiber, decode after every product).
+
+    Product ``i`` holds integers below ``2**bits * rhos[i]`` on the whole basis ``moduli``.
+    """
+    err = Fraction(0)
+    size = x_norm  # bound on the exact intermediate
+    tiny = _pow2(-bits)
+    last = len(norms) - 1
+    for i, nm in enumerate(norms):
+        computed = size + err  # bound on the computed intermediate
+        encoded = computed * (1 + tiny)
+        factor = decode_factor(mode if i == last else "fp64", moduli, (1 << bits) * int(rhos[i]))
+        dec = factor * nm.executed * encoded + SUBNORMAL
+        err = nm.executed * (err + computed * tiny) + nm.diff * size + dec
+        size *= nm.true
+    return err
+
+
+
+
+# ----- per-tensor norms, a priori -----------------------------------------------------------------
+
+
+class Linear:
+    """An exact linear form ``a * enc + b * x + c * unit`` in a tensor's encoding error, norm and unit.
+
+    The numbers of :class:`NormErrors` for a bound known before the data
+    (a plan's): evaluated on a tensor's measured norms it is that tensor's
+    bound, exactly.
+    """
+
+    __slots__ = ("a", "b", "c")
+
+    def __init__(self, a=0, b=0, c=0):
+        self.a, self.b, self.c = Fraction(a), Fraction(b), Fraction(c)
+
+    def __add__(self, o: "Linear") -> "Linear":
+        return Linear(self.a + o.a, self.b + o.b, self.c + o.c)
+
+    def __mul__(self, k) -> "Linear":
+        k = Fraction(k)
+        return Linear(self.a * k, self.b * k, self.c * k)
+
+    __rmul__ = __mul__
+
+
+@dataclass(frozen=True)
+class OperatorBounds:
+    """An operator's norms ``||Â||``, ``||A||``, ``||Â - A||`` as floats rounded up, and the factor one integer
+    step of its product's result is worth (the per-element numbers of the FEM operators)."""
+
+    executed: float
+    true: float
+    diff: float
+    unit: float
+
+
+@dataclass(frozen=True)
+class FieldErrors:
+    """A Hadamard factor's bounds per tensor: ``max |F|``, ``max |F̂|``, ``max |F̂ - F|`` and its unit."""
+
+    mag: object
+    executed: object
+    diff: object
+    unit: object
+
+
+class NormErrors:
+    """Propagates ``(|x|, |x̂ - x|, unit)`` per tensor through a program's steps (products with operators,
+    Hadamard products with fields, sums, drops), a priori.
+
+    ``operands[source]`` is, for every constant of the program, an
+    :class:`OperatorNorms` (exact; its ``unit_shift``: one integer step of the
+    result is worth ``2**unit_shift`` of the input's), an
+    :class:`OperatorBounds` (floats) or a :class:`FieldErrors`. ``up`` rounds a
+    sum or product upward (identity for exact numbers).
+    """
+
+    def __init__(self, operands: dict, up: Callable = lambda x: x):
+        self.operands, self.up = operands, up
+
+    def run(self, program: "ir.Program", start) -> tuple:
+        """``(|x|, err, unit)`` of the result for the input's ``start = (|x|, err, unit)``."""
+        up = self.up
+        state: dict = {}
+        consts: dict = {}
+        for st in program.steps:
+            if isinstance(st, Encode):
+                if st.constant:
+                    consts[st.out] = self.operands[st.source]
+                else:
+                    state[st.out] = start
+            elif isinstance(st, ir.Fold):
+                state[st.out] = state[st.x]
+            elif isinstance(st, Drop):
+                mag, err, u = state[st.x]
+                for q in st.moduli:
+                    err = up(err + u * (q // 2))
+                    u = u * q
+                state[st.out] = (mag, err, u)
+            elif isinstance(st, Contract):
+                mag, err, u = state[st.x]
+                c = consts[st.y]
+                if isinstance(c, FieldErrors):
+                    state[st.out] = (mag * c.mag, up(c.executed * err + c.diff * mag), u * c.unit)
+                else:
+                    step = _pow2(c.unit_shift) if isinstance(c, OperatorNorms) else c.unit
+                    state[st.out] = (up(mag * c.true), up(c.executed * err + c.diff * mag), u * step)
+            elif isinstance(st, ir.Add):
+                a, b = state[st.x], state[st.y]
+                state[st.out] = (up(a[0] + b[0]), up(a[1] + b[1]), a[2])
+            else:
+                raise TypeError(f"no a-priori error rule for step {type(st).__name__}")
+        return state[program.out]
+
+
+def _skeleton(n: int, dropped: Sequence[Sequence[int]]) -> "ir.Program":
+    """The steps of a persistent chain of ``n`` products with the given drops (what :class:`NormErrors` reads)."""
+    steps = [ir.Encode(0, 0, 0, (), "", 0)]
+    for k in range(n):
+        steps += [ir.Encode(1, k, 0, (), "", 0, constant=True),
+                  ir.Contract(0, 0, 1, "", "", "", "", "", "", "", "", "mode", "", 0)]
+        if k < len(dropped) and dropped[k]:
+            steps.append(ir.Drop(0, 0, tuple(dropped[k]), True, 0))
+    return ir.Program(None, tuple(steps), 0, "")
+
+
+def persistent_coefficients(
+    norms: Sequence[OperatorNorms],
+    dropped: Sequence[Sequence[int]],
+    final_bound: int,
+    final_moduli: Sequence[int],
+    mode: str,
+    program: Optional["ir.Program"] = None,
+) -> Coefficients:
+    """The error-bound coefficients of a persistent plan (rescale_be, rescale, norescale).
+
+    :class:`NormErrors` over the plan's ``program`` (or the chain of
+    ``norms`` with the drops ``dropped``) on exact linear forms, plus the
+    decode: ``bound = enc * ||X̂ - X|| + x * ||X|| + unit * 2**-e + 2**-1074``.
+    """
+    program = program if program is not None else _skeleton(len(norms), dropped)
+    mag, err, u = NormErrors(dict(enumerate(norms))).run(program, (Linear(0, 1, 0), Linear(1, 0, 0), Linear(0, 0, 1)))
+    err = err + u * (decode_factor(mode, final_moduli, final_bound) * final_bound)
+    return Coefficients(err.a, err.b, err.c)
+
+
+# ----- per entry, beside execution ----------------------------------------------------------------
 
 
 def inflate(x, n: int):
