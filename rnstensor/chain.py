@@ -14,6 +14,8 @@ from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode, group_exponents
 from .planner import Schedule, plan_schedule
+from .planner.drops import ROW as _ROW
+from .planner.drops import axis_labels as _axis_labels
 from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
@@ -22,13 +24,6 @@ from .tensor import RNSTensor, Scale
 
 __all__ = ["ChainPlan", "plan_chain", "mode_chain"]
 
-#: the label of an operator's row index in a chain program (the product puts it where the contracted index was)
-_ROW = "\x02"
-
-
-def _axis_labels(ndim: int) -> str:
-    """Labels of a chain program's values: the batch, then one per tensor axis."""
-    return "z" + "".join(chr(0x100 + a) for a in range(ndim))
 
 
 class ChainPlan:
@@ -76,7 +71,8 @@ class ChainPlan:
         self._norms = None
         self._coefficients: dict = {}
         self._op_values: dict = {}
-        self.program = self._build_program()
+        #: the plan as a residue program (:mod:`rnstensor.program`), as the planner wrote and planned it
+        self.program = schedule.program
 
     @property
     def encoded_operators(self) -> tuple[RNSTensor, ...]:
@@ -149,36 +145,6 @@ class ChainPlan:
         vals = self._execute({}, be, xp, name, xb)
         y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
         return y.reshape(lead + tuple(y.shape[1:]))
-
-    def _build_program(self) -> ir.Program:
-        """The plan as a residue program: the input encoded once (slot 0), then per product its operator
-        (slot 1, a constant), the product, and its drops; ``'composed'`` re-encodes before every product."""
-        labels = _axis_labels(self.ndim)
-        steps: list = []
-        if self.method == "composed":
-            for k, (op, st, ax) in enumerate(zip(self._encoded, self._schedule.steps, self.axes)):
-                C = labels[1 + ax]
-                bits, shared = self.bits, (1 + ax,)
-                steps.append(ir.Encode(0, 0, bits, shared, labels, 1 << bits) if k == 0
-                             else ir.Reencode(0, 0, bits, shared, labels, 1 << bits))
-                steps.append(ir.Encode(1, k, self.bits, (1,), _ROW + C, op.bound, constant=True))
-                steps.append(ir.Contract(0, 0, 1, labels, _ROW + C, "", "", C, "", labels.replace(C, ""), _ROW, "mode",
-                                         labels, st.product))
-            return ir.Program(self.basis, tuple(steps), 0, labels)
-        extend = self.method == "rescale_be"
-        steps.append(ir.Encode(0, 0, self.input_bits, tuple(range(1, self.ndim + 1)), labels, 1 << self.input_bits))
-        pending: set = set()
-        for k, (op, st, ax) in enumerate(zip(self._encoded, self._schedule.steps, self.axes)):
-            C = labels[1 + ax]
-            if ax in pending:  # the previous product's row scales, folded into this operator
-                steps.append(ir.Fold(0, 0, C))
-            steps.append(ir.Encode(1, k, self.bits, (1,), _ROW + C, op.bound, constant=True))
-            steps.append(ir.Contract(0, 0, 1, labels, _ROW + C, "", "", C, "", labels.replace(C, ""), _ROW, "mode",
-                                     labels, st.product))
-            pending.add(ax)
-            if st.dropped:
-                steps.append(ir.Drop(0, 0, tuple(st.dropped), extend, st.after))
-        return ir.Program(self.basis, tuple(steps), 0, labels)
 
     def program_constants(self, xp=np) -> list:
         """The constants of :attr:`program` (the encoded operators) as values on ``xp``, in ``Encode.source`` order."""
@@ -494,7 +460,7 @@ def plan_chain(
     ops, axes, nd = _normalize_chain(operators, axes, ndim)
     _axis_lengths(ops, axes, nd)
     basis = as_basis(moduli, "moduli")
-    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits)
+    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits, nd)
     return ChainPlan(sched, ops, axes, nd, planner)
 
 

@@ -15,6 +15,7 @@ from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, encode, encode_integers
 from .errors import PlanError, RNSRangeError
+from .planner.program import drop_bound, fits
 from .primitives import decode as decode_tensor
 from .program import ir
 from .program.errors import EntrywiseErrors, decoded
@@ -173,7 +174,7 @@ class _Planner:
                     raise ValueError(f"einsum: RNSTensor operand {i} is on {T.basis!r}, not {basis!r}; encode all on one basis")
                 shift = _alignment_shift(T, self.shared_axes(labels))
                 bound = T.bound << shift
-                if 2 * bound >= self.P:
+                if not fits(bound, self.P):
                     raise RNSRangeError(
                         f"einsum: RNSTensor operand {i} has exponents varying by {shift} bits along summed indices; "
                         f"aligning them needs 2^{log2_int(2 * bound):.1f} of range but {basis!r} gives "
@@ -219,7 +220,7 @@ class _Planner:
         if len(left) <= 1:
             return False
         n.drops += (left[0],)
-        n.bound = n.bound // left[0] + 1
+        n.bound = drop_bound(n.bound, left[0])
         return True
 
     def _fit(self, nodes: Sequence[_Node], bound_of, what: str) -> int:
@@ -230,7 +231,7 @@ class _Planner:
                     n.reencode, n.bits, n.bound = True, 53, 1 << 53
         while True:
             B = bound_of()
-            if 2 * B < self.P:
+            if fits(B, self.P):
                 return B
             short = log2_int(2 * B) - log2_int(self.P) + 1e-9
             # the widest operand gives up bits first, down to the next one; then they share the rest

@@ -41,7 +41,6 @@ from .program import (
     mass_program,
     plan_program,
     poisson_program,
-    residue_program,
     voigt_index,
 )
 from .tensorbasis import TensorBasis
@@ -90,15 +89,10 @@ def _plan(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset) -
     return plan_program(partial(poisson_program, skip=skip), d, basis.moduli, _growth(basis, fields), bits)
 
 
-@lru_cache(maxsize=None)
 def _residue_program(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset):
-    """The operator's residue program under its plan, and the keys of its constants (cached like the plan)."""
+    """The operator's planned residue program, and the keys of its constants (cached with the plan)."""
     plan = _plan(kind, basis, bits, skip)
-    d = basis.dim
-    if kind == "mass":
-        return residue_program(mass_program, plan, _growth(basis, ("W",))(plan.bits), d)
-    fields = tuple(("G", c) for c in range(3 * (d - 1)) if c not in skip)
-    return residue_program(partial(poisson_program, skip=skip), plan, _growth(basis, fields)(plan.bits), d)
+    return plan.program, plan.constants
 
 
 @lru_cache(maxsize=None)

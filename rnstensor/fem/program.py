@@ -1,35 +1,36 @@
-"""Operator programs written once, run on bounds (planning), residues (rescale_be) or floats (composed, float64).
+"""Operator programs written once: as residue programs (planned, executed, packed) or run on floats (composed, float64).
 
-A program is a sequence of *stages*. A stage takes the live tensors and
-returns new ones, each a sum of *terms* ``(input, operand, axis)``: a mode
+A program function is a sequence of *stages*. A stage takes the live tensors
+and returns new ones, each a sum of *terms* ``(input, operand, axis)``: a mode
 product with a 1-D operator along a tensor axis, or (``axis is None``) a
 Hadamard product with an encoded per-element field. In the residue domain
 every input of a stage is first divided by the same moduli (RnsDrop, then
 base extension), so all tensors that meet in a sum carry the same scale.
 
-The planner runs the program on exact integer bounds, computed exactly as the
-primitives compute them (encode: ``2**b``; product: ``B * rho``; Hadamard:
-``B * F.bound``; sum: bounds add; drop: ``B // q + 1`` per modulus), and
-chooses per stage the set of moduli with the smallest product that lets every
-output of the stage fit the range. The executed run therefore never raises
-:class:`~rnstensor.RNSRangeError`.
+:class:`ProgramWriter` writes the function as a residue program
+(:mod:`rnstensor.program`) with a drop point before every stage; the planner
+(:func:`rnstensor.planner.program.plan_drops`) computes its exact bounds
+(encode: ``2**b``; product: ``B * rho``; Hadamard: ``B * F.bound``; sum:
+bounds add; drop: ``B // q + 1`` per modulus) and chooses per stage the set
+of moduli with the smallest product that lets every output fit the range.
+The executed program therefore never leaves the centered range.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+
 from ..basis import Basis, log2_int
 from ..errors import PlanError
-from ..planner.bounds import min_product_subset
+from ..planner.program import Failure, JustEnough, plan_drops
 from ..program import ir
 
-__all__ = ["Term", "ProgramPlan", "plan_program", "ProgramWriter", "residue_program", "FloatRunner", "mass_program",
-           "poisson_program", "voigt_index", "ROW"]
+__all__ = ["Term", "ProgramPlan", "plan_program", "ProgramWriter", "FloatRunner", "mass_program", "poisson_program",
+           "voigt_index", "ROW"]
 
 Term = tuple  # (input index, operand key, tensor axis or None)
 
@@ -107,63 +108,10 @@ def poisson_program(run, u, dim: int, skip: frozenset = frozenset()):
 # ----- planning on bounds -------------------------------------------------------------------
 
 
-def _after_drops(bound: int, P: int, subset: Sequence[int]) -> Optional[int]:
-    """``bound`` after RnsDrop by each of ``subset`` in order, or ``None`` if a drop's range check fails."""
-    for q in subset:
-        bound, P = bound // q + 1, P // q
-        if 2 * bound >= P:
-            return None
-    return bound
-
-
-class BoundRunner:
-    """Runs a program on exact integer bounds and chooses each stage's drops (the planner)."""
-
-    def __init__(self, basis: Basis, growth: dict, threshold: int):
-        self.basis = basis
-        self.P = basis.product
-        self.growth = growth
-        self.threshold = threshold
-        self.drops: list[tuple[int, ...]] = []
-        self.bounds: list[tuple[list[int], list[int]]] = []  # (inputs after drops, outputs) per stage
-        self.failure: Optional[str] = None
-
-    def _outputs(self, bounds: Sequence[int], outs) -> list[int]:
-        return [sum(bounds[i] * self.growth[key] for i, key, _ in terms) for terms in outs]
-
-    def stage(self, inputs: Sequence[int], outs) -> list[int]:
-        if self.failure is not None:
-            return [1] * len(outs)
-        P, k = self.P, len(self.drops)
-        res = self._outputs(inputs, outs)
-        subset: tuple[int, ...] = ()
-        if 2 * max(res) >= P:
-            target = -(-2 * max(res) // P)
-            while True:
-                subset = min_product_subset(self.basis.moduli, target)
-                if subset is None:
-                    self.failure = f"stage {k + 1}: no drop of the basis moduli makes room for it"
-                    return [1] * len(outs)
-                after = [_after_drops(b, P, subset) for b in inputs]
-                if all(a is not None for a in after):
-                    res = self._outputs(after, outs)
-                    if 2 * max(res) < P:
-                        inputs = after
-                        break
-                target = max(target + 1, math.prod(subset) + 1)  # every drop's +1 cost a little: ask for more
-            if max(inputs) < self.threshold:
-                self.failure = (
-                    f"stage {k + 1}: keeping it in range leaves 2^{log2_int(max(inputs)):.1f} "
-                    f"< 2^{log2_int(self.threshold):.0f}"
-                )
-        self.drops.append(subset)
-        self.bounds.append((list(inputs), res))
-        return res
-
-
 @dataclass(frozen=True)
 class ProgramPlan:
-    """What a residue-domain operator executes: the encoding width and the moduli dropped before each stage.
+    """What a residue-domain operator executes: the encoding width, the moduli dropped before each stage, and the
+    planned residue program.
 
     ``bounds[k]`` holds, for stage ``k``, the bounds of its inputs after the
     drops and of its outputs (exact Python ints, what the primitives compute).
@@ -174,6 +122,8 @@ class ProgramPlan:
     drops: tuple[tuple[int, ...], ...]
     bounds: tuple
     final_bound: int
+    program: Optional[ir.Program] = None  # the planned residue program
+    constants: tuple = ()  # what each constant of ``program`` is (``Encode.source`` order)
 
     def describe(self) -> str:
         """One line per stage: log2 of the largest input bound after the drops, dropped moduli, output bound."""
@@ -193,7 +143,12 @@ def plan_program(
     """The widest ``b <= 53`` (or the given one) whose program fits with at least ``b`` bits kept after every drop.
 
     ``growth_at(b)`` gives each operand's bound factor at width ``b`` (an
-    operator's exact largest integer row sum, ``2**b`` for a field).
+    operator's exact largest integer row sum, ``2**b`` for a field). The
+    program function is written as a residue program with a drop point
+    before every stage (:class:`ProgramWriter`) and planned by
+    :func:`rnstensor.planner.program.plan_drops`: per stage, the subset of
+    moduli with the smallest product that lets every output fit
+    (:class:`~rnstensor.planner.program.JustEnough`).
 
     Raises
     ------
@@ -206,11 +161,22 @@ def plan_program(
         if 2 * (1 << b) >= basis.product:
             failure = f"encoding at b = {b} does not fit"
             continue
-        run = BoundRunner(basis, growth_at(b), 1 << b)
-        out = program(run, 1 << b, dim)
-        if run.failure is None:
-            return ProgramPlan(basis, b, tuple(run.drops), tuple(run.bounds), out)
-        failure = run.failure
+        w = ProgramWriter(b, dim, basis)
+        out = program(w, 0, dim)
+        skeleton = ir.Program(basis, tuple(w.steps), out, w.labels)
+        growth = growth_at(b)
+        planned = plan_drops(skeleton, {i: growth[key] for i, key in enumerate(w.constants)},
+                             JustEnough(basis, 1 << b))
+        if isinstance(planned, Failure):
+            failure = (planned.detail if planned.what == "drop" and planned.detail else
+                       f"keeping it in range leaves 2^{planned.need:.1f} < 2^{planned.have:.0f}"
+                       if planned.what == "kept" else "a product does not fit")
+            failure = f"stage {planned.index + 1}: {failure}"
+            continue
+        sb = planned.slot_bounds
+        stage_bounds = tuple(([sb[s] for s in ins], [sb[s] for s in outs]) for ins, outs in w.stages)
+        drops = tuple(g.dropped for g in planned.groups)
+        return ProgramPlan(basis, b, drops, stage_bounds, sb[out], planned.program, tuple(w.constants))
     tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to {candidates[-1]}"
     raise PlanError(
         f"no feasible residue-domain operator on {basis!r} (2^{basis.log2_product:.1f}): with {tried}, {failure}; "
@@ -231,82 +197,69 @@ def _labels(dim: int) -> str:
 
 
 class ProgramWriter:
-    """Writes a program function's stages as residue program steps, with the plan's drops and exact bounds.
+    """Writes a program function's stages as a residue program to be planned (one drop point per stage input).
 
-    Slot 0 is the encoded input; every operand (a 1-D operator ``'B'``, a
-    field ``'W'``, ...) is a constant read by an :class:`~rnstensor.program.ir.Encode`
-    step whose ``source`` indexes :attr:`constants`. A stage drops each input
-    by its planned moduli (RnsDrop + base extension, one :class:`~rnstensor.program.ir.Drop`
-    each), then writes every output as a sum (:class:`~rnstensor.program.ir.Add`)
-    of mode products and Hadamard products (:class:`~rnstensor.program.ir.Contract`).
-    Bounds are those the planner computed (``growth``: each operand's bound factor).
+    Slot 0 is the encoded input at ``bits``; every operand (a 1-D operator
+    ``'B'``, a field ``'W'``, ...) is a constant read by an
+    :class:`~rnstensor.program.ir.Encode` step whose ``source`` indexes
+    :attr:`constants`. A stage is a drop point for each input (group = the
+    stage: the planner drops them all by the same moduli, then extends), then
+    every output as a sum (:class:`~rnstensor.program.ir.Add`) of mode products
+    and Hadamard products (:class:`~rnstensor.program.ir.Contract`), bounds
+    left to the planner. :attr:`stages` lists each stage's input and output
+    slots.
     """
 
-    def __init__(self, plan: "ProgramPlan", growth: dict, dim: int):
-        self.plan, self.growth, self.dim = plan, growth, dim
+    def __init__(self, bits: int, dim: int, basis: Basis):
+        self.bits, self.dim, self.basis = bits, dim, basis
         self.labels = _labels(dim)
-        self.steps: list = [ir.Encode(0, 0, plan.bits, tuple(range(1, dim + 1)), self.labels, 1 << plan.bits)]
-        self.bounds = {0: 1 << plan.bits}
+        self.steps: list = [ir.Encode(0, 0, bits, tuple(range(1, dim + 1)), self.labels, 1 << bits)]
+        self.nslots = 1
         self.constants: list = []
-        self.k = 0
+        self.stages: list = []
 
-    def _slot(self, bound: int) -> int:
-        n = len(self.bounds)
-        self.bounds[n] = bound
-        return n
+    def _slot(self) -> int:
+        self.nslots += 1
+        return self.nslots - 1
 
     def _constant(self, key, labels: str) -> int:
         if key not in self.constants:
             self.constants.append(key)
-        slot = self._slot(0)
-        self.steps.append(ir.Encode(slot, self.constants.index(key), self.plan.bits, (), labels, 0, constant=True))
+        slot = self._slot()
+        self.steps.append(ir.Encode(slot, self.constants.index(key), self.bits, (), labels, 0, constant=True))
         return slot
 
     def stage(self, inputs: Sequence[int], outs) -> list[int]:
-        subset = self.plan.drops[self.k]
-        after, out_bounds = self.plan.bounds[self.k]
-        self.k += 1
-        if subset:
-            dropped = []
-            for s, b in zip(inputs, after):
-                d = self._slot(b)
-                self.steps.append(ir.Drop(d, s, tuple(subset), True, b))
-                dropped.append(d)
-            inputs = dropped
+        k = len(self.stages)
+        dropped = []
+        for s in inputs:
+            d = self._slot()
+            self.steps.append(ir.Drop(d, s, None, True, 0, group=k))
+            dropped.append(d)
         L = self.labels
         res = []
-        for terms, want in zip(outs, out_bounds):
+        for terms in outs:
             acc = None
             for i, key, axis in terms:
-                x = inputs[i]
-                b = self.bounds[x] * self.growth[key]
+                x = dropped[i]
+                t = self._slot()
                 if axis is None:  # a Hadamard product with the field: nothing contracted, every index shared
                     c = self._constant(key, L)
-                    t = self._slot(b)
-                    self.steps.append(ir.Contract(t, x, c, L, L, "", "", "", L, "", "", "outer", L, b))
+                    self.steps.append(ir.Contract(t, x, c, L, L, "", "", "", L, "", "", "outer", L, 0))
                 else:
                     C = L[1 + axis]
                     c = self._constant(key, ROW + C)
-                    t = self._slot(b)
                     self.steps.append(ir.Contract(t, x, c, L, ROW + C, "", "", C, "", L.replace(C, ""), ROW, "mode",
-                                                  L, b))
+                                                  L, 0))
                 if acc is None:
                     acc = t
                 else:
-                    s = self._slot(self.bounds[acc] + b)
-                    self.steps.append(ir.Add(s, acc, t, False, self.bounds[s]))
+                    s = self._slot()
+                    self.steps.append(ir.Add(s, acc, t, False, 0))
                     acc = s
-            if self.bounds[acc] != want:  # pragma: no cover - the writer and the planner disagree
-                raise AssertionError(f"stage {self.k}: bound {self.bounds[acc]} written, {want} planned")
             res.append(acc)
+        self.stages.append((dropped, res))
         return res
-
-
-def residue_program(program: Callable, plan: "ProgramPlan", growth: dict, dim: int) -> tuple[ir.Program, tuple]:
-    """The residue program of ``program`` under ``plan``, and the keys of its constants (``Encode.source`` order)."""
-    w = ProgramWriter(plan, growth, dim)
-    out = program(w, 0, dim)
-    return ir.Program(plan.basis, tuple(w.steps), out, w.labels), tuple(w.constants)
 
 
 class FloatRunner:

@@ -1,15 +1,14 @@
-"""DropPlan (papers/002 Alg. 2) and the step-by-step bound simulation behind every plan."""
+"""DropPlan (papers/002 Alg. 2) and the bound recurrence of a chain: its residue program, planned."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import numpy as np
-
 from ..basis import Basis, log2_int
+from ..program import ir
 
-__all__ = ["drop_plan", "simulate", "StepBounds", "Trace", "log2_steps"]
+__all__ = ["drop_plan", "simulate", "chain_program", "axis_labels", "ROW", "StepBounds", "Trace", "log2_steps"]
 
 
 def drop_plan(bits: int, rhos: Sequence[int], basis: Basis, restore: bool) -> Optional[tuple[int, ...]]:
@@ -56,7 +55,7 @@ class StepBounds:
 
 @dataclass(frozen=True)
 class Trace:
-    """The outcome of :func:`simulate`: the steps that passed, and the first failed check if any.
+    """The outcome of :func:`simulate`: the steps that passed, the first failed check if any, the planned program.
 
     ``failure`` is ``(step, what, need, have)``: the 0-based product index, a
     word for the check (``'product'`` or ``'drop'``) and the log2 of the range
@@ -65,6 +64,48 @@ class Trace:
 
     steps: list
     failure: Optional[tuple[int, str, float, float]] = None
+    program: object = None
+
+
+#: the label of an operator's row index in a chain program (the product puts it where the contracted index was)
+ROW = "\x02"
+
+
+def axis_labels(ndim: int) -> str:
+    """Labels of a chain program's values: the batch, then one per tensor axis."""
+    return "z" + "".join(chr(0x100 + a) for a in range(ndim))
+
+
+def chain_program(rhos: Sequence[int], basis: Basis, start: int, restore: bool, labels: Optional[str] = None,
+                  axes: Optional[Sequence[int]] = None, bits: int = 0, composed: bool = False) -> "ir.Program":
+    """A persistent chain as a residue program to be planned: the input (bound ``start``), then per product its
+    operator (constant ``k``, growth ``rhos[k]``), the product, and a drop point after every product but the last
+    (restoring the basis when ``restore``). With ``labels`` and ``axes`` (one tensor axis per product) the steps
+    name the chain's axes, and a revisited axis is folded before its product (what :class:`~rnstensor.ChainPlan`
+    runs); without them the labels are placeholders (planning only). ``composed``: every product encodes its
+    input afresh, one exponent per fiber along its axis (the first from the input, the rest re-encoded from the
+    previous product's fp64 decode), and nothing is dropped."""
+    d = len(rhos)
+    labels = labels or "z?"
+    axes = list(axes) if axes is not None else [0] * d
+    steps: list = []
+    seen: set = set()
+    for k in range(d):
+        C = labels[1 + axes[k]]
+        if composed:
+            shared = (1 + axes[k],)
+            steps.append(ir.Encode(0, 0, bits, shared, labels, 1 << bits) if k == 0
+                         else ir.Reencode(0, 0, bits, shared, labels, 1 << bits))
+        elif k == 0:
+            steps.append(ir.Encode(0, 0, bits, tuple(range(1, len(labels))), labels, int(start)))
+        if axes[k] in seen and not composed:  # the previous product's row scales, folded into this operator
+            steps.append(ir.Fold(0, 0, C))
+        seen.add(axes[k])
+        steps.append(ir.Encode(1, k, bits, (1,), ROW + C, 0, constant=True))
+        steps.append(ir.Contract(0, 0, 1, labels, ROW + C, "", "", C, "", labels.replace(C, ""), ROW, "mode", labels, 0))
+        if k < d - 1 and not composed:
+            steps.append(ir.Drop(0, 0, None, bool(restore), 0, group=k))
+    return ir.Program(basis, tuple(steps), 0, labels)
 
 
 def simulate(
@@ -74,61 +115,34 @@ def simulate(
     restore: bool,
     drops: Optional[Sequence] = None,
     start: Optional[int] = None,
+    program: Optional["ir.Program"] = None,
 ) -> Trace:
     """Run the bound recurrence of a chain; ``drops=None`` chooses them greedily (Alg. 2).
 
     With given ``drops`` (per product: a count of smallest moduli, or a tuple
     of moduli in drop order) it checks that schedule instead. Stops at the
-    first failed range check. ``start`` overrides the initial bound ``2**bits``.
+    first failed range check (the trace then holds no steps). ``start``
+    overrides the initial bound ``2**bits``.
+    The chain's ``program`` (default: :func:`chain_program` of the growths) is
+    planned by :func:`rnstensor.planner.program.plan_drops`; the trace's
+    :attr:`Trace.program` is the planned one.
     """
+    from .program import Failure, Given, Greedy, plan_drops
+
     B = (1 << bits) if start is None else int(start)
-    threshold = 1 << bits
-    full = sorted(basis.moduli)
-    avail = list(full)
-    P = basis.product
-    PL = P
-    d = len(rhos)
-    out: list[StepBounds] = []
-    for i, rho in enumerate(rhos):
-        before = B
-        B = B * int(rho)
-        if 2 * B >= PL:
-            return Trace(out, (i, "product", log2_int(2 * B), log2_int(PL)))
-        prod_bound, range_prod = B, PL
-        dropped: list[int] = []
-        if i < d - 1:
-            if drops is None:
-                order = None  # greedy: decided one modulus at a time
-            elif isinstance(drops[i], (int, np.integer)):
-                order = avail[: int(drops[i])] if int(drops[i]) < len(avail) else None
-                if order is None:
-                    return Trace(out, (i, "drop", float("inf"), log2_int(PL)))
-            else:
-                order = [int(q) for q in drops[i]]
-                if any(q not in avail for q in order) or len(set(order)) != len(order) or len(order) >= len(avail):
-                    return Trace(out, (i, "drop", float("inf"), log2_int(PL)))
-            k = 0
-            while True:
-                if order is None:
-                    if len(avail) == 1 or B // avail[0] < threshold:
-                        break
-                    q = avail[0]
-                else:
-                    if k == len(order):
-                        break
-                    q = order[k]
-                k += 1
-                nb = B // q + 1
-                if 2 * nb >= PL // q:
-                    return Trace(out, (i, "drop", log2_int(2 * nb), log2_int(PL // q)))
-                avail.remove(q)
-                PL //= q
-                B = nb
-                dropped.append(q)
-        out.append(StepBounds(before, prod_bound, len(dropped), B, range_prod, PL, tuple(dropped)))
-        if restore:
-            avail, PL = list(full), P
-    return Trace(out)
+    program = program if program is not None else chain_program(rhos, basis, B, restore)
+    policy = Greedy(1 << bits) if drops is None else Given(drops)
+    planned = plan_drops(program, dict(enumerate(int(r) for r in rhos)), policy)
+    if isinstance(planned, Failure):
+        return Trace([], (planned.index, planned.what, planned.need, planned.have))
+    out = []
+    for k, (before, prod, rng) in enumerate(planned.products):
+        g = planned.groups[k] if k < len(planned.groups) else None
+        if g is None:
+            out.append(StepBounds(before, prod, 0, prod, rng, rng, ()))
+        else:
+            out.append(StepBounds(before, prod, len(g.dropped), g.after[0], rng, g.range_after, g.dropped))
+    return Trace(out, None, planned.program)
 
 
 def log2_steps(steps: Sequence[StepBounds]) -> list[tuple[float, float, int, float, float]]:

@@ -10,7 +10,7 @@ import numpy as np
 from ..basis import Basis, log2_int
 from ..errors import PlanError
 from .bounds import operator_norms, optimal_drops
-from .drops import StepBounds, simulate
+from .drops import StepBounds, axis_labels, chain_program, simulate
 from .operators import PreparedOperator, prepare_operators
 
 __all__ = ["METHODS", "PLANNERS", "Schedule", "plan_schedule"]
@@ -25,6 +25,8 @@ class Schedule:
 
     ``steps`` holds the bound recurrence (one :class:`StepBounds` per product);
     for ``'composed'`` every product starts again from ``2**bits``.
+    ``program`` is the planned residue program (:func:`~rnstensor.planner.drops.chain_program`
+    planned by :func:`~rnstensor.planner.program.plan_drops`).
     """
 
     method: str
@@ -34,23 +36,15 @@ class Schedule:
     operators: tuple[PreparedOperator, ...]
     steps: tuple[StepBounds, ...]
     basis: Basis
+    program: object = None  # the planned residue program (rnstensor.program), what the plan runs
 
 
-def _composed_steps(bits: int, ops: Sequence[PreparedOperator], basis: Basis):
-    steps, P = [], basis.product
-    for i, op in enumerate(ops):
-        B = (1 << bits) * op.rho
-        if 2 * B >= P:
-            return steps, (i, "product", log2_int(2 * B), log2_int(P))
-        steps.append(StepBounds(1 << bits, B, 0, B, P, P, ()))
-    return steps, None
-
-
-def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operators, axes, basis: Basis):
-    """Prepare the operators at ``bits`` and run the method's range checks: ``(schedule, failure)``."""
+def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operators, axes, basis: Basis, ndim: int):
+    """Prepare the operators at ``bits``, write the chain's program and plan it: ``(schedule, failure)``."""
     xbits = bits if input_bits is None else int(input_bits)
     if 2 * (1 << xbits) >= basis.product:
         return None, (-1, "encode", float(xbits + 1), basis.log2_product)
+    labels = axis_labels(ndim)
     if method == "composed":
         # decoded after every product: each operator is encoded on its own, no pending scales
         ops = tuple(prepare_operators([A], [ax], bits)[0] for A, ax in zip(operators, axes))
@@ -59,27 +53,40 @@ def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operat
             n = op.ints.shape[1]
             if 2 * n * (1 << (2 * bits)) >= basis.product:
                 return None, (i, "product", log2_int(2 * n) + 2 * bits, basis.log2_product)
-        steps, failure = _composed_steps(bits, ops, basis)
+        rhos = [op.rho for op in ops]
+        program = chain_program(rhos, basis, 1 << bits, False, labels, axes, bits, composed=True)
+        trace = simulate(bits, rhos, basis, False, [], None, program)
+        # every product starts again from 2**bits on the whole basis
+        steps = tuple(StepBounds(1 << bits, st.product, 0, st.product, basis.product, basis.product, ())
+                      for st in trace.steps)
+        failure = trace.failure
     else:
         ops = prepare_operators(operators, axes, bits)
         rhos = [op.rho for op in ops]
         start = 1 << xbits
         restore = method == "rescale_be"
+
+        def planned(drops):
+            program = chain_program(rhos, basis, start, restore, labels, axes, xbits)
+            return simulate(bits, rhos, basis, restore, drops, start, program)
+
         if method == "norescale":
-            trace = simulate(bits, rhos, basis, False, [0] * len(ops), start)
+            trace = planned([0] * len(ops))
         else:
-            trace = simulate(bits, rhos, basis, restore, None, start)
+            trace = planned(None)
             if planner == "optimal" and trace.failure is None:
                 norms = [operator_norms(op, A) for op, A in zip(ops, operators)]
                 greedy = [st.dropped for st in trace.steps]
                 best = optimal_drops(start, rhos, norms, basis, restore, extra_candidates=[greedy])
                 if best is not None:
-                    trace = simulate(bits, rhos, basis, restore, best, start)
-        steps, failure = trace.steps, trace.failure
+                    trace = planned(best)
+        steps, failure, program = tuple(trace.steps), trace.failure, trace.program
     if failure is not None:
         return None, failure
+    if method == "composed":
+        program = trace.program
     drops = tuple(s.drops for s in steps)
-    return Schedule(method, bits, xbits, drops, ops, tuple(steps), basis), None
+    return Schedule(method, bits, xbits, drops, ops, tuple(steps), basis, program), None
 
 
 def plan_schedule(
@@ -90,6 +97,7 @@ def plan_schedule(
     planner: str = "greedy",
     bits: Optional[int] = None,
     input_bits: Optional[Union[int, str]] = None,
+    ndim: Optional[int] = None,
 ) -> Schedule:
     """Choose the encoding bits and drop counts of a chain (largest ``b <= 53`` passing every check).
 
@@ -111,14 +119,15 @@ def plan_schedule(
         if val is not None and (isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1):
             raise ValueError(f"{name} must be a positive integer" + (" or 'max'" if name == "input_bits" else "")
                              + f"; got {val!r}")
+    ndim = max(axes) + 1 if ndim is None else int(ndim)
     candidates = range(53, 0, -1) if bits is None else [int(bits)]
     failure = None
     for b in candidates:
-        sched, failure = _try(method, b, None if widest else input_bits, planner, operators, axes, basis)
+        sched, failure = _try(method, b, None if widest else input_bits, planner, operators, axes, basis, ndim)
         if sched is not None:
             # 'max': widen the input encoding while every range check still passes
             while widest:
-                wider, _ = _try(method, b, sched.input_bits + 1, planner, operators, axes, basis)
+                wider, _ = _try(method, b, sched.input_bits + 1, planner, operators, axes, basis, ndim)
                 if wider is None:
                     break
                 sched = wider

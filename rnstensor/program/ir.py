@@ -67,13 +67,19 @@ class Operand:
 
 @dataclass(frozen=True)
 class Drop:
-    """RnsDrop by ``moduli`` (in that order) of slot ``x``, then base extension when ``extend``; bound ``bound``."""
+    """RnsDrop by ``moduli`` (in that order) of slot ``x``, then base extension when ``extend``; bound ``bound``.
+
+    In a program still to be planned, ``moduli`` is ``None``: a *drop point*
+    where the planner (:mod:`rnstensor.planner.program`) chooses them, the
+    same for every drop point of one ``group`` (the inputs of one stage).
+    """
 
     out: int
     x: int
-    moduli: tuple
+    moduli: Optional[tuple]
     extend: bool
     bound: int
+    group: int = -1
 
 
 @dataclass(frozen=True)
