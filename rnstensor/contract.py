@@ -15,7 +15,7 @@ from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, encode, encode_integers
 from .errors import PlanError, RNSRangeError
-from .planner.program import drop_bound, fits
+from .planner.program import Failure, Given, drop_bound, fits, plan_drops
 from .primitives import decode as decode_tensor
 from .program import ir
 from .program.errors import EntrywiseErrors, decoded
@@ -482,6 +482,9 @@ class ContractExpression:
                 self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis, self.method, self._cap()
             )
             plan = planner.run(self._info.contraction_list)
+            checked = plan_drops(plan, {}, Given([]))  # every range of the program, by the one planner
+            if isinstance(checked, Failure):  # pragma: no cover - the expression's planner and the check disagree
+                raise PlanError(f"einsum: the plan for {self.subscripts!r} fails its range check: {checked}")
             if plan.kept_bits < min(self.min_bits, self._cap()):  # a width the caller asked for is no loss
                 raise PlanError(
                     f"einsum: on {self.basis!r} the plan for {self.subscripts!r} keeps only {plan.kept_bits:.1f} bits "

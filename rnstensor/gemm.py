@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
@@ -24,6 +25,7 @@ from .arrays import array_module, is_device_array
 from .backends import dispatch
 from .basis import Basis, int8_pool
 from .errors import RNSRangeError
+from .planner.program import Failure, Given, plan_drops
 from .program import ir
 from .program.execute import Value, run_step
 
@@ -442,6 +444,7 @@ def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
 # ----- the program ------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=256)
 def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bool = False) -> ir.Program:
     """The residue program of ``alpha * op(a) @ op(b)`` at width ``t``: two encodes, one product, one exact decode.
 
@@ -477,7 +480,10 @@ def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bo
             ir.Contract3M(2, 1, 0, b_labels, "cik", "k", "c" + out, 6 * k * B * B),
             ir.Decode(3, 2, "exact", alpha, complex=True),
         )
-    return ir.Program(basis, steps, 3, out, cplx)
+    planned = plan_drops(ir.Program(basis, steps, 3, out, cplx), {}, Given([]))  # the range check of every step
+    if isinstance(planned, Failure):
+        raise RNSRangeError(f"gemm: width t={t} at k={k} does not fit {len(basis)} moduli ({planned})")
+    return planned.program
 
 
 def _encoded(x, e, st: ir.Encode, basis: Basis, be) -> Value:

@@ -10,13 +10,14 @@ a drop's ``B // q + 1`` per modulus), checks the centered range at every step
 drop points (the inputs of one stage). The result is the planned program,
 every bound filled in, and a trace per group; or the first failed check.
 
-Policies: :class:`Greedy` (Alg. 2 of papers/002: the smallest moduli while
+Programs whose builders bound their own steps (einsum's, which narrows
+widths and drops as it builds; the GEMM's) go through the same interpreter,
+which checks every range of them. Policies: :class:`Greedy` (Alg. 2 of
+papers/002: the smallest moduli while
 the bound stays above ``2**b``), :class:`Given` (a schedule chosen elsewhere:
 the error-optimal planner's, NoRescale's none), :class:`JustEnough` (the
 subset of moduli with the smallest product that lets the stage's outputs fit:
-the FEM operators). Chain plans, the FEM operators and (through
-:func:`after_drops` and :func:`fits`) einsum's planner and the GEMM width
-rule all decide their ranges here.
+the FEM operators).
 """
 
 from __future__ import annotations
@@ -164,11 +165,16 @@ class JustEnough:
 
 
 def _operand_bound(st, bounds: dict, consts: dict, growth: dict) -> int:
+    """A product's or sum's bound: ``B * rho`` with a constant of known growth, ``B_1 + B_2`` for a sum; where the
+    builder bounded a contraction of two values itself (the sizes it sums over are its own), the step's."""
     if isinstance(st, ir.Contract):
-        return bounds[st.x] * growth[consts[st.y]]
+        source = consts.get(st.y)
+        if source is not None and source in growth:
+            return bounds[st.x] * growth[source]
+        return st.bound
     if isinstance(st, ir.Add):
         return bounds[st.x] + bounds[st.y]
-    raise TypeError(f"the planner has no bound rule for {type(st).__name__}")
+    return st.bound  # Sum, Contract3M: the builder's bound (checked against the range here)
 
 
 def plan_drops(program: ir.Program, growth: dict, policy) -> "Planned | Failure":
@@ -177,9 +183,11 @@ def plan_drops(program: ir.Program, growth: dict, policy) -> "Planned | Failure"
     ``growth[source]`` is the bound factor of each constant (an operator's
     exact largest integer row sum, a field's ``2**b``). Products and sums
     read their bounds from here; the program's own ``Encode`` bounds are the
-    inputs'. A drop point's ``extend`` restores the basis after its drops (the
-    range of the next steps is the whole basis again); without it the moduli
-    stay dropped.
+    inputs'. A contraction of two values, a sum over indices and an aligned
+    RNSTensor operand keep the bounds their builder gave them (einsum's, the
+    GEMM's ``k 4**t``): the planner checks that they fit. A drop point's
+    ``extend`` restores the basis after its drops (the range of the next
+    steps is the whole basis again); without it the moduli stay dropped.
     """
     basis = program.basis
     steps = program.steps
@@ -195,9 +203,8 @@ def plan_drops(program: ir.Program, growth: dict, policy) -> "Planned | Failure"
         if isinstance(st, ir.Encode):
             if st.constant:
                 consts[st.out] = st.source
-            else:
-                bounds[st.out] = st.bound
-                active[st.out] = basis.moduli
+            bounds[st.out] = st.bound
+            active[st.out] = basis.moduli
             out_steps.append(st)
             i += 1
         elif isinstance(st, ir.Fold):
@@ -208,13 +215,21 @@ def plan_drops(program: ir.Program, growth: dict, policy) -> "Planned | Failure"
             bounds[st.out], active[st.out] = st.bound, basis.moduli
             out_steps.append(st)
             i += 1
-        elif isinstance(st, (ir.Contract, ir.Add)):
+        elif isinstance(st, (ir.Operand, ir.Combine)):  # an RNSTensor operand, aligned; a complex combination
+            bounds[st.out] = st.bound if isinstance(st, ir.Operand) else bounds[st.x]
+            active[st.out] = basis.moduli
+            out_steps.append(st)
+            i += 1
+        elif isinstance(st, ir.Decode):
+            out_steps.append(st)
+            i += 1
+        elif isinstance(st, (ir.Contract, ir.Contract3M, ir.Add, ir.Sum)):
             B = _operand_bound(st, bounds, consts, growth)
             P = math.prod(active[st.x])
             if not fits(B, P):
                 return Failure(n_products if isinstance(st, ir.Contract) else max(n_products - 1, 0), "product",
                                log2_int(2 * B), log2_int(P))
-            if isinstance(st, ir.Contract):
+            if isinstance(st, (ir.Contract, ir.Contract3M)):
                 products.append((bounds[st.x], B, P))
                 n_products += 1
             bounds[st.out], active[st.out] = B, active[st.x]
