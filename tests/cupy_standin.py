@@ -740,9 +740,19 @@ def _module(lib, launches: list) -> types.ModuleType:
     return cp
 
 
-def install(root: Path, cache: Path, device_arrays_are_cupy: bool = False, simt_max_macs: int | None = None,
-            strict: bool = False):
+def install(root: Path | None = None, cache: Path | None = None, device_arrays_are_cupy: bool = False,
+            simt_max_macs: int | None = None, strict: bool = False):
     """Put the stand-in in ``sys.modules['cupy']`` and point the kernel cache at ``cache``.
+
+    ``root`` (default: a new temporary directory) holds the host builds,
+    ``cache`` (default: the kernel cache, :func:`rnstensor.kernels.cache_dir`)
+    the cubins. A script that calls the library with device arrays as a user
+    would (``import cupy`` after this)::
+
+        import cupy_standin
+        cp, launches, restore = cupy_standin.install(device_arrays_are_cupy=True, strict=True)
+        x = cp.asarray(numpy_array)          # counted in cp.transfers
+        cp.transfers.reset()                 # after a warm-up call
 
     Returns ``(cupy module, launches, restore)``: ``launches`` lists every
     kernel name launched, ``restore()`` undoes every change. With
@@ -758,6 +768,14 @@ def install(root: Path, cache: Path, device_arrays_are_cupy: bool = False, simt_
     host C++ compiler.
     """
     build.nvrtc_version()
+    if root is None:
+        import tempfile
+
+        root = tempfile.mkdtemp(prefix="rnstensor-standin-")
+    if cache is None:
+        from rnstensor.kernels import cache_dir
+
+        cache = cache_dir()
     lib = _host_libraries(Path(root))
     launches: list = []
     saved = sys.modules.get("cupy")
