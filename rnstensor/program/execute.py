@@ -52,13 +52,11 @@ class Exps:
         return tuple(np.broadcast_shapes(*(tuple(t.shape) for t in self.terms)))
 
     def total(self):
-        """The exponent of every entry: the terms summed (a broadcastable array; formed once)."""
-        if len(self.terms) > 1:
-            e = self.terms[0]
-            for t in self.terms[1:]:
-                e = e + t
-            self.terms = (e,)  # the same sum: keep it
-        return self.terms[0]
+        """The exponent of every entry: the terms summed (a broadcastable array, not kept: it can be full-size)."""
+        e = self.terms[0]
+        for t in self.terms[1:]:
+            e = e + t
+        return e
 
     def map(self, f) -> "Exps":
         return Exps(f(t) for t in self.terms)
