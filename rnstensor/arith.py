@@ -128,6 +128,13 @@ def drop_order(active: Sequence[int], drops) -> tuple[int, ...]:
     return tuple(int(q) for q in drops)
 
 
+def drop_spec(active: Sequence[int], order: Sequence[int]):
+    """The ``drops`` argument of a backend's ``drop_extend`` for dropping ``order``: a count where they are the
+    smallest active moduli in order (the backends' fast path), else the moduli (the inverse of :func:`drop_order`)."""
+    order = tuple(order)
+    return len(order) if order == tuple(sorted(active)[: len(order)]) else order
+
+
 def drop_ref(planes: np.ndarray, active: Sequence[int], count=1) -> tuple[np.ndarray, tuple[int, ...]]:
     """Alg. 1 repeatedly: divide by a modulus ``q`` with rounding to nearest, remove its plane.
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["is_device_array", "device_module", "array_module", "to_host", "MixedDevicesError"]
+__all__ = ["is_device_array", "device_module", "array_module", "to_host", "to_module", "MixedDevicesError"]
 
 
 class MixedDevicesError(TypeError):
@@ -73,3 +73,11 @@ def array_module(*arrays: Any, names: Optional[tuple[str, ...]] = None, fn: str 
 def to_host(x: Any) -> np.ndarray:
     """An explicit host copy of a (small) array: CuPy arrays are copied with ``.get()``, the rest by ``np.asarray``."""
     return x.get() if is_device_array(x) else np.asarray(x)
+
+
+def to_module(x: Any, xp):
+    """``x`` in the array module ``xp`` (``numpy`` or ``cupy``): itself where it lives there, else an explicit copy
+    across the bus (constants and tables, once)."""
+    if xp is np:
+        return to_host(x)
+    return x if is_device_array(x) else xp.asarray(x)

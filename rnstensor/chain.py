@@ -161,9 +161,8 @@ class ChainPlan:
         """Run the program's steps from ``start`` (the input encode: ``x``, ``(B, *tensor)``) on ``vals``."""
 
         def encoded(st):
-            if st.constant:
-                v = self._operator_value(st.source, xp)
-                return Value(v.planes, v.exp, v.factor, v.bound, st.labels, v.active)
+            if st.constant:  # read by products only, which name its axes themselves
+                return self._operator_value(st.source, xp)
             return encode_value(x, st, self.basis, backend_name)
 
         for st in self.program.steps[start:]:

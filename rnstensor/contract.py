@@ -10,7 +10,7 @@ import numpy as np
 import opt_einsum
 from opt_einsum import parser as oe_parser
 
-from .arrays import array_module, is_device_array
+from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, encode, encode_integers
@@ -404,13 +404,6 @@ def _encode_leaf(x, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTens
     return encode(x, basis, bits=bits, shared_axes=shared)
 
 
-def _on(xp, a):
-    """``a`` in the array module ``xp``, copied across explicitly where it lives on the other side (constants, once)."""
-    if xp is np:
-        return a.get() if is_device_array(a) else a
-    return a if is_device_array(a) else xp.asarray(a)
-
-
 # ----- the expression -----------------------------------------------------------------------
 
 
@@ -506,7 +499,7 @@ class ContractExpression:
             return host_or_dev
         dkey = ("array", i, xp.__name__)
         if dkey not in self._const_cache:
-            self._const_cache[dkey] = _on(xp, host_or_dev)
+            self._const_cache[dkey] = to_module(host_or_dev, xp)
         return self._const_cache[dkey]
 
     def _operands(self, arrays) -> tuple[list, tuple, tuple, dict]:

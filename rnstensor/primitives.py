@@ -454,9 +454,8 @@ def drop(
             raise range_error(f"drop {i + 1} of {len(order)} (modulus {q})", bound, P)
     if not order and not extend:
         return T
-    # the backend's fast path is a count of smallest moduli; other orders go as a tuple
-    drops = len(order) if order == tuple(sorted(T.active)[: len(order)]) else order
     be = _backend("drop", backend, T, names=("T",))
+    drops = arith.drop_spec(T.active, order)
     planes, new_active = be.drop_extend(T.residues, T.active, T.basis, drops, extend)
     # no drop leaves the integers untouched (a pure extension): entries encoded from -0.0 stay -0.0
     negz = T.negative_zeros if not order else None

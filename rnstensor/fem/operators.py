@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..arrays import array_module, to_host
+from ..arrays import array_module, to_module
 from ..backends import dispatch
 from ..chain import plan_chain
 from ..encode import check_float_array, encode
@@ -138,13 +138,6 @@ def _op_norms(basis: TensorBasis, bits: int) -> dict:
             ex, tr, df = max(ex, e_row), max(tr, t_row), max(df, d_row)
         out[key] = tuple(float(x) * _INFLATE for x in (ex, tr, df))
     return out
-
-
-def _on_xp(xp, a):
-    """``a`` in the array module ``xp`` (an explicit copy across the bus where it lives on the other side)."""
-    if xp is np:
-        return to_host(a)
-    return xp.asarray(a)
 
 
 def _field_error(F, T: RNSTensor, axes: tuple) -> tuple:
@@ -272,9 +265,19 @@ class _Operator:
                 from ..kernels import fused as _fused
 
                 if _fused.operator_fusable(self) is None:
-                    self._on("fused_field", xp, lambda: tuple(_on_xp(xp, a) for a in _fused.operator_field(self)))
+                    self._fused_field_on(xp)
         else:
-            self._on("float_fields", xp, lambda: {k: _on_xp(xp, f) for k, f in self._float_fields().items()})
+            self._float_fields_on(xp)
+
+    def _float_fields_on(self, xp) -> dict:
+        """The float fields of the composed and float64 methods on ``xp`` (copied to a device once)."""
+        return self._on("float_fields", xp, lambda: {k: to_module(f, xp) for k, f in self._float_fields().items()})
+
+    def _fused_field_on(self, xp) -> tuple:
+        """The encoded field as the fused kernel reads it, and its exponents, on ``xp`` (once per operator)."""
+        from ..kernels import fused as _fused
+
+        return self._on("fused_field", xp, lambda: tuple(to_module(a, xp) for a in _fused.operator_field(self)))
 
     def _check_u(self, u):
         x, single = self.basis.check_elements(u, self.basis.P)
@@ -311,9 +314,8 @@ class _Operator:
         basis = self.basis.moduli
 
         def encoded(st):
-            if st.constant:
-                v = consts[st.source]
-                return Value(v.planes, v.exp, v.factor, v.bound, st.labels, v.active)
+            if st.constant:  # read by products only, which name its axes themselves
+                return consts[st.source]
             return encode_value(x, st, basis, name)
 
         return execute(self.program, be, name, encoded=encoded, observer=observer)
@@ -346,13 +348,11 @@ class _Operator:
             y = _decode(self.apply_rns(x), decode, backend=self._backend_of(x)[2])
         elif self.method == "composed":
             be, xp, name = self._backend_of(x)
-            fields = self._on("float_fields", xp, lambda: {k: _on_xp(xp, f) for k, f in self._float_fields().items()})
-            run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax).run(z, backend=name), fields)
+            run = FloatRunner(lambda z, key, ax: _composed_plan(self.basis, key, ax).run(z, backend=name), self._float_fields_on(xp))
             y = self._program(run, x, d)
         else:
-            xp = array_module(x)
-            fields = self._on("float_fields", xp, lambda: {k: _on_xp(xp, f) for k, f in self._float_fields().items()})
-            run = FloatRunner(lambda z, key, ax: _float64_product(self.basis, z, key, ax), fields)
+            run = FloatRunner(lambda z, key, ax: _float64_product(self.basis, z, key, ax),
+                              self._float_fields_on(array_module(x)))
             y = self._program(run, x, d)
         return y[0] if single else y
 
@@ -370,9 +370,7 @@ class _Operator:
             if fused:
                 raise ValueError(f"fused=True: {why}")
             return None
-        # the encoded field as the kernel reads it, on the device once per operator
-        on = be.xp
-        field, fexp = self._on("fused_field", on, lambda: tuple(_on_xp(on, a) for a in _fused.operator_field(self)))
+        field, fexp = self._fused_field_on(be.xp)  # on the device once per operator
         return be.chain(prog, x, decode, field=field, fexp=fexp)
 
     def error_bound(self, u, decode: str = "fp64") -> np.ndarray:
@@ -411,7 +409,7 @@ class _Operator:
         umag, udiff, uunit = xp.ldexp(umag, e), xp.ldexp(udiff, e), xp.ldexp(uunit, e)
         norms = _op_norms(self.basis, self.bits)
         fields = self._on("field_errors", xp, lambda: {
-            k: tuple(_on_xp(xp, a) for a in v) for k, v in self._field_errors().items()})
+            k: tuple(to_module(a, xp) for a in v) for k, v in self._field_errors().items()})
         operands = {}
         for source, key in enumerate(self._constant_keys):
             if key in norms:  # (||Â||, ||A||, ||Â - A||) and one integer step of the operator

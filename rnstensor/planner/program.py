@@ -23,7 +23,7 @@ the FEM operators).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from numbers import Integral
 from typing import Callable, Optional, Sequence
 
@@ -77,7 +77,6 @@ class GroupTrace:
     after: list  # ... after them
     range_before: int  # product of the active moduli at the drops
     range_after: int  # ... after them (before any extension)
-    outputs: list = field(default_factory=list)  # bounds of the stage's results (filled as the steps run)
 
 
 @dataclass
@@ -233,8 +232,6 @@ def plan_drops(program: ir.Program, growth: dict, policy) -> "Planned | Failure"
                 products.append((bounds[st.x], B, P))
                 n_products += 1
             bounds[st.out], active[st.out] = B, active[st.x]
-            if groups:
-                groups[-1].outputs.append(B)
             out_steps.append(replace(st, bound=B))
             i += 1
         elif isinstance(st, ir.Drop):

@@ -18,8 +18,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..arrays import array_module, is_device_array
-from ..basis import Basis, pow2_cycle
+from ..arith import drop_spec
+from ..arrays import array_module, to_module
+from ..basis import Basis, centered, pow2_cycle
 from ..encode import encode
 from ..primitives import decode as decode_tensor
 from ..tensor import RNSTensor, Scale
@@ -112,12 +113,7 @@ class Value:
 
 def moved(v: Value, xp) -> Value:
     """``v`` in the array module ``xp``: an explicit copy across the bus where it lives on the other side (once)."""
-    def on(a):
-        if xp is np:
-            return a.get() if is_device_array(a) else a
-        return a if is_device_array(a) else xp.asarray(a)
-
-    return Value(on(v.planes), v.exp.map(on), v.factor, v.bound, v.labels, v.active)
+    return Value(to_module(v.planes, xp), v.exp.map(lambda t: to_module(t, xp)), v.factor, v.bound, v.labels, v.active)
 
 
 def tensor_of(v: Value, basis: Basis) -> RNSTensor:
@@ -156,12 +152,11 @@ def _moduli(v: Value, basis: Basis) -> tuple:
     return basis.moduli if v.active is None else v.active
 
 
-def _planes_on(v: Value, active: tuple, basis: Basis):
-    """``v``'s planes for the moduli ``active`` (those of the other operand, after its drops), in that order."""
-    have = _moduli(v, basis)
+def _planes_on(planes, have: tuple, active: tuple):
+    """Planes on the moduli ``have`` restricted to ``active`` (the other operand's, after its drops), in that order."""
     if have == active:
-        return v.planes
-    return v.planes[[have.index(p) for p in active]]
+        return planes
+    return planes[[have.index(p) for p in active]]
 
 
 def _sum(v: Value, over: str, bound: int, basis: Basis, be) -> Value:
@@ -193,7 +188,7 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
         moduli = _moduli(T, basis)
         ax = T.labels.index(C)
         op_planes, op_exp = permuted(op, kop + C)
-        op_planes = _planes_on(Value(op_planes, op_exp, 1, 0, kop + C, op.active), moduli, basis)
+        op_planes = _planes_on(op_planes, _moduli(op, basis), moduli)
         planes = be.product(xp.ascontiguousarray(op_planes), xp.ascontiguousarray(T.planes), moduli, ax)
         shape = [1] * len(T.labels)
         rows = op_exp.total()
@@ -279,8 +274,7 @@ def _pow2_cycles(moduli: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     tab = np.zeros((len(moduli), width), np.int8)
     for i, (p, (a, t)) in enumerate(zip(moduli, cycles)):
         for k in range(a + t):
-            r = pow(2, k, p)
-            tab[i, k] = r - p if r >= (p + 1) // 2 else r
+            tab[i, k] = centered(pow(2, k, p), p)
     a = np.array([c[0] for c in cycles], np.int64)
     t = np.array([c[1] for c in cycles], np.int64)
     for arr in (tab, a, t):
@@ -350,8 +344,7 @@ def _decode_real(T: RNSTensor, mode: str, alpha: float, backend):
 def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
     """The slot decoded, times ``alpha`` (a complex result from its (re, im) axis when ``st.complex``)."""
     if not st.complex:
-        return _decode_real(tensor_of(v, basis), st.mode, float(st.alpha.real if isinstance(st.alpha, complex)
-                                                                else st.alpha), backend)
+        return _decode_real(tensor_of(v, basis), st.mode, complex(st.alpha).real, backend)
     xp = array_module(v.planes)
     parts = [tensor_of(Value(v.planes[:, p], v.exp[0], v.factor, v.bound, v.labels[1:], v.active), basis)
              for p in (0, 1)]
@@ -403,9 +396,7 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
         x = vals[st.x]
         active = _moduli(x, basis)
         order = tuple(st.moduli)
-        # the backend's fast path is a count of the smallest moduli; other orders go as a tuple (as drop() does)
-        drops = len(order) if order == tuple(sorted(active)[: len(order)]) else order
-        planes, after = be.drop_extend(x.planes, active, basis, drops, st.extend)
+        planes, after = be.drop_extend(x.planes, active, basis, drop_spec(active, order), st.extend)
         v = Value(planes, x.exp, x.factor * math.prod(order), st.bound, x.labels,
                   None if tuple(after) == basis.moduli else tuple(after))
     elif isinstance(st, Reencode):
