@@ -26,6 +26,10 @@ import time
 
 # each case: (name, setup code, timed expression); numpy as np, rnstensor as rt, rng = default_rng(0)
 CASES = [
+    ("decode fp64, 2^18 entries, 15 moduli",
+     "B=rt.Basis.int8(15); a=rng.uniform(-1,1,(8,8)); x=rng.uniform(-1,1,(512,8,8,8));"
+     " T=rt.mode_product(rt.encode(x,B,bits=53),rt.encode(a,B,bits=53,shared_axes=(1,)),1)",
+     "rt.decode(T)"),
     ("chain n=8 d=3 (2^18 DoFs, rescale_be)",
      "ops=[rng.uniform(-1,1,(8,8)) for _ in range(3)]; p=rt.plan_chain(ops,[0,1,2]); X=rng.uniform(-1,1,(512,8,8,8))",
      "p(X)"),

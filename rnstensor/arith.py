@@ -33,6 +33,9 @@ __all__ = [
     "decode_exact_ref",
     "round_scaled_int",
     "float_factor",
+    "HORNER_CHUNK",
+    "two_product_error",
+    "scaled_double_double",
 ]
 
 
@@ -215,31 +218,99 @@ def to_int_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
     return np.asarray(v, dtype=object)
 
 
-def horner_fp64_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
-    """Alg. 5 ReconstructFP64 without the scale: MRC digits, then float64 Horner."""
+#: Veltkamp's splitter for 53-bit significands: ``x = hi + lo`` with ``hi`` and ``lo`` of 26 bits or fewer.
+_SPLITTER = float((1 << 27) + 1)
+
+
+def two_product_error(a, b, p):
+    """``a * b - p`` exactly, where ``p = fl(a * b)`` (Dekker's product; the value an FMA gives).
+
+    Holds without overflow and underflow: ``|a * b|`` below ``2**996`` and the
+    error a normal multiple of ``2**-1022`` or zero; the decode's values (integers
+    below ``2**400``, scaled by a 53-bit factor) always are.
+    """
+    ca, cb = _SPLITTER * a, _SPLITTER * b
+    a1 = ca - (ca - a)
+    b1 = cb - (cb - b)
+    a2, b2 = a - a1, b - b1
+    return ((a1 * b1 - p) + a1 * b2 + a2 * b1) + a2 * b2
+
+
+#: Mixed-radix digits per exact chunk of the fp64 decode: six moduli of at most 256 weigh below ``2**48``.
+HORNER_CHUNK = 6
+
+
+def horner_fp64_ref(planes: np.ndarray, active: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Alg. 5's Horner, faithful: ``v ~= hi + lo`` as a double-double (relative error below ``2**-100``).
+
+    The digits (conversion order, lowest first) are taken in chunks of
+    :data:`HORNER_CHUNK` from the bottom: a chunk's value ``C`` and weight
+    ``W`` (its moduli's product) are below ``2**48``, so plain float64 Horner
+    is exact within a chunk. The chunks are joined from the top,
+    ``v <- W v + C``, in double-double: the product's rounding error exactly
+    (an FMA on the device, Dekker's product here: the same value), the sum's
+    by Fast2Sum (``|W hi| >= W >= 2 |C|``: ``hi`` is an integer), and
+    ``lo <- fl(fl(W lo) + fl(e1 + e2))``, each operation rounded on its own,
+    so every backend gets the same two floats.
+    """
     digits, order = mrc_digits_ref(planes, active)
-    if not order:
-        return np.zeros(planes.shape[1:])
-    v = digits[-1].astype(np.float64)
-    for j in range(len(order) - 2, -1, -1):
-        v = order[j] * v + digits[j]
-    return v
+    m = len(order)
+    if not m:
+        z = np.zeros(planes.shape[1:])
+        return z, z.copy()
+
+    def chunk(j0: int, j1: int) -> np.ndarray:
+        v = digits[j1 - 1].astype(np.float64)
+        for j in range(j1 - 2, j0 - 1, -1):
+            v = float(order[j]) * v + digits[j]
+        return v
+
+    top = HORNER_CHUNK * ((m - 1) // HORNER_CHUNK)
+    hi = chunk(top, m)
+    lo = np.zeros_like(hi)
+    for j0 in range(top - HORNER_CHUNK, -1, -HORNER_CHUNK):
+        W = float(math.prod(order[j0 : j0 + HORNER_CHUNK]))
+        c = chunk(j0, j0 + HORNER_CHUNK)
+        p = W * hi
+        e1 = two_product_error(hi, W, p)
+        hi = p + c
+        e2 = c - (hi - p)
+        lo = W * lo + (e1 + e2)
+    return hi, lo
 
 
-def float_factor(factor: int) -> tuple[float, int]:
-    """``factor ~= f * 2**k`` with ``f = fl(factor / 2**k)`` a float64 below ``2**53`` (one rounding)."""
-    k = max(int(factor).bit_length() - 53, 0)
-    return int(factor) / (1 << k), k
+def float_factor(factor: int) -> tuple[float, float, int]:
+    """``factor ~= (f + g) * 2**k``: ``f = fl(factor / 2**k)`` below ``2**53`` and ``g`` the rounded remainder.
+
+    ``f + g`` carries ``factor`` to a relative ``2**-106`` (``g == 0`` when
+    ``factor`` has at most 53 significant bits).
+    """
+    factor = int(factor)
+    k = max(factor.bit_length() - 53, 0)
+    f = factor / (1 << k)
+    return f, (factor - (int(f) << k)) / (1 << k), k
+
+
+def scaled_double_double(hi, lo, f: float, g: float):
+    """``fl((hi + lo) (f + g))``, faithful: the product ``hi f`` with its exact error, plus the small terms."""
+    p = hi * f
+    return p + (two_product_error(hi, f, p) + (lo * f + hi * g))
 
 
 def decode_fp64_ref(planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int) -> np.ndarray:
-    """``fl(fl(V) * fl(factor)) * 2**exponent``: Horner value times the scale in float64."""
-    v = horner_fp64_ref(planes, active)
-    f, k = float_factor(factor)
-    e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), v.shape) + k
+    """``v * factor * 2**exponent`` faithfully rounded: exact whenever it is a float64 (or an underflow's rounding).
+
+    ``v`` from the double-double Horner, times ``factor`` as two floats
+    (:func:`float_factor`), rounded once to float64 and then scaled by a power
+    of two (exact, or one more rounding where the result is subnormal or
+    overflows): the float64 is one of the two neighbours of the exact value.
+    """
+    hi, lo = horner_fp64_ref(planes, active)
+    f, g, k = float_factor(factor)
+    e = np.broadcast_to(np.asarray(exponent, dtype=np.int64), hi.shape) + k
     # ldexp with an exponent far outside float range saturates correctly to 0/inf; clip keeps int32
-    with np.errstate(over="ignore"):
-        return np.ldexp(v * f, np.clip(e, -1 << 20, 1 << 20).astype(np.int32))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.ldexp(scaled_double_double(hi, lo, f, g), np.clip(e, -1 << 20, 1 << 20).astype(np.int32))
 
 
 def round_scaled_int(w: int, e: int) -> float:

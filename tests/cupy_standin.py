@@ -500,10 +500,12 @@ class FakeModule:
         assert self.lib.h_drop_extend(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(out)) == 0
 
     def _rns_decode_fp64(self, grid, block, args, smem, name):
-        X, N, ib, fb, qd, f, ev, inner, k, out = args
+        X, N, ib, fb, qd, f, g, ev, inner, k, out = args
         assert smem >= int(ib[0]) * block[0] * 4
         assert qd.dtype == np.float64 and ev.dtype == np.int64 and isinstance(f, np.float64)
+        assert isinstance(g, np.float64)
         assert self.lib.h_decode_fp64(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), ctypes.c_double(f),
+                                      ctypes.c_double(g),
                                       _ptr(ev), ctypes.c_int64(inner), ctypes.c_int64(k), _ptr(out)) == 0
 
     def _rns_decode_exact(self, grid, block, args, smem, name):
@@ -514,17 +516,17 @@ class FakeModule:
                                        ctypes.c_int64(k), _ptr(out)) == 0
 
     def _rns_chain_fused(self, grid, block, args, smem, name):
-        xb, B, out, pi, pf, qd, ops, dexp, f, field, fstride, fexp, flags = args
-        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 0, f, np.zeros(1, np.uint32), 0, 0,
+        xb, B, out, pi, pf, qd, ops, dexp, f, g, field, fstride, fexp, flags = args
+        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 0, f, g, np.zeros(1, np.uint32), 0, 0,
                     field, fstride, fexp, flags)
 
     def _rns_chain_fused_exact(self, grid, block, args, smem, name):
         xb, B, out, pi, pf, qd, ops, dexp, F, nf, fneg, field, fstride, fexp, flags = args
         assert F.dtype == np.uint32 and F.size == nf
-        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 1, 1.0, F, nf, fneg, field, fstride, fexp,
+        self._chain(grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, 1, 1.0, 0.0, F, nf, fneg, field, fstride, fexp,
                     flags)
 
-    def _chain(self, grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, mode, f, F, nf, fneg, field, fstride,
+    def _chain(self, grid, block, smem, xb, B, out, pi, pf, qd, ops, dexp, mode, f, g, F, nf, fneg, field, fstride,
                fexp, flags):
         assert self.chain is not None, "the SIMT build of chain.cu is needed"
         assert xb.dtype == np.uint64 and out.dtype == np.float64 and pi.dtype == np.int32 and pf.dtype == np.float32
@@ -536,7 +538,7 @@ class FakeModule:
             assert fexp.dtype == np.int32 and fexp.shape == (int(B),) and int(fstride) == field[0].size
         fptr, eptr = (None, None) if field is None else (_ptr(field), _ptr(fexp))
         assert self.chain.emu_chain(_ptr(xb), ctypes.c_int64(B), _ptr(out), _ptr(pi), _ptr(pf), _ptr(qd), _ptr(ops),
-                                    _ptr(dexp), mode, ctypes.c_double(f), _ptr(F), int(nf), int(fneg), fptr,
+                                    _ptr(dexp), mode, ctypes.c_double(f), ctypes.c_double(g), _ptr(F), int(nf), int(fneg), fptr,
                                     ctypes.c_int64(fstride), eptr, _ptr(flags), ctypes.c_int64(smem), 0x5A) == 0
 
     def _rns_reduce_i32(self, grid, block, args, smem, name):

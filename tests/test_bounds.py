@@ -163,17 +163,8 @@ def hand_bound(X, ops, axes, bits: int, moduli, decode: str) -> Fraction:
             total += F[i] * unit * (q // 2)
             unit *= q
     B_final = trace[-1][3]
-    if decode == "fp64":
-        # Horner steps that may round: from the lowest digit up while B / W_j + q_j / 2 > 2**53
-        order = [q for q in moduli if q % 2 == 0] + [q for q in moduli if q % 2]
-        k, W = 0, 1
-        for q in order[:-1]:
-            if Fraction(B_final, W) + Fraction(q, 2) <= 2**53:
-                break
-            k, W = k + 1, W * q
-        c = (2 * k + 3) * (1 + Fraction(1, 2**40))
-    else:
-        c = 1
+    # the fp64 decode is faithful: its double-double value within 2**-93 relative, then one rounding
+    c = 1 + Fraction(1, 2**40) if decode == "fp64" else 1
     total += c * U * B_final * unit + TINY
     return total
 

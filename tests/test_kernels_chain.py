@@ -49,7 +49,7 @@ def run_fused(emu, plan, X, decode="fp64", fill=0xA5, prog=None, field=None, fex
     dexp = prog.dexp_exact if exact else prog.dexp_fp64
     rc = emu.emu_chain(
         _p(x.view(np.uint64)), ctypes.c_int64(B), _p(Y), _p(prog.ints), _p(prog.floats), _p(prog.qd), _p(prog.ops),
-        _p(dexp), int(exact), ctypes.c_double(prog.f), _p(F), int(F.size), int(prog.fneg),
+        _p(dexp), int(exact), ctypes.c_double(prog.f), ctypes.c_double(prog.g), _p(F), int(F.size), int(prog.fneg),
         None if field is None else _p(field), ctypes.c_int64(0 if field is None else field[0].size),
         None if fexp is None else _p(fexp), _p(flags), ctypes.c_int64(prog.shared_bytes), fill,
     )

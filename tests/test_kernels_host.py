@@ -38,7 +38,7 @@ def lib(tmp_path_factory):
     L.h_encode.argtypes = [u64p, I64, i64p, I64, INT, f32p, f32p, f32p, f32p, f32p, INT, i32p, i32p, i8p]
     L.h_drop_extend.argtypes = [i8p, I64, i32p, f32p, i8p]
     L.h_drop_extend.restype = INT
-    L.h_decode_fp64.argtypes = [i8p, I64, i32p, f32p, f64p, F64, i64p, I64, I64, f64p]
+    L.h_decode_fp64.argtypes = [i8p, I64, i32p, f32p, f64p, F64, F64, i64p, I64, I64, f64p]
     L.h_decode_fp64.restype = INT
     L.h_decode_exact.argtypes = [i8p, I64, i32p, f32p, f64p, np.ctypeslib.ndpointer(np.uint32, flags="C"), INT, INT,
                                  i64p, I64, I64, f64p]
@@ -244,9 +244,9 @@ def test_decode_fp64_entry(lib, active, factor):
     ev[50:100] = rng.integers(900, 1300, 50)  # overflow
     ev[100:110] = -(1 << 40)
     ib, fb, qd = tables.decode_tables(tuple(active))
-    f, k = arith.float_factor(factor)
+    f, g, k = arith.float_factor(factor)
     out = np.empty(n, np.float64)
-    assert lib.h_decode_fp64(X, n, ib, fb, qd, f, ev, 1, k, out) == 0
+    assert lib.h_decode_fp64(X, n, ib, fb, qd, f, g, ev, 1, k, out) == 0
     with np.errstate(over="ignore"):
         ref = arith.decode_fp64_ref(X, active, ev, factor)
     _same_bits(out, ref)

@@ -44,6 +44,7 @@ _FM = {"contract"}
 _MASK30 = (1 << 30) - 1
 _TWO_40 = 2.0**40
 _TWO_M40 = 2.0**-40
+_HORNER_CHUNK = arith.HORNER_CHUNK
 _MASK52 = (1 << 52) - 1
 _HIDDEN = 1 << 52
 # entries per block in the per-entry kernels (encode, drop/extend, decode):
@@ -901,39 +902,64 @@ def _drop_plan(active: tuple[int, ...], basis: tuple[int, ...], order: tuple[int
 # ----- decode -------------------------------------------------------------------------------
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (LLVM's fma: the FMA instruction, or an exact libm call without one)."""
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True)
-def _horner_fp64(D, qd, V, W):
-    # V = d_{m-1}, then V = q_j * V + d_j for j = m-2 .. 0, as horner_fp64_ref: each
-    # product and each sum rounded separately (no fastmath, so no FMA contraction
-    # and no reassociation). Two steps per pass halve V's loads and stores; the
-    # operations and their order are unchanged.
-    m = qd.size
-    Dm = D[m - 1]
+def _horner_chunk(D, qd, j0, j1, C, W):
+    # C = the digits j0 .. j1-1 in plain float64 Horner: exact (a chunk weighs below 2**48)
+    Dt = D[j1 - 1]
     for b in range(W):
-        V[b] = np.float64(Dm[b])
-    j = m - 2
-    while j >= 1:
-        q1 = qd[j]
-        q0 = qd[j - 1]
-        D1 = D[j]
-        D0 = D[j - 1]
+        C[b] = np.float64(Dt[b])
+    for j in range(j1 - 2, j0 - 1, -1):
+        q = qd[j]
+        Dj = D[j]
         for b in range(W):
-            V[b] = q0 * (q1 * V[b] + np.float64(D1[b])) + np.float64(D0[b])
-        j -= 2
-    if j == 0:
-        q0 = qd[0]
-        D0 = D[0]
-        for b in range(W):
-            V[b] = q0 * V[b] + np.float64(D0[b])
+            C[b] = q * C[b] + np.float64(Dj[b])
 
 
 @njit(cache=True, nogil=True)
-def _decode_fp64_kernel(X, perm, C, qf, qip, qh, qd, f, ev, inner, k, p2, out, task0, task1):
+def _horner_dd(D, qd, H, L, C, W):
+    # H + L = the digits' value as arith.horner_fp64_ref: exact chunks joined in
+    # double-double, the product's error by an FMA (Dekker's value), the sum's by
+    # Fast2Sum, every other operation rounded on its own (no fastmath)
+    m = qd.size
+    top = _HORNER_CHUNK * ((m - 1) // _HORNER_CHUNK)
+    _horner_chunk(D, qd, top, m, H, W)
+    for b in range(W):
+        L[b] = 0.0
+    for j0 in range(top - _HORNER_CHUNK, -1, -_HORNER_CHUNK):
+        w = 1.0
+        for j in range(j0, j0 + _HORNER_CHUNK):
+            w *= qd[j]
+        _horner_chunk(D, qd, j0, j0 + _HORNER_CHUNK, C, W)
+        for b in range(W):
+            h = H[b]
+            c = C[b]
+            p = w * h
+            e1 = _fma(h, w, -p)
+            s = p + c
+            L[b] = w * L[b] + (e1 + (c - (s - p)))
+            H[b] = s
+
+
+@njit(cache=True, nogil=True)
+def _decode_fp64_kernel(X, perm, C, qf, qip, qh, qd, f, g, ev, inner, k, p2, out, task0, task1):
     X, perm, C, qf, qip, qh = _borrow(X), _borrow(perm), _borrow(C), _borrow(qf), _borrow(qip), _borrow(qh)
     qd, ev, p2, out = _borrow(qd), _borrow(ev), _borrow(p2), _borrow(out)
     L, N = X.shape
     m = perm.size
     V = np.empty(_BLOCK, np.float64)
+    Vl = np.empty(_BLOCK, np.float64)
+    Vc = np.empty(_BLOCK, np.float64)
     D = np.empty((m, _BLOCK), np.float32)
     acc = np.empty(_BLOCK, np.float32)
     eb = np.empty(_BLOCK, np.int64)
@@ -942,21 +968,26 @@ def _decode_fp64_kernel(X, perm, C, qf, qip, qh, qd, f, ev, inner, k, p2, out, t
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
         _mrc_digits(X, i0, W, perm, C, qf, qip, qh, D, acc)
-        _horner_fp64(D, qd, V, W)
+        _horner_dd(D, qd, V, Vl, Vc, W)
+        # V <- fl((V + Vl) (f + g)), as arith.scaled_double_double
+        for b in range(W):
+            h = V[b]
+            pr = h * f
+            V[b] = pr + (_fma(h, f, -pr) + (Vl[b] * f + h * g))
         _block_exponents(ev, inner, i0, W, eb)
         o = out[i0 : i0 + W]
-        if _scale_pow2(V, f, eb, k, S, o, W) > 0:
+        if _scale_pow2(V, eb, k, S, o, W) > 0:
             # exponents outside the normal range (rare): the table/libm path
             for b in range(W):
                 e = eb[b] + k
                 if e < -1022 or e > 1023:
                     e = min(max(e, -1048576), 1048576)
-                    o[b] = _ldexp(V[b] * f, e, p2)
+                    o[b] = _ldexp(V[b], e, p2)
 
 
 @njit(cache=True, nogil=True)
-def _scale_pow2(V, f, e, k, S, o, W):
-    # o[b] = (V[b] * f) * 2**(e[b] + k), the power built from its IEEE bits where
+def _scale_pow2(V, e, k, S, o, W):
+    # o[b] = V[b] * 2**(e[b] + k), the power built from its IEEE bits where
     # e[b] + k is a normal exponent: a product by an exact power of two rounds
     # once, as ldexp does (subnormal or overflowing results included). Returns
     # how many entries lie outside [-1022, 1023] (left for the caller).
@@ -968,7 +999,7 @@ def _scale_pow2(V, f, e, k, S, o, W):
         S[b] = (ec + 1023) << 52
     Sf = _flat_as(S, np.float64)
     for b in range(W):
-        o[b] = (V[b] * f) * Sf[b]
+        o[b] = V[b] * Sf[b]
     return nbad
 
 
@@ -1326,8 +1357,8 @@ class CpuBackend:
         perm, C, qf, qip, qh, qd = tabs
         out = np.empty(X.shape[1], np.float64)
         if mode == "fp64":
-            f, k = arith.float_factor(factor)
-            args = (X, perm, C, qf, qip, qh, qd, float(f), ev, inner, int(k), _P2, out)
+            f, g, k = arith.float_factor(factor)
+            args = (X, perm, C, qf, qip, qh, qd, float(f), float(g), ev, inner, int(k), _P2, out)
             _launch(_decode_fp64_kernel, -(-X.shape[1] // _BLOCK), X.size * 4, *args)
         else:
             factor = int(factor)

@@ -726,7 +726,7 @@ class CudaBackend:
             args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, F, np.int32(F.size), np.int32(program.fneg), *fargs,
                     flags)
         else:
-            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, np.float64(program.f), *fargs, flags)
+            args = (xb, np.int64(B), out, pi, pf, qd, ops, dexp, np.float64(program.f), np.float64(program.g), *fargs, flags)
         fn((grid,), (program.threads,), args, shared_mem=program.shared_bytes)
         if int(flags.get()[0]):
             raise ValueError("X has non-finite entries (NaN or inf); residues hold finite values only")
@@ -765,8 +765,8 @@ class CudaBackend:
             args = (Xm, np.int64(N), ib, fb, qd, F, np.int32(F.size), np.int32(neg), evd, np.int64(inner), np.int64(t2), out)
             name = "rns_decode_exact"
         else:
-            f, k = arith.float_factor(factor)
-            args = (Xm, np.int64(N), ib, fb, qd, np.float64(f), evd, np.int64(inner), np.int64(k), out)
+            f, g, k = arith.float_factor(factor)
+            args = (Xm, np.int64(N), ib, fb, qd, np.float64(f), np.float64(g), evd, np.int64(inner), np.int64(k), out)
             name = "rns_decode_fp64"
         self._fn("entry", name)((self._grid(N, block),), (block,), args, shared_mem=m * block * 4)
         return self._out(out.reshape(shape), host)

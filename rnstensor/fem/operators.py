@@ -417,7 +417,7 @@ class _Operator:
             else:  # (|F|, |F̂|, |F̂ - F|, unit of F) per element
                 operands[source] = FieldErrors(*fields[key])
         _, err, unit = NormErrors(operands, up=lambda z: z * _INFLATE).run(self.program, (umag, udiff, uunit))
-        dec = float(decode_factor(decode, self.basis.moduli.moduli, self.plan.final_bound)) * _INFLATE
+        dec = float(decode_factor(decode)) * _INFLATE
         scaled = (err + dec * float(self.plan.final_bound) * unit) * _INFLATE
         # back to value units; ldexp may round (subnormal results): step one float up, add the subnormal unit
         return xp.nextafter(xp.ldexp(scaled, -e), np.inf) + 2.0**-1074

@@ -396,7 +396,7 @@ template <bool EXACT>
 __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rns_i64 B, double* __restrict__ Y,
                                                const rns_i32* __restrict__ pi, const float* __restrict__ pf,
                                                const double* __restrict__ qd, const rns_i8* __restrict__ gops,
-                                               const rns_i32* __restrict__ dexp, double f,
+                                               const rns_i32* __restrict__ dexp, double f, double g,
                                                const rns_u32* __restrict__ F, int nf, int fneg,
                                                const rns_i8* __restrict__ field, rns_i64 fstride,
                                                const rns_i32* __restrict__ fexp, int* __restrict__ flags) {
@@ -487,7 +487,7 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
             if (EXACT)
                 Y[t0 * nout + i] = rns_decode_exact_entry(x, cap, tb, qd, F, nf, fneg != 0, e, d, ds);
             else
-                Y[t0 * nout + i] = rns_decode_fp64_entry(x, cap, tb, qd, d, ds, f, rns_clip_exponent(e));
+                Y[t0 * nout + i] = rns_decode_fp64_entry(x, cap, tb, qd, d, ds, f, g, rns_clip_exponent(e));
         }
     }
 }
@@ -498,9 +498,9 @@ __device__ __forceinline__ void rns_chain_body(const rns_u64* __restrict__ X, rn
 extern "C" __global__ void __launch_bounds__(RNS_CHAIN_THREADS) rns_chain_fused(
     const rns_u64* __restrict__ X, rns_i64 B, double* __restrict__ Y, const rns_i32* __restrict__ pi,
     const float* __restrict__ pf, const double* __restrict__ qd, const rns_i8* __restrict__ gops,
-    const rns_i32* __restrict__ dexp, double f, const rns_i8* __restrict__ field, rns_i64 fstride,
+    const rns_i32* __restrict__ dexp, double f, double g, const rns_i8* __restrict__ field, rns_i64 fstride,
     const rns_i32* __restrict__ fexp, int* __restrict__ flags) {
-    rns_chain_body<false>(X, B, Y, pi, pf, qd, gops, dexp, f, nullptr, 0, 0, field, fstride, fexp, flags);
+    rns_chain_body<false>(X, B, Y, pi, pf, qd, gops, dexp, f, g, nullptr, 0, 0, field, fstride, fexp, flags);
 }
 
 extern "C" __global__ void __launch_bounds__(RNS_CHAIN_THREADS) rns_chain_fused_exact(
@@ -509,5 +509,5 @@ extern "C" __global__ void __launch_bounds__(RNS_CHAIN_THREADS) rns_chain_fused_
     const rns_i32* __restrict__ dexp, const rns_u32* __restrict__ F, int nf, int fneg,
     const rns_i8* __restrict__ field, rns_i64 fstride, const rns_i32* __restrict__ fexp,
     int* __restrict__ flags) {
-    rns_chain_body<true>(X, B, Y, pi, pf, qd, gops, dexp, 1.0, F, nf, fneg, field, fstride, fexp, flags);
+    rns_chain_body<true>(X, B, Y, pi, pf, qd, gops, dexp, 1.0, 0.0, F, nf, fneg, field, fstride, fexp, flags);
 }

@@ -24,7 +24,7 @@ extern "C" {
 
 // rns_chain_fused over ceil(B / nb) blocks of RNS_CHAIN_THREADS threads.
 int emu_chain(const rns_u64* X, rns_i64 B, double* Y, const rns_i32* pi, const float* pf, const double* qd,
-              const rns_i8* ops, const rns_i32* dexp, int mode, double f, const rns_u32* F, int nf, int fneg,
+              const rns_i8* ops, const rns_i32* dexp, int mode, double f, double g, const rns_u32* F, int nf, int fneg,
               const rns_i8* field, rns_i64 fstride, const rns_i32* fexp, int* flags, rns_i64 shared_bytes, int fill) {
     const rns_i64 nb = pi[RC_NB];
     const unsigned blocks = (unsigned)((B + nb - 1) / nb);
@@ -35,7 +35,7 @@ int emu_chain(const rns_u64* X, rns_i64 B, double* Y, const rns_i32* pi, const f
     rns_simt_launch(rns_dim3{blocks, 1, 1}, RNS_CHAIN_THREADS,
                     [=] {
                         if (mode == 0)
-                            rns_chain_fused(X, B, Y, pi, pf, qd, ops, dexp, f, field, fstride, fexp, flags);
+                            rns_chain_fused(X, B, Y, pi, pf, qd, ops, dexp, f, g, field, fstride, fexp, flags);
                         else
                             rns_chain_fused_exact(X, B, Y, pi, pf, qd, ops, dexp, F, nf, fneg, field, fstride, fexp,
                                                   flags);

@@ -54,18 +54,18 @@ extern "C" __global__ void __launch_bounds__(128) rns_drop_extend(const rns_i8* 
         rns_drop_extend_entry(X + i, N, tb, D, Y, blockDim.x, out + i, N);
 }
 
-// X (m, N) -> out (N) float64: MRC digits, Horner, times f 2^(ev[i / inner] + k).
+// X (m, N) -> out (N) float64: MRC digits, Horner, times (f + g) 2^(ev[i / inner] + k), faithfully rounded.
 // Dynamic shared memory: m * blockDim.x words (ceil(m / 4) used).
 extern "C" __global__ void __launch_bounds__(128) rns_decode_fp64(
     const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
-    const double* __restrict__ qd, double f, const rns_i64* __restrict__ ev, rns_i64 inner, rns_i64 k,
+    const double* __restrict__ qd, double f, double g, const rns_i64* __restrict__ ev, rns_i64 inner, rns_i64 k,
     double* __restrict__ out) {
     extern __shared__ rns_i32 rns_words[];
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
     rns_i32* d = rns_words + threadIdx.x;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
         const rns_i64 e = rns_clip_exponent(rns_entry_exponent(ev, inner, i) + k);
-        out[i] = rns_decode_fp64_entry(X + i, N, tb, qd, d, blockDim.x, f, e);
+        out[i] = rns_decode_fp64_entry(X + i, N, tb, qd, d, blockDim.x, f, g, e);
     }
 }
 

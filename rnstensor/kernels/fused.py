@@ -73,7 +73,7 @@ class ChainProgram:
     ``ints``/``floats``/``qd``/``ops`` are the program's four arrays;
     ``dexp_fp64``/``dexp_exact`` the exponent of every output entry for a
     tensor encoded with ``e = 0`` (the factor's power of two included for
-    each decode); ``f`` the float factor; ``F``/``fneg`` the exact decode's
+    each decode); ``f + g`` the factor as two floats (``arith.float_factor``); ``F``/``fneg`` the exact decode's
     factor limbs (``F`` is ``None`` when they do not fit its limbs).
     """
 
@@ -84,6 +84,7 @@ class ChainProgram:
     dexp_fp64: np.ndarray
     dexp_exact: np.ndarray
     f: float
+    g: float
     F: Optional[np.ndarray]
     fneg: bool
     nb: int
@@ -596,7 +597,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
         ints[RC[k]] = int(v)
     final = prog.final_active
 
-    f, k = arith.float_factor(factor)
+    f, g, k = arith.float_factor(factor)
     if tables.exact_decode_fits(tuple(final), factor):
         F, t2, fneg = tables.factor_limbs(factor)
     else:
@@ -608,7 +609,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     prog = ChainProgram(
         ints=np.array(ints, np.int32), floats=fl.astype(np.float32), qd=np.asarray(qd, np.float64),
         ops=np.concatenate(opsb) if opsb else np.zeros(16, np.int8),
-        dexp_fp64=(dexp + k).astype(np.int32), dexp_exact=(dexp + t2).astype(np.int32), f=float(f),
+        dexp_fp64=(dexp + k).astype(np.int32), dexp_exact=(dexp + t2).astype(np.int32), f=float(f), g=float(g),
         F=None if F is None else np.asarray(F, np.uint32), fneg=bool(fneg), nb=nb, shared_bytes=int(shared),
         in_shape=tuple(in_shape), out_shape=out_shape, nfield=nfield, nq=nq,
     )

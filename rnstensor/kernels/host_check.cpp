@@ -41,14 +41,14 @@ int h_drop_extend(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb
     return 0;
 }
 
-int h_decode_fp64(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb, const double* qd, double f,
+int h_decode_fp64(const rns_i8* X, rns_i64 N, const rns_i32* ib, const float* fb, const double* qd, double f, double g,
                   const rns_i64* ev, rns_i64 inner, rns_i64 k, double* out) {
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
     if (tb.m > RNS_MAXM || tb.m < 1) return -1;
     rns_i32 d[RNS_MAXM];
     for (rns_i64 i = 0; i < N; ++i) {
         const rns_i64 e = rns_clip_exponent(rns_entry_exponent(ev, inner, i) + k);
-        out[i] = rns_decode_fp64_entry(X + i, N, tb, qd, d, 1, f, e);
+        out[i] = rns_decode_fp64_entry(X + i, N, tb, qd, d, 1, f, g, e);
     }
     return 0;
 }

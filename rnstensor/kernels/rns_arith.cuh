@@ -99,6 +99,16 @@ RNS_HD double rns_dmul(double a, double b) {
 #endif
 }
 
+// a b + c rounded once: the exact error of a product, e = rns_dfma(a, b, -fl(a b)), the value of
+// Dekker's product (arith.two_product_error) on the host reference
+RNS_HD double rns_dfma(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+    return __fma_rn(a, b, c);
+#else
+    return fma(a, b, c);
+#endif
+}
+
 RNS_HD double rns_bits_to_double(rns_u64 b) {
 #if defined(__CUDA_ARCH__)
     return __longlong_as_double((long long)b);
@@ -511,34 +521,44 @@ RNS_HD void rns_decode_digits(const rns_i8* x, rns_i64 xs, const RnsDecodeTables
                         tb.fb + tb.P + m, tb.fb + tb.P + 2 * m, D, ds);
 }
 
-// Alg. 5 ReconstructFP64 for one entry: MRC digits (conversion order, into the words D), Horner in
-// float64 with every product and sum rounded separately, times the float factor f, times 2^e.
-// A specialized build (constant radices) starts the Horner with its top six digits exactly: the
-// prefix v_j = qd[j] v_{j+1} + d_j of the top k digits has |v_j| <= (product of those k moduli) / 2 +
-// 2^23 (centered digits, |d| <= q / 2, one even modulus), below 2^31 for k = 4 and 2^47 for k = 6 (the
-// moduli are distinct and at most 256). So the first three steps run in int32 and the next two as one
-// exact product and sum, v_{m-6} = (qd[m-6] qd[m-5]) v_{m-4} + (qd[m-6] d_{m-5} + d_{m-6}): the values are
-// those of the float64 steps, which are exact there too, for 7 fewer instructions per entry (n = 8 chain).
+// Mixed-radix digits per exact chunk of the fp64 decode (arith.HORNER_CHUNK): six moduli of at most
+// 256 weigh below 2^48, so a chunk's plain float64 Horner is exact.
+#define RNS_HORNER_CHUNK 6
+
+// The digits j0 .. j1-1 of D by plain float64 Horner (exact).
+RNS_HD double rns_horner_chunk(const rns_i32* D, int ds, const double* qd, int j0, int j1) {
+    double c = (double)rns_digit(D, ds, j1 - 1);
+    RNS_UNROLL
+    for (int j = j1 - 2; j >= j0; --j) c = rns_dadd(rns_dmul(qd[j], c), (double)rns_digit(D, ds, j));
+    return c;
+}
+
+// Alg. 5 ReconstructFP64 for one entry, faithfully rounded: MRC digits (conversion order, into the
+// words D), exact chunks of RNS_HORNER_CHUNK digits joined from the top in double-double as
+// arith.horner_fp64_ref (v = h + l: the product's error by an FMA, the sum's by Fast2Sum, every
+// other operation rounded on its own), times the factor f + g rounded once
+// (arith.scaled_double_double), times 2^e.
 RNS_HD double rns_decode_fp64_entry(const rns_i8* x, rns_i64 xs, const RnsDecodeTables& tb, const double* qd,
-                                    rns_i32* D, int ds, double f, rns_i64 e) {
+                                    rns_i32* D, int ds, double f, double g, rns_i64 e) {
     const int m = tb.m;
     rns_decode_digits(x, xs, tb, D, ds);
-    const rns_i32 top = rns_digit(D, ds, m - 1);
-    double v = (double)top;
-    int j = m - 2;
-#if defined(RNS_SPEC)
-    if (m >= 6) {
-        rns_i32 t = top;
-        RNS_UNROLL
-        for (int k = m - 2; k >= m - 4; --k) t = t * (rns_i32)qd[k] + rns_digit(D, ds, k);
-        const rns_i32 u = rns_digit(D, ds, m - 5) * (rns_i32)qd[m - 6] + rns_digit(D, ds, m - 6);
-        v = rns_dadd(rns_dmul(qd[m - 6] * qd[m - 5], (double)t), (double)u);
-        j = m - 7;
-    }
-#endif
+    const int top = RNS_HORNER_CHUNK * ((m - 1) / RNS_HORNER_CHUNK);
+    double h = rns_horner_chunk(D, ds, qd, top, m), l = 0.0;
     RNS_UNROLL
-    for (; j >= 0; --j) v = rns_dadd(rns_dmul(qd[j], v), (double)rns_digit(D, ds, j));
-    return rns_ldexp(rns_dmul(v, f), e);
+    for (int j0 = top - RNS_HORNER_CHUNK; j0 >= 0; j0 -= RNS_HORNER_CHUNK) {
+        double w = 1.0;
+        RNS_UNROLL
+        for (int j = j0; j < j0 + RNS_HORNER_CHUNK; ++j) w = rns_dmul(w, qd[j]);
+        const double c = rns_horner_chunk(D, ds, qd, j0, j0 + RNS_HORNER_CHUNK);
+        const double p = rns_dmul(w, h);
+        const double e1 = rns_dfma(h, w, -p);
+        const double s = rns_dadd(p, c);
+        l = rns_dadd(rns_dmul(w, l), rns_dadd(e1, rns_dadd(c, -rns_dadd(s, -p))));
+        h = s;
+    }
+    const double p = rns_dmul(h, f);
+    const double t = rns_dadd(rns_dfma(h, f, -p), rns_dadd(rns_dmul(l, f), rns_dmul(h, g)));
+    return rns_ldexp(rns_dadd(p, t), e);
 }
 
 // The exponent of flattened entry i: ev[i / inner] (trailing axes it broadcasts over not materialized).

@@ -19,10 +19,10 @@ times their exact scales, in the input's units) and ``D_i`` the drops. With
 A drop by ``q`` changes an entry by at most ``floor(q/2)`` units, the unit
 being the largest value of one integer step (``2**-e`` times the dropped
 moduli so far times the largest pending row scale of each axis). The fp64
-decode (MRC digits, Horner, scaling) errs by at most ``(2k + 3) u B s`` for
-the final bound ``B`` and unit ``s``, where ``k`` counts the Horner steps that
-can round (see :func:`decode_factor`); the exact decode by ``u B s``; both
-plus ``2**-1074`` for a subnormal result.
+decode (MRC digits, double-double Horner, scaling) is faithful and errs by at
+most ``u (1 + 2**-40) B s`` for the final bound ``B`` and unit ``s`` (see
+:func:`decode_factor`); the exact decode by ``u B s``; both plus ``2**-1074``
+for a subnormal result.
 """
 
 from __future__ import annotations
@@ -165,10 +165,9 @@ def optimal_drops(
     Returns the dropped moduli per product (the last empty), or ``None`` if
     none pass.
 
-    The score uses the ``'exact'`` decode term by default: the fp64 decode's
-    own term (about ``(2k + 3) u`` of the final range bound, ``k`` the Horner
-    steps that can round) is a worst case that grows with the final bound and
-    would favour one large late drop — which in practice costs far more
+    The score uses the ``'exact'`` decode term by default (the fp64 decode's
+    own term is that one times ``1 + 2**-40``): a decode term grows with the
+    final range bound and would favour one large late drop — which in practice costs far more
     accuracy than it saves, since the integers sit well below their bound by
     then. What the drops control is their own rounding.
     """

@@ -47,28 +47,19 @@ def fraction_up(x: Fraction) -> float:
     return f if Fraction(f) >= x else math.nextafter(f, math.inf)
 
 
-def decode_factor(mode: str, moduli: Sequence[int], bound: int) -> Fraction:
-    """Decode error per unit of ``bound * s``: ``(2k + 3) u (1 + 2**-40)`` for ``'fp64'``, ``u`` for ``'exact'``.
+def decode_factor(mode: str) -> Fraction:
+    """Decode error per unit of ``|v| s``: ``u`` for ``'exact'``, ``u (1 + 2**-40)`` for ``'fp64'``.
 
-    Horner on the centered mixed-radix digits (conversion order ``o``, weights
-    ``W_j = o_0 ... o_{j-1}``) computes ``V_j = o_j V_{j+1} + d_j`` from the top
-    digit down; the exact partial values obey ``|V_j| <= B / W_j + 1/2``, so a
-    step is exact (integers below ``2**53``) while ``B / W_j + o_j / 2 <= 2**53``.
-    Each of the ``k`` steps past that rounds twice, adding at most
-    ``u (2B + W_{j+1})`` with ``W_{j+1} < 2**-44 B`` there; the float factor and
-    the product with it add ``2u``. Hence ``(2k + 3) u B`` with a margin.
+    ``'exact'`` rounds ``v s`` once. ``'fp64'`` carries ``v`` and the factor
+    as double-doubles (relative error below ``(3k + 6) u**2`` for ``k``
+    digits, amplified at most fourfold by Horner's growing prefixes) and
+    rounds once: within ``u (1 + 2**-40) |v s|`` for ``k`` below ``2**33``
+    moduli. A subnormal result's last rounding adds at most ``2**-1075``,
+    which every caller adds as its ``2**-1074`` term.
     """
     if mode == "exact":
         return UNIT_ROUNDOFF
-    order = mrc_order(tuple(moduli))
-    # B / W_j falls as j rises: the steps that may round are j = 0 .. k-1
-    k, W = 0, 1
-    for q in order[:-1]:
-        if Fraction(int(bound), W) + Fraction(q, 2) <= 2**53:
-            break
-        k += 1
-        W *= q
-    return UNIT_ROUNDOFF * (2 * k + 3) * (1 + Fraction(1, 2**40))
+    return UNIT_ROUNDOFF * (1 + Fraction(1, 2**40))
 
 
 def _pow2(k: int) -> Fraction:
@@ -140,7 +131,7 @@ def composed_bound(
     for i, nm in enumerate(norms):
         computed = size + err  # bound on the computed intermediate
         encoded = computed * (1 + tiny)
-        factor = decode_factor(mode if i == last else "fp64", moduli, (1 << bits) * int(rhos[i]))
+        factor = decode_factor(mode if i == last else "fp64")
         dec = factor * nm.executed * encoded + SUBNORMAL
         err = nm.executed * (err + computed * tiny) + nm.diff * size + dec
         size *= nm.true
@@ -272,7 +263,7 @@ def persistent_coefficients(
     """
     program = program if program is not None else _skeleton(len(norms), dropped)
     mag, err, u = NormErrors(dict(enumerate(norms))).run(program, (Linear(0, 1, 0), Linear(1, 0, 0), Linear(0, 0, 1)))
-    err = err + u * (decode_factor(mode, final_moduli, final_bound) * final_bound)
+    err = err + u * (decode_factor(mode) * final_bound)
     return Coefficients(err.a, err.b, err.c)
 
 
@@ -333,7 +324,7 @@ class EntrywiseErrors:
             x = before[st.x]
             M, D = err[st.x]
             moduli = self.basis.moduli if x.active is None else x.active
-            f = fraction_up(decode_factor("fp64", moduli, x.bound)) * float(x.bound) * unit(x) * (1 + 2.0**-40)
+            f = fraction_up(decode_factor("fp64")) * float(x.bound) * unit(x) * (1 + 2.0**-40)
             half = 0.5 * unit(v)
             err[st.out] = (M + f + half, D + f + half)
         elif isinstance(st, Sum):
@@ -367,13 +358,13 @@ class EntrywiseErrors:
 
 
 def decoded(M, D, T, mode: str):
-    """The bound after the final decode of tensor ``T``: ``'fp64'`` adds the Horner bound, ``'exact'`` half an ulp."""
+    """The bound after the final decode of tensor ``T``: ``'fp64'`` adds its faithful rounding, ``'exact'`` half an ulp."""
     xp = array_module(T.residues)
     e = T.exponent().astype(np.int64, copy=False)
     with np.errstate(over="ignore"):
         u = xp.ldexp(float(T.scale.factor), xp.clip(e, -1100, 1100).astype(np.int32))
         if mode == "fp64":
-            f = fraction_up(decode_factor("fp64", T.active, T.bound))
+            f = fraction_up(decode_factor("fp64"))
             D = D + f * float(T.bound) * u * (1 + 2.0**-40)
         else:
             D = D + 2.0**-53 * (M + D)
