@@ -525,6 +525,7 @@ class ContractExpression:
             if k == "tensor":
                 if _unique(self.terms[i]) != self.terms[i]:
                     x = _tensor_diagonal(x, self.terms[i])  # repeated indices: take the diagonal first
+                x = _tensor_broadcast(x, _unique(self.terms[i]), self.sizes)
                 tensors[i] = x
             else:
                 x = x if is_device_array(x) else np.asarray(x)
@@ -568,7 +569,7 @@ class ContractExpression:
         encoding error (half a unit of its slice), each drop (under one unit
         of the quotient), every product and sum of those (``|x̂ŷ - xy| <=
         D_x M_y + M_x D_y`` with magnitude bounds ``M``), and the final decode
-        (``'fp64'``: the Horner bound; ``'exact'``: half an ulp). For complex
+        (``'fp64'``: its faithful rounding; ``'exact'``: half an ulp). For complex
         results it bounds ``|Re err| + |Im err|``. Operands given as
         RNSTensors count as exact. The bound's own float64 arithmetic is
         inflated to stay an upper bound. Computed where the operands live
@@ -912,6 +913,17 @@ def _tensor_diagonal(T: RNSTensor, term: str) -> RNSTensor:
     planes = xp.ascontiguousarray(xp.einsum(f"z{src}->z{dst}", T.residues))
     exp = xp.einsum(f"{src}->{dst}", xp.broadcast_to(T.exponent().astype(np.int64, copy=False), T.shape))
     return RNSTensor(planes, T.basis, T.active, T.bound, Scale(0, T.scale.factor, (None,) * len(labels), exp))
+
+
+def _tensor_broadcast(T: RNSTensor, labels: str, sizes: dict) -> RNSTensor:
+    """An RNSTensor operand with its size-1 axes repeated to the index sizes (numpy's broadcasting; exact)."""
+    full = tuple(sizes[c] for c in labels)
+    if tuple(T.shape) == full:
+        return T
+    xp = array_module(T.residues)
+    planes = xp.ascontiguousarray(xp.broadcast_to(T.residues, (T.residues.shape[0],) + full))
+    exp = xp.broadcast_to(T.exponent().astype(np.int64, copy=False), full)
+    return RNSTensor(planes, T.basis, T.active, T.bound, Scale(0, T.scale.factor, (None,) * len(full), exp))
 
 
 def _shape_of(x) -> tuple:

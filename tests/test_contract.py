@@ -272,6 +272,25 @@ def test_rnstensor_operand_with_repeated_indices():
     assert np.array_equal(got, _round(re, e))
 
 
+@pytest.mark.parametrize("expr, shapes", [
+    ("ij,ij->ij", [(1, 3), (2, 3)]),
+    ("ij,ij->ij", [(2, 1), (1, 3)]),
+    ("ij,jk->ik", [(2, 1), (3, 2)]),
+    ("ij,j->i", [(4, 1), (5,)]),
+])
+def test_rnstensor_operands_broadcast_size_one_axes(expr, shapes):
+    """numpy's size-1 broadcasting holds for RNSTensor operands as for arrays (it crashed in the executor)."""
+    r = np.random.default_rng(14)
+    xs = [r.uniform(-1, 1, s) for s in shapes]
+    Ts = [rt.encode(x, 15, bits=53) for x in xs]
+    got = rt.einsum(expr, *Ts, decode="exact")
+    re, _, e = _exact(expr, [rt.decode(T, "exact") for T in Ts])
+    assert np.array_equal(got, _round(re, e))
+    assert got.shape == np.einsum(expr, *xs).shape
+    mixed = rt.einsum(expr, Ts[0], xs[1], decode="exact")  # one encoded operand, one float array
+    assert np.array_equal(mixed, got)
+
+
 def test_rnstensor_operand_that_cannot_be_aligned_is_a_range_error():
     A = np.array([[1.0, 2.0**-100], [1.0, 1.0]])
     At = rt.encode(A, 15, bits=53, shared_axes=())  # every entry its own exponent: 100 bits apart along j
