@@ -11,6 +11,7 @@ import numpy as np
 __all__ = [
     "Basis",
     "int8_pool",
+    "moduli_count",
     "centered",
     "mrc_order",
     "log2_int",
@@ -81,6 +82,19 @@ class MrcTables:
         self.radix_mod = radix
 
 
+def moduli_count(s, name: str = "moduli") -> int:
+    """``s`` as a count of INT8 moduli: an integer in ``1..49`` (the pool), the one range every entry point accepts.
+
+    Whether ``s`` moduli hold a computation is its plan's question (a
+    :class:`~rnstensor.PlanError` or :class:`~rnstensor.RNSRangeError`
+    with the bits needed), not this one's.
+    """
+    n = len(int8_pool())
+    if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 1 <= s <= n:
+        raise ValueError(f"{name} must be a number of INT8 moduli, an integer in 1..{n}; got {s!r}")
+    return int(s)
+
+
 class Basis:
     """An ordered set of pairwise coprime moduli, each in ``2..256``.
 
@@ -147,10 +161,7 @@ class Basis:
         >>> round(Basis.int8(15).log2_product, 1)
         117.8
         """
-        pool = int8_pool()
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 1 <= s <= len(pool):
-            raise ValueError(f"Basis.int8(s): s must be an integer in 1..{len(pool)}; got {s!r}")
-        return _int8_basis(int(s))
+        return _int8_basis(moduli_count(s, "Basis.int8(s): s"))
 
     @property
     def moduli(self) -> tuple[int, ...]:

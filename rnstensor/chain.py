@@ -14,6 +14,7 @@ from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, encode, group_exponents
 from .planner import Schedule, plan_schedule
+from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
 from .planner.drops import axis_labels as _axis_labels
 from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
@@ -408,6 +409,7 @@ def plan_chain(
     bits: Optional[int] = None,
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
+    min_bits: int = MIN_BITS,
 ) -> ChainPlan:
     """Plan a chain of mode products once; apply the plan to many tensors.
 
@@ -436,6 +438,11 @@ def plan_chain(
     ndim : int, optional
         Number of tensor axes (default ``max(axes) + 1``); leading axes of the
         input beyond these are a batch.
+    min_bits : int
+        The fewest bits the encodings and intermediates may keep (or
+        ``bits``, when that is smaller), as in :func:`einsum`: a plan that
+        keeps fewer raises :class:`PlanError` instead of returning a poor
+        result. ``0`` accepts any plan (the papers' sweeps over ``s``).
 
     Returns
     -------
@@ -444,7 +451,8 @@ def plan_chain(
     Raises
     ------
     PlanError
-        No width passes the range checks (names the step and the missing bits).
+        No width passes the range checks (names the step and the missing
+        bits), or the widest that does keeps fewer than ``min_bits``.
 
     Examples
     --------
@@ -459,7 +467,7 @@ def plan_chain(
     ops, axes, nd = _normalize_chain(operators, axes, ndim)
     _axis_lengths(ops, axes, nd)
     basis = as_basis(moduli, "moduli")
-    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits, nd)
+    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits, nd, min_bits)
     return ChainPlan(sched, ops, axes, nd, planner)
 
 
@@ -475,6 +483,7 @@ def mode_chain(
     bits: Optional[int] = None,
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
+    min_bits: int = MIN_BITS,
 ) -> np.ndarray:
     """One-shot chain of mode products: ``plan_chain(...)(X, decode)``.
 
@@ -487,6 +496,7 @@ def mode_chain(
            [6.]])
     """
     plan = plan_chain(
-        operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits, ndim=ndim
+        operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits, ndim=ndim,
+        min_bits=min_bits,
     )
     return plan(X, decode=decode)

@@ -12,9 +12,10 @@ from opt_einsum import parser as oe_parser
 
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
-from .basis import Basis, log2_int
+from .basis import Basis, log2_int, moduli_count
 from .encode import as_basis, encode, encode_integers
 from .errors import PlanError, RNSRangeError
+from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
 from .primitives import decode as decode_tensor
 from .program import ir
@@ -424,7 +425,7 @@ class ContractExpression:
         opt_einsum's contraction path.
     """
 
-    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=32):
+    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=MIN_BITS):
         self.terms, self.output = list(terms), output
         self.subscripts = ",".join(terms) + "->" + output
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
@@ -478,12 +479,8 @@ class ContractExpression:
             checked = plan_drops(plan, {}, Given([]))  # every range of the program, by the one planner
             if isinstance(checked, Failure):  # pragma: no cover - the expression's planner and the check disagree
                 raise PlanError(f"einsum: the plan for {self.subscripts!r} fails its range check: {checked}")
-            if plan.kept_bits < min(self.min_bits, self._cap()):  # a width the caller asked for is no loss
-                raise PlanError(
-                    f"einsum: on {self.basis!r} the plan for {self.subscripts!r} keeps only {plan.kept_bits:.1f} bits "
-                    f"of some operand or intermediate (min_bits={self.min_bits}); use more moduli, or lower min_bits "
-                    f"to accept the larger error"
-                )
+            check_kept_bits(f"einsum: on {self.basis!r} the plan for {self.subscripts!r}", plan.kept_bits,
+                            self.min_bits, self._cap(), "use more moduli")
             if tensors:
                 return plan
             self._plans[key] = plan
@@ -698,8 +695,8 @@ def _check_options(method: str, decode, moduli, bits) -> Basis:
         raise ValueError(f"decode must be one of {_DECODES}; got {decode!r}")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1):
         raise ValueError(f"bits must be a positive integer or None; got {bits!r}")
-    if isinstance(moduli, (int, np.integer)) and not isinstance(moduli, bool) and not 2 <= moduli <= 49:
-        raise ValueError(f"moduli must be from 2 to 49 (the INT8 pool); got {moduli}")
+    if isinstance(moduli, (int, np.integer)) and not isinstance(moduli, bool):
+        moduli = moduli_count(moduli)
     return as_basis(moduli, "moduli")
 
 
@@ -713,7 +710,7 @@ def contract_expression(
     decode: Optional[str] = "fp64",
     bits: Optional[int] = None,
     backend: Optional[str] = None,
-    min_bits: int = 32,
+    min_bits: int = MIN_BITS,
 ) -> ContractExpression:
     """Plan an einsum expression once; apply it to many operands in the residue domain.
 
@@ -799,7 +796,7 @@ def einsum(
     decode: Optional[str] = "auto",
     bits: Optional[int] = None,
     backend: Optional[str] = None,
-    min_bits: int = 32,
+    min_bits: int = MIN_BITS,
     out: Optional[np.ndarray] = None,
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.

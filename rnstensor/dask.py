@@ -65,6 +65,7 @@ from .chain import ChainPlan
 from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
 from .gemm import gemm_program, gemm_scale
+from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program import ir
 from .program.execute import Value, run_step
@@ -397,7 +398,7 @@ def _tile_fn(prog, k: int, alpha, beta, backend):
     return fn
 
 
-def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend):
+def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits):
     da = _dask_array()
     dtype = np.dtype(np.complex128 if cplx else np.float64)
     for name, x in (("a", a), ("b", b)):
@@ -445,7 +446,8 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     got = [_host(v) for v in dask.compute(fa, Ea, fb, Eb, *((la, lb) if auto else ()))]
     fa, Ea, fb, Eb = got[:4]
     la, lb = got[4:] if auto else (None, None)
-    s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la), (fb, Eb, lb), f"rnstensor.dask.{fn_name}")
+    s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la), (fb, Eb, lb), f"rnstensor.dask.{fn_name}",
+                              min_bits)
     prog = gemm_program(Basis.int8(s), t, max(k, 1), cplx, alpha)
     # the vectors go back to the operands' array type (once per call): each task finds its slice there
     xp = _namespace(opa)
@@ -468,7 +470,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
 
 
 def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str = "N", trans_b: str = "N",
-          moduli=None, backend: Optional[str] = None):
+          moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS):
     """:func:`rnstensor.dgemm` on Dask arrays: bitwise the in-memory result for any chunking.
 
     Output tiles follow ``op(a)``'s row chunks and ``op(b)``'s column chunks.
@@ -487,16 +489,16 @@ def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str =
     >>> bool((D.compute() == rt.dgemm(A, A.T)).all())
     True
     """
-    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend)
+    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits)
 
 
 def zgemm(a, b, c=None, *, alpha: complex = 1.0, beta: complex = 0.0, trans_a: str = "N", trans_b: str = "N",
-          moduli=None, backend: Optional[str] = None):
+          moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS):
     """:func:`rnstensor.zgemm` on Dask arrays (the exact 3M form, chunk products summed in residues); see :func:`dgemm`."""
-    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend)
+    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits)
 
 
-def matmul(a, b, *, moduli=None, backend: Optional[str] = None):
+def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS):
     """``a @ b`` on Dask arrays with numpy's semantics: 2-D (and 1-D) by :func:`dgemm` / :func:`zgemm`.
 
     Operands with batch axes are multiplied block by block on whole ``k``
@@ -519,7 +521,7 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None):
     if a.ndim <= 2 and b.ndim <= 2:
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
-        res = (zgemm if cplx else dgemm)(a2, b2, moduli=moduli, backend=backend)
+        res = (zgemm if cplx else dgemm)(a2, b2, moduli=moduli, backend=backend, min_bits=min_bits)
         if a.ndim == 1:
             res = res[0]
         if b.ndim == 1:
@@ -536,6 +538,6 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None):
     dtype = np.complex128 if cplx else np.float64
 
     def block(x, y):  # NumPy or CuPy blocks: the in-memory matmul keeps each where it is
-        return _matmul_in_memory(x, y, moduli=moduli, backend=backend)
+        return _matmul_in_memory(x, y, moduli=moduli, backend=backend, min_bits=min_bits)
 
     return da.blockwise(block, out, a, ia, b, ib, dtype=dtype, concatenate=True, meta=_meta(a, len(out), dtype))

@@ -23,8 +23,9 @@ import numpy as np
 from .arith import float_parts
 from .arrays import array_module, is_device_array
 from .backends import dispatch
-from .basis import Basis, int8_pool
+from .basis import Basis, int8_pool, moduli_count
 from .errors import RNSRangeError
+from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, plan_drops
 from .program import ir
 from .program.execute import Value, run_step
@@ -210,12 +211,11 @@ def _check_array(x, name: str, dtype: np.dtype, fn: str, xp=np):
 def _check_moduli(moduli, fn: str) -> Union[None, int, str]:
     if moduli is None or (isinstance(moduli, str) and moduli == "auto"):
         return moduli
-    if isinstance(moduli, bool) or not isinstance(moduli, (int, np.integer)) or not _MIN_MODULI <= moduli <= _MAX_MODULI:
-        raise ValueError(
-            f"{fn}: moduli must be None (moduli_for_bits(k, 53)), 'auto' or an integer in "
-            f"{_MIN_MODULI}..{_MAX_MODULI}; got {moduli!r}"
-        )
-    return int(moduli)
+    if isinstance(moduli, str) or moduli is None or isinstance(moduli, bool) \
+            or not isinstance(moduli, (int, np.integer)):
+        raise ValueError(f"{fn}: moduli must be None (moduli_for_bits(k, 53)), 'auto' or a number of INT8 moduli "
+                         f"(1..{_MAX_MODULI}); got {moduli!r}")
+    return moduli_count(moduli, f"{fn}: moduli")
 
 
 def _check_scalar(x, name: str, fn: str, cplx: bool) -> Union[float, complex]:
@@ -392,7 +392,7 @@ def group_stats(x, axis: int, need_lsb: bool):
     return fin, frexp_exponent(amax), lsb
 
 
-def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm"):
+def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS):
     """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
 
     From the :func:`group_stats` of both operands (host or device vectors;
@@ -405,6 +405,9 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm"):
     ------
     RNSRangeError
         ``s`` moduli cannot hold a product of length ``k`` (no width ``t >= 1``).
+    PlanError
+        An explicit ``moduli`` gives a width ``t`` below ``min_bits``
+        (:func:`rnstensor.planner.methods.check_kept_bits`, the rule of einsum and chains).
     """
     kind = "complex" if cplx else "real"
     (fa, Ea, la), (fb, Eb, lb) = a_stats, b_stats
@@ -430,6 +433,9 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm"):
             f"{fn}: moduli={s} cannot hold a product of length k={k} (even width 1 needs "
             f"{_RANGE_FACTOR[kind]}*k*4 < P); use moduli >= {least}"
         )
+    if isinstance(moduli, int):
+        check_kept_bits(f"{fn}: moduli={s} at k={k} (width t={t})", float(t), min_bits, None,
+                        f"use more moduli (moduli=None keeps 53 bits: {moduli_for_bits(k, 53, kind=kind)} at this k)")
     ea = xp.where(fa & (Ea != _NONE), t - Ea, 0).astype(np.int64)
     eb = xp.where(fb & (Eb != _NONE), t - Eb, 0).astype(np.int64)
     return s, t, ea, eb
@@ -438,7 +444,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm"):
 def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
     """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
     auto = moduli == "auto"
-    return gemm_scale(moduli, k, cplx, group_stats(opa, 1, auto), group_stats(opb, 0, auto))[0]
+    return gemm_scale(moduli, k, cplx, group_stats(opa, 1, auto), group_stats(opb, 0, auto), min_bits=0)[0]
 
 
 # ----- the program ------------------------------------------------------------------------------
@@ -599,7 +605,8 @@ def blas_operands(a, b, ta: str, tb: str, cplx: bool, fn: str):
     return opa, opb
 
 
-def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes):
+def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes,
+          min_bits):
     dtype = np.dtype(np.complex128 if cplx else np.float64)
     flags = ("N", "T", "C")
     ta = _check_trans(trans_a, "trans_a", flags)
@@ -635,7 +642,7 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         with _phase("other"):
             auto = moduli == "auto"
             sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
-            s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn)
+            s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits)
             fa, fb = sa[0], sb[0]
             finite_a, finite_b = bool(fa.all()), bool(fb.all())
             A = opa if finite_a else xp.where(fa[:, None], opa, 0)
@@ -672,6 +679,7 @@ def dgemm(
     out: Optional[np.ndarray] = None,
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
+    min_bits: int = MIN_BITS,
 ) -> np.ndarray:
     """``alpha * op(a) @ op(b) + beta * c`` in float64, by exact INT8 residue arithmetic (Ozaki scheme II).
 
@@ -705,7 +713,7 @@ def dgemm(
     alpha, beta : float
     trans_a, trans_b : {'N', 'T', 'C'}
         ``'T'`` and ``'C'`` both transpose (real data).
-    moduli : None, 'auto' or int in 2..49
+    moduli : None, 'auto' or int in 1..49
         ``None``: ``moduli_for_bits(k, 53)`` (float64-level accuracy on
         well-scaled data). ``'auto'``: the smallest ``s`` whose width ``t``
         encodes every entry of ``op(a)`` and ``op(b)`` exactly
@@ -722,6 +730,10 @@ def dgemm(
         :func:`default_workspace_bytes`). Tiles are bitwise identical to one
         untiled call: exponents are per row / column and ``s``, ``t`` are
         fixed for the whole call.
+    min_bits : int
+        With an explicit ``moduli``, the fewest bits the width ``t`` may keep
+        (as :func:`rnstensor.einsum`'s ``min_bits``): below it the call raises
+        :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
 
     Returns
     -------
@@ -732,7 +744,7 @@ def dgemm(
     TypeError
         An operand is not float64.
     ValueError
-        Bad transpose flag, shape mismatch, ``moduli`` out of 2..49, missing ``c``.
+        Bad transpose flag, shape mismatch, ``moduli`` out of 1..49, missing ``c``.
     RNSRangeError
         ``moduli`` too small for ``k`` (no width ``t >= 1`` fits).
 
@@ -747,7 +759,8 @@ def dgemm(
     array([[ 3.5,  5. ],
            [ 7.5, 11. ]])
     """
-    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes)
+    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes,
+                 min_bits)
 
 
 def zgemm(
@@ -763,6 +776,7 @@ def zgemm(
     out: Optional[np.ndarray] = None,
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
+    min_bits: int = MIN_BITS,
 ) -> np.ndarray:
     """``alpha * op(a) @ op(b) + beta * c`` in complex128 by the exact 3M form in residues.
 
@@ -785,7 +799,7 @@ def zgemm(
     alpha, beta : complex
     trans_a, trans_b : {'N', 'T', 'C'}
         ``'C'`` is the conjugate transpose.
-    moduli : None, 'auto' or int in 2..49
+    moduli : None, 'auto' or int in 1..49
         ``None``: ``moduli_for_bits(k, 53)`` (float64-level accuracy on
         well-scaled data). ``'auto'``: the smallest ``s`` whose width ``t``
         encodes every entry of ``op(a)`` and ``op(b)`` exactly
@@ -802,6 +816,10 @@ def zgemm(
         :func:`default_workspace_bytes`). Tiles are bitwise identical to one
         untiled call: exponents are per row / column and ``s``, ``t`` are
         fixed for the whole call.
+    min_bits : int
+        With an explicit ``moduli``, the fewest bits the width ``t`` may keep
+        (as :func:`rnstensor.einsum`'s ``min_bits``): below it the call raises
+        :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
 
     Returns
     -------
@@ -814,7 +832,8 @@ def zgemm(
     >>> rt.zgemm(a, a, trans_b="C")
     array([[15.+0.j]])
     """
-    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes)
+    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes,
+                 min_bits)
 
 
 def matmul(
@@ -824,6 +843,7 @@ def matmul(
     moduli: Moduli = None,
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
+    min_bits: int = MIN_BITS,
 ) -> np.ndarray:
     """``a @ b`` with numpy's semantics, every 2-D product by :func:`dgemm` (float64) or :func:`zgemm` (complex128).
 
@@ -863,7 +883,8 @@ def matmul(
     res = xp.empty(batch + (m, n), np.complex128 if cplx else np.float64)
     gemm = zgemm if cplx else dgemm
     for idx in np.ndindex(*batch):
-        gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes)
+        gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes,
+             min_bits=min_bits)
     if a.ndim == 1:
         res = res[..., 0, :]
     if b.ndim == 1:

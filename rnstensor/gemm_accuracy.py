@@ -415,7 +415,7 @@ def gemm_accuracy(
                 C = A @ B
             else:
                 mod = None if mod == "default" else mod
-                C = gemm(A, B, moduli=mod)
+                C = gemm(A, B, moduli=mod, min_bits=0)  # the sweep reports every s, however few bits
                 s = gemm_moduli(A, B, mod)
                 row.update(moduli=_label(mod), s=s, t=gemm_width(s, k, kind))
             row.update(measure(C))
@@ -500,7 +500,7 @@ def gemm_thresholds(
                 t = gemm_width(s, k)
                 if t < 1:
                     continue
-                met = ref.metrics(dgemm(A, B, moduli=s))
+                met = ref.metrics(dgemm(A, B, moduli=s, min_bits=0))
                 scan.append(dict(s=s, t=t, **met))
                 for crit in CRITERIA:
                     if not _meets(crit, met, npm["componentwise"]):

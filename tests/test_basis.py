@@ -220,3 +220,27 @@ def test_pow2_table():
     for i, p in enumerate(B.moduli):
         for k in range(41):
             assert t[i, k] == pow(2, k, p)
+
+
+def test_one_accepted_range_of_moduli_counts():
+    """Basis.int8, plan_chain, einsum and the GEMMs take the same counts (1..49) with the same message."""
+    ops = [np.eye(2)]
+    calls = [
+        lambda s: rt.Basis.int8(s),
+        lambda s: rt.plan_chain(ops, [0], moduli=s),
+        lambda s: rt.einsum("ij,j->i", np.eye(2), np.ones(2), moduli=s),
+        lambda s: rt.dgemm(np.eye(2), np.eye(2), moduli=s),
+        lambda s: rt.zgemm(np.eye(2) + 0j, np.eye(2) + 0j, moduli=s),
+    ]
+    for call in calls:
+        for bad in (0, 50, -1):
+            with pytest.raises(ValueError, match=r"number of INT8 moduli.*1\.\.49"):
+                call(bad)
+        for bad in (True, 2.5):  # not a count at all (encode's basis says TypeError, the GEMMs ValueError)
+            with pytest.raises((TypeError, ValueError), match="moduli"):
+                call(bad)
+        assert call(49) is not None  # the whole pool
+        try:
+            call(1)  # a count in range: whether one modulus holds the computation is the plan's answer
+        except (rt.PlanError, rt.RNSRangeError) as e:
+            assert "bits" in str(e) or "moduli" in str(e)

@@ -7,6 +7,8 @@ well-scaled data, and be re-derivable by hand from its stated formula.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from fractions import Fraction
 
@@ -20,6 +22,10 @@ from rnstensor.reference import dataset, exact_mode_chain
 
 from chain_oracle import alg2_trace, dyadic, encode_rows, max_abs_error, scaled_exact
 from oracle import exponent_of, round_half_even
+
+
+# the papers' methods at any width: these tests check plans that keep fewer than min_bits bits
+plan_any = functools.partial(rt.plan_chain, min_bits=0)
 
 U = Fraction(1, 2**53)
 TINY = Fraction(1, 2**1074)
@@ -53,7 +59,7 @@ def test_bound_holds_on_the_datasets(name, d):
     ops, axes = table2_ops(d, seed=d), cycling(d)
     X = dataset(name, count=3, n=8, rng=1000 + d)
     for method, planner in PLANS:
-        plan = rt.plan_chain(ops, axes, method=method, planner=planner)
+        plan = plan_any(ops, axes, method=method, planner=planner)
         for decode in ("fp64", "exact"):
             Y = plan(X, decode=decode)
             err, ymax = exact_error(Y, X, ops, axes)
@@ -106,8 +112,8 @@ def test_optimal_bound_never_above_greedy(method):
     X = dataset("uniform", count=2, n=8, rng=5)
     for d in range(3, 9):
         ops, axes = table2_ops(d), cycling(d)
-        g = rt.plan_chain(ops, axes, method=method)
-        o = rt.plan_chain(ops, axes, method=method, planner="optimal")
+        g = plan_any(ops, axes, method=method)
+        o = plan_any(ops, axes, method=method, planner="optimal")
         # the score: the drops' rounding plus the exact decode; the fp64 decode's worst case grows with
         # the final bound, which the optimal planner keeps near the top of the range on purpose
         bg, bo = Fraction(g.error_bound(X, decode="exact")), Fraction(o.error_bound(X, decode="exact"))
@@ -203,7 +209,7 @@ def test_batch_bound_is_the_worst_tensor(method):
     X = rng.uniform(-1, 1, (4, 8, 8, 8))
     X[1] *= 2.0**30
     X[2] = np.ldexp(X[2], rng.integers(-40, 41, (8, 8, 8)).astype(np.int32))
-    plan = rt.plan_chain(ops, axes, method=method)
+    plan = plan_any(ops, axes, method=method)
     whole = plan.error_bound(X)
     each = [plan.error_bound(x) for x in X]
     if method != "composed":
@@ -220,7 +226,7 @@ def test_all_zero_input_has_zero_error():
     ops, axes = table2_ops(3), cycling(3)
     X = np.zeros((2, 8, 8, 8))
     for method in ("rescale_be", "rescale", "norescale", "composed"):
-        plan = rt.plan_chain(ops, axes, method=method)
+        plan = plan_any(ops, axes, method=method)
         Y = plan(X)
         assert not Y.any()
         assert plan.error_bound(X) >= 0.0

@@ -9,6 +9,8 @@ a ``decode='exact'`` chain must return correctly rounded, bit for bit.
 
 from __future__ import annotations
 
+import functools
+
 from fractions import Fraction
 
 import numpy as np
@@ -21,6 +23,11 @@ from rnstensor.reference import exact_mode_chain
 
 from chain_oracle import dyadic, encode_rows, fraction_chain, max_abs_error, scaled_exact
 from oracle import assert_bits_equal, contract, crt, drop_int, encode_oracle, to_float, values
+
+
+# the papers' methods at any width: these tests check plans that keep fewer than min_bits bits
+plan_any = functools.partial(rt.plan_chain, min_bits=0)
+chain_any = functools.partial(rt.mode_chain, min_bits=0)
 
 METHODS = ("rescale_be", "rescale", "norescale", "composed")
 U = Fraction(1, 2**53)
@@ -105,7 +112,7 @@ CASES = ["rank1-repeated", "rank2-rect", "rank3-d7", "rank4-negative", "wide-inp
 )
 def test_every_method_within_its_error_bound(name, method, planner):
     X, ops, axes, ndim = _case(name, 1)
-    plan = rt.plan_chain(ops, axes, method=method, planner=planner, ndim=ndim)
+    plan = plan_any(ops, axes, method=method, planner=planner, ndim=ndim)
     for decode in ("fp64", "exact"):
         Y = plan(X, decode=decode)
         err, ymax = exact_error(Y, X, ops, axes, ndim)
@@ -202,7 +209,7 @@ def test_persistent_methods_equal_hand_simulation(case, method, planner, input_b
     ops = rand_ops(rng, shape, axes, outs, wide=6)
     X = np.stack([rng.uniform(-1, 1, shape), wide_tensor(rng, shape, 40)])  # a batch of two
     try:
-        plan = rt.plan_chain(ops, axes, moduli=s, method=method, planner=planner, input_bits=input_bits)
+        plan = plan_any(ops, axes, moduli=s, method=method, planner=planner, input_bits=input_bits)
     except rt.PlanError:
         assert input_bits is not None  # only an over-wide input may be infeasible
         return
@@ -233,7 +240,7 @@ def test_exact_decode_is_the_correctly_rounded_represented_value(method):
     X[1] = wide_tensor(rng, (6, 5, 4))
     axes = [2, 0, 1, 2, 0]
     ops = rand_ops(rng, (6, 5, 4), axes, [4, 6, 5, 3, 2], wide=10)
-    plan = rt.plan_chain(ops, axes, method=method)
+    plan = plan_any(ops, axes, method=method)
     T = plan.apply(plan.encode_input(X))
     v = crt(np.asarray(T.residues), T.active)
     exp = np.broadcast_to(T.scale.exponent(), T.shape)
@@ -296,7 +303,7 @@ def test_plan_reuse_and_batch_splits_are_bitwise_identical(method):
     rng = np.random.default_rng(6)
     ops = [rng.uniform(-1, 1, (6, 6)) for _ in range(4)]
     axes = [0, 1, 2, 0]
-    plan = rt.plan_chain(ops, axes, method=method)
+    plan = plan_any(ops, axes, method=method)
     cached = [np.array(T.residues, copy=True) for T in plan._encoded]
     ints = [np.array(op.ints, copy=True) for op in plan.schedule.operators]
     opcopies = [A.copy() for A in ops]
@@ -311,8 +318,8 @@ def test_plan_reuse_and_batch_splits_are_bitwise_identical(method):
         assert_bits_equal(np.stack([plan(x, decode=decode) for x in X]), Y)
         assert_bits_equal(plan(X[:6].reshape(2, 3, 6, 6, 6), decode=decode).reshape(6, 6, 6, 6), Y[:6])
         # a fresh plan, and the one-shot form
-        assert_bits_equal(rt.plan_chain(ops, axes, method=method)(X, decode=decode), Y)
-        assert_bits_equal(rt.mode_chain(X, ops, axes, method=method, decode=decode), Y)
+        assert_bits_equal(plan_any(ops, axes, method=method)(X, decode=decode), Y)
+        assert_bits_equal(chain_any(X, ops, axes, method=method, decode=decode), Y)
     # many different tensors through the same plan
     for seed in range(3):
         Z = np.random.default_rng(seed).uniform(-1, 1, (2, 6, 6, 6))
@@ -333,7 +340,7 @@ def test_batch_entry_error_does_not_depend_on_its_neighbours():
     small = rng.uniform(-1, 1, (8, 8, 8))
     X = np.stack([small * 2.0**60, small])
     for method in ("rescale_be", "rescale", "norescale"):
-        plan = rt.plan_chain(ops, [0, 1, 2], method=method)
+        plan = plan_any(ops, [0, 1, 2], method=method)
         assert_bits_equal(plan(X)[1], plan(small))
 
 
@@ -342,8 +349,8 @@ def test_batch_entry_error_does_not_depend_on_its_neighbours():
 def test_mode_chain_equals_plan_call(method, planner):
     X, ops, axes, ndim = _case("rank3-d7", 3)
     for decode in ("fp64", "exact"):
-        a = rt.mode_chain(X, ops, axes, method=method, planner=planner, decode=decode, ndim=ndim)
-        b = rt.plan_chain(ops, axes, method=method, planner=planner, ndim=ndim)(X, decode=decode)
+        a = chain_any(X, ops, axes, method=method, planner=planner, decode=decode, ndim=ndim)
+        b = plan_any(ops, axes, method=method, planner=planner, ndim=ndim)(X, decode=decode)
         assert_bits_equal(a, b)
 
 
@@ -385,13 +392,13 @@ def test_revisits_with_power_of_two_operators_are_exact():
         cur[ax] = n_out
     ints, k = exact_mode_chain(X, ops, axes)
     want = np.array([to_float(v) for v in scaled_exact(ints, k).reshape(-1)]).reshape(ints.shape)
-    plan = rt.plan_chain(ops, axes, method="norescale", moduli=30)
+    plan = plan_any(ops, axes, method="norescale", moduli=30)
     # wide enough that nothing is rounded: 4-bit integers times row scales spread over 2**8, folded
     assert plan.bits >= 30, plan.bits
     assert_bits_equal(plan(X, decode="exact"), want)
     # and the persistent methods with drops stay within their bound at float64 level
     for method in ("rescale_be", "rescale"):
-        p = rt.plan_chain(ops, axes, method=method)
+        p = plan_any(ops, axes, method=method)
         err, ymax = exact_error(p(X), X, ops, axes)
         assert err <= Fraction(p.error_bound(X))
         if method == "rescale_be":
@@ -453,8 +460,8 @@ def test_random_chains_within_bound(seed, ndim, batch, d, method, planner, decod
     axes = [int(a) for a in rng.integers(0, ndim, d)]
     ops = rand_ops(rng, shape, axes, [int(n) for n in rng.integers(1, 6, d)], wide=8 if wide else 0)
     sign_axes = [a - ndim if rng.integers(0, 2) else a for a in axes]
-    plan = rt.plan_chain(ops, sign_axes, method=method, planner=planner, ndim=ndim)
-    Y = rt.mode_chain(X, ops, sign_axes, method=method, planner=planner, decode=decode, ndim=ndim)
+    plan = plan_any(ops, sign_axes, method=method, planner=planner, ndim=ndim)
+    Y = chain_any(X, ops, sign_axes, method=method, planner=planner, decode=decode, ndim=ndim)
     assert_bits_equal(plan(X, decode=decode), Y)
     err, _ = exact_error(Y, X, ops, axes, ndim)
     assert err <= Fraction(plan.error_bound(X, decode=decode))

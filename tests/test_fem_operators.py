@@ -246,10 +246,15 @@ def test_full_G_and_skipped_components():
 def test_small_basis_plans_or_fails_cleanly():
     b8 = TensorBasis(3, dim=2, moduli=8)
     mesh = box_mesh(b8, shape=2, curved=0.1)
-    M = MassOperator(b8, mesh.qdata)  # narrower encoding, still every step in range
+    M = MassOperator(b8, mesh.qdata, min_bits=0)  # narrower encoding, still every step in range
     assert M.bits < 53
+    with pytest.raises(rt.PlanError, match=rf"MassOperator: .* keeps only {M.bits}\.0 bits .*min_bits=32"):
+        MassOperator(b8, mesh.qdata)  # by default a plan below 32 kept bits is refused, as einsum's
+    assert MassOperator(b8, mesh.qdata, min_bits=M.bits).bits == M.bits
+    with pytest.raises(rt.PlanError, match="PoissonOperator: .*min_bits=32"):
+        PoissonOperator(b8, mesh.G)
     u = np.random.default_rng(3).uniform(-1, 1, mesh.dofs.shape)
-    ref = MassOperator(b8, mesh.qdata, method="float64").apply(u)
+    ref = MassOperator(b8, mesh.qdata, method="float64", min_bits=0).apply(u)
     assert np.max(np.abs(M.apply(u) - ref)) <= 1e-6 * np.abs(ref).max()
     b3 = TensorBasis(3, dim=2, moduli=2)
     with pytest.raises(rt.PlanError, match="more moduli"):

@@ -232,11 +232,11 @@ def test_crt_boundary_exact(s):
     x = 1.0 - 2.0**-53
     A, B = np.full((m, k), x), np.full((k, n), -x)
     want = ref_dgemm(A[:1], B[:, :1])[0, 0]
-    got = rt.dgemm(A, B, moduli=s)
+    got = rt.dgemm(A, B, moduli=s, min_bits=0)
     if s >= 16:
         assert (got == want).all()
     assert np.abs(got - want).max() <= 2.0 ** -(G.gemm_width(s, k) - 2) * k
-    Z = rt.zgemm(A * (1 + 1j), B * (1 + 1j), moduli=s)  # Ar + Ai and Br + Bi at 2**(t+1): P2 at its bound
+    Z = rt.zgemm(A * (1 + 1j), B * (1 + 1j), moduli=s, min_bits=0)  # Ar + Ai and Br + Bi at 2**(t+1): P2 at its bound
     zwant = ref_zgemm(A[:1] * (1 + 1j), B[:, :1] * (1 + 1j))[0, 0]
     if s >= 16:
         assert (Z == zwant).all()
@@ -600,7 +600,15 @@ def test_bad_input_errors():
         rt.dgemm(a, b, workspace_bytes=0)
     with pytest.raises(TypeError, match="alpha"):
         rt.dgemm(a, b, alpha=1j)
-    assert_bitwise(rt.dgemm(a, b, trans_a="n", moduli=2), rt.dgemm(a, b, moduli=np.int64(2)))
+    assert_bitwise(rt.dgemm(a, b, trans_a="n", moduli=2, min_bits=0), rt.dgemm(a, b, moduli=np.int64(2), min_bits=0))
+    # einsum's min_bits rule: a width below 32 bits is refused, saying how many moduli keep 53
+    with pytest.raises(rt.PlanError, match=r"moduli=2 at k=4 \(width t=6\) keeps only 6.0 bits.*min_bits=32.*moduli=None"):
+        rt.dgemm(a, b, moduli=2)
+    with pytest.raises(rt.PlanError, match="min_bits=7"):
+        rt.zgemm(a + 0j, b + 0j, moduli=2, min_bits=7)
+    with pytest.raises(rt.PlanError, match="min_bits"):
+        rt.matmul(a, b, moduli=2)
+    assert rt.dgemm(a, b, moduli=2, min_bits=6).shape == (a.shape[0], b.shape[1])
 
 
 @pytest.mark.parametrize("module", [G, GA])

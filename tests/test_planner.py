@@ -7,6 +7,8 @@ out again with Python ints).
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 
@@ -19,6 +21,10 @@ import rnstensor as rt
 from rnstensor.planner import drop_plan, prepare_operators
 
 from chain_oracle import alg2, alg2_trace, effective_rhos, encode_rows, dyadic, first_visit_rho, hand_plan
+
+
+# the papers' methods at any width: these tests check plans that keep fewer than min_bits bits
+plan_any = functools.partial(rt.plan_chain, min_bits=0)
 
 S15 = rt.Basis.int8(15)
 
@@ -172,10 +178,10 @@ TABLE2_B = {3: 27, 4: 21, 5: 17, 6: 14, 7: 12, 8: 10}
 @pytest.mark.parametrize("d", range(3, 9))
 def test_table2_seed0(d):
     ops, axes = table2_ops(d), cycling(d)
-    nr = rt.plan_chain(ops, axes, moduli=15, method="norescale")
-    rs = rt.plan_chain(ops, axes, moduli=15, method="rescale")
-    be = rt.plan_chain(ops, axes, moduli=15, method="rescale_be")
-    co = rt.plan_chain(ops, axes, moduli=15, method="composed")
+    nr = plan_any(ops, axes, moduli=15, method="norescale")
+    rs = plan_any(ops, axes, moduli=15, method="rescale")
+    be = plan_any(ops, axes, moduli=15, method="rescale_be")
+    co = plan_any(ops, axes, moduli=15, method="composed")
     assert nr.bits == TABLE2_B[d] and nr.drops == (0,) * d
     assert rs.bits == TABLE2_B[d]
     assert co.bits == 53 and co.drops == (0,) * d
@@ -183,7 +189,7 @@ def test_table2_seed0(d):
     want = (7,) * (d - 1) + (0,) if d <= 7 else (7, 7, 7, 7, 7, 7, 8, 0)
     assert be.drops == want
     # default method is rescale_be on 15 moduli
-    default = rt.plan_chain(ops, axes)
+    default = plan_any(ops, axes)
     assert (default.method, default.bits, default.drops) == ("rescale_be", 53, want)
 
 
@@ -194,7 +200,7 @@ def test_table2_against_hand_planner(seed):
         ops, axes = table2_ops(d, seed), cycling(d)
         cache: dict = {}
         for method in ("norescale", "rescale", "rescale_be", "composed"):
-            plan = rt.plan_chain(ops, axes, method=method)
+            plan = plan_any(ops, axes, method=method)
             want_b, want_g = hand_plan(method, ops, axes, moduli, cache)
             assert (plan.bits, plan.drops) == (want_b, want_g), (seed, d, method)
             # the paper's b values are robust to the operator draw
@@ -220,7 +226,7 @@ def test_plan_bits_on_small_bases(moduli, method):
     axes = [0, 1, 0, 1]
     basis = moduli if isinstance(moduli, rt.Basis) else rt.Basis.int8(moduli)
     want = hand_plan(method, ops, axes, basis.moduli)
-    plan = rt.plan_chain(ops, axes, moduli=moduli, method=method)
+    plan = plan_any(ops, axes, moduli=moduli, method=method)
     assert plan.basis == basis
     assert (plan.bits, plan.drops) == want
 
@@ -236,7 +242,7 @@ def _numbers(line: str) -> list[float]:
 def test_plan_attributes_and_describe(method, capsys):
     d = 8
     ops, axes = table2_ops(d), cycling(d)
-    plan = rt.plan_chain(ops, axes, method=method)
+    plan = plan_any(ops, axes, method=method)
     assert plan.method == method and plan.planner == "greedy"
     assert isinstance(plan.bits, int) and isinstance(plan.drops, tuple)
     assert len(plan.drops) == d and plan.drops[-1] == 0
@@ -335,8 +341,8 @@ def _check_schedule(start: int, rhos, dropped, moduli, restore: bool):
 @pytest.mark.parametrize("d", [3, 5, 8])
 def test_optimal_planner_schedule_is_feasible(method, d):
     ops, axes = table2_ops(d), cycling(d)
-    greedy = rt.plan_chain(ops, axes, method=method)
-    opt = rt.plan_chain(ops, axes, method=method, planner="optimal")
+    greedy = plan_any(ops, axes, method=method)
+    opt = plan_any(ops, axes, method=method, planner="optimal")
     assert opt.planner == "optimal" and opt.method == method
     assert opt.bits == greedy.bits  # the width is chosen by the same range checks
     assert isinstance(opt.drops, tuple) and len(opt.drops) == d and opt.drops[-1] == 0
@@ -379,8 +385,8 @@ def test_optimal_rescale_be_divides_by_just_enough():
 @pytest.mark.parametrize("method", ["norescale", "composed"])
 def test_optimal_planner_is_a_no_op_without_drops(method):
     ops, axes = table2_ops(4), cycling(4)
-    a = rt.plan_chain(ops, axes, method=method)
-    b = rt.plan_chain(ops, axes, method=method, planner="optimal")
+    a = plan_any(ops, axes, method=method)
+    b = plan_any(ops, axes, method=method, planner="optimal")
     assert (a.bits, a.drops) == (b.bits, b.drops)
 
 
@@ -473,13 +479,40 @@ def test_plan_error_when_no_width_fits():
 
 
 def test_few_moduli_still_plan_at_small_b():
-    # 2 or 3 moduli hold an 8x8 chain at a small width: that is a plan, not an error (Alg. 3 lowers b)
+    # 2 or 3 moduli hold an 8x8 chain at a small width: with min_bits=0 that is a plan (Alg. 3 lowers b)
     ops, axes = table2_ops(3), cycling(3)
     for s in (2, 3):
         for method in ("rescale_be", "rescale", "norescale", "composed"):
-            plan = rt.plan_chain(ops, axes, moduli=s, method=method)
+            plan = plan_any(ops, axes, moduli=s, method=method)
             assert (plan.bits, plan.drops) == hand_plan(method, ops, axes, rt.Basis.int8(s).moduli)
             assert plan.bits < 53
+
+
+@pytest.mark.parametrize("method", ["rescale_be", "rescale", "norescale", "composed"])
+def test_plans_that_keep_too_few_bits_are_refused(method):
+    """einsum's min_bits rule: a plan below 32 kept bits is a PlanError that says how to get more."""
+    ops, axes = table2_ops(3), cycling(3)
+    with pytest.raises(rt.PlanError, match=r"keeps only [0-9.]+ bits .*min_bits=32.*use more moduli"):
+        rt.plan_chain(ops, axes, moduli=2, method=method)
+    with pytest.raises(rt.PlanError, match="min_bits"):
+        rt.mode_chain(np.ones((8, 8, 8)), ops, axes, moduli=2, method=method)
+    hand = hand_plan(method, ops, axes, rt.Basis.int8(2).moduli)
+    assert rt.plan_chain(ops, axes, moduli=2, method=method, min_bits=hand[0]).bits == hand[0]
+    with pytest.raises(rt.PlanError, match=f"min_bits={hand[0] + 1}"):
+        rt.plan_chain(ops, axes, moduli=2, method=method, min_bits=hand[0] + 1)
+    # a width the caller asks for is no loss: bits=b needs only b kept bits
+    assert rt.plan_chain(ops, axes, moduli=2, method=method, bits=hand[0]).bits == hand[0]
+    with pytest.raises(ValueError, match="min_bits must be a non-negative integer"):
+        rt.plan_chain(ops, axes, method=method, min_bits=-1)
+
+
+def test_default_plans_keep_at_least_min_bits():
+    ops, axes = table2_ops(3), cycling(3)
+    assert rt.plan_chain(ops, axes).bits == 53
+    plan = rt.plan_chain(ops, axes, moduli=15, method="norescale", min_bits=0)
+    assert plan.bits < 32  # NoRescale at depth 3 keeps fewer than 32 bits on 15 moduli: refused by default
+    with pytest.raises(rt.PlanError):
+        rt.plan_chain(ops, axes, moduli=15, method="norescale")
 
 
 @pytest.mark.parametrize(

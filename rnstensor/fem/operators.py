@@ -29,6 +29,7 @@ import numpy as np
 from ..arrays import array_module, to_module
 from ..backends import dispatch
 from ..chain import plan_chain
+from ..planner.methods import MIN_BITS
 from ..encode import check_float_array, encode
 from ..program.errors import FieldErrors, NormErrors, OperatorBounds, decode_factor
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
@@ -81,17 +82,18 @@ def _growth(basis: TensorBasis, fields: tuple):
 
 
 @lru_cache(maxsize=None)
-def _plan(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset) -> ProgramPlan:
+def _plan(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset, min_bits: int = MIN_BITS) -> ProgramPlan:
     d = basis.dim
     if kind == "mass":
-        return plan_program(mass_program, d, basis.moduli, _growth(basis, ("W",)), bits)
+        return plan_program(mass_program, d, basis.moduli, _growth(basis, ("W",)), bits, min_bits, "MassOperator")
     fields = tuple(("G", c) for c in range(3 * (d - 1)) if c not in skip)
-    return plan_program(partial(poisson_program, skip=skip), d, basis.moduli, _growth(basis, fields), bits)
+    return plan_program(partial(poisson_program, skip=skip), d, basis.moduli, _growth(basis, fields), bits,
+                        min_bits, "PoissonOperator")
 
 
-def _residue_program(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset):
+def _residue_program(kind: str, basis: TensorBasis, bits: Optional[int], skip: frozenset, min_bits: int):
     """The operator's planned residue program, and the keys of its constants (cached with the plan)."""
-    plan = _plan(kind, basis, bits, skip)
+    plan = _plan(kind, basis, bits, skip, min_bits)
     return plan.program, plan.constants
 
 
@@ -159,21 +161,22 @@ class _Operator:
 
     kind = ""
 
-    def _setup(self, basis, method, bits, backend):
+    def _setup(self, basis, method, bits, backend, min_bits):
         if not isinstance(basis, TensorBasis):
             raise TypeError(f"basis must be a rnstensor.fem.TensorBasis; got {type(basis).__name__}")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}; got {method!r}")
         self.basis, self.method, self.backend = basis, method, backend
         self._bits_arg = bits
+        self._min_bits = min_bits
 
     def _finish_setup(self, skip: frozenset):
-        self.plan = _plan(self.kind, self.basis, self._bits_arg, skip)
+        self.plan = _plan(self.kind, self.basis, self._bits_arg, skip, self._min_bits)
         self.bits = self.plan.bits
         self._ops = _encoded_ops(self.basis, self.bits)
         self._skip = skip
         #: the residue program of ``method='rescale_be'`` (:mod:`rnstensor.program`), written once per plan
-        self.program, self._constant_keys = _residue_program(self.kind, self.basis, self._bits_arg, skip)
+        self.program, self._constant_keys = _residue_program(self.kind, self.basis, self._bits_arg, skip, self._min_bits)
         self._placed: dict = {}  # per array module: the program's constants, fields and the fused kernel's field
 
     def _on(self, what: str, xp, make):
@@ -446,6 +449,9 @@ class MassOperator(_Operator):
         matrices and fields more finely where the basis has the range.
     backend : str, optional
         Residue backend name (default: the current one).
+    min_bits : int
+        The fewest bits the plan may keep (or ``bits``, when smaller), as in
+        :func:`rnstensor.einsum`: a plan below it raises :class:`PlanError`.
 
     Attributes
     ----------
@@ -459,7 +465,8 @@ class MassOperator(_Operator):
     InvertedElementError
         ``qdata`` has a value ``<= 0``.
     PlanError
-        The residue basis is too small for the program.
+        The residue basis is too small for the program, or its plan keeps
+        fewer than ``min_bits`` bits.
 
     Examples
     --------
@@ -476,8 +483,8 @@ class MassOperator(_Operator):
     kind = "mass"
 
     def __init__(self, basis: TensorBasis, qdata, *, method: str = "rescale_be", bits: Optional[int] = None,
-                 backend: Optional[str] = None):
-        self._setup(basis, method, bits, backend)
+                 backend: Optional[str] = None, min_bits: int = MIN_BITS):
+        self._setup(basis, method, bits, backend, min_bits)
         w, _ = basis.check_elements(qdata, basis.Q, "qdata")
         if np.asarray(qdata).ndim == basis.dim:
             qs = ", ".join([str(basis.Q)] * basis.dim)
@@ -556,8 +563,8 @@ class PoissonOperator(_Operator):
     kind = "poisson"
 
     def __init__(self, basis: TensorBasis, G, *, method: str = "rescale_be", bits: Optional[int] = None,
-                 backend: Optional[str] = None):
-        self._setup(basis, method, bits, backend)
+                 backend: Optional[str] = None, min_bits: int = MIN_BITS):
+        self._setup(basis, method, bits, backend, min_bits)
         d, Q = basis.dim, basis.Q
         ncomp = 3 * (d - 1)
         g = check_float_array(G, "G")

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..basis import Basis, log2_int
 from ..errors import PlanError
+from ..planner.methods import MIN_BITS, check_kept_bits
 from ..planner.program import Failure, JustEnough, plan_drops
 from ..program import ir
 
@@ -138,7 +139,8 @@ class ProgramPlan:
 
 
 def plan_program(
-    program: Callable, dim: int, basis: Basis, growth_at: Callable[[int], dict], bits: Optional[int] = None
+    program: Callable, dim: int, basis: Basis, growth_at: Callable[[int], dict], bits: Optional[int] = None,
+    min_bits: int = MIN_BITS, name: str = "operator",
 ) -> ProgramPlan:
     """The widest ``b <= 53`` (or the given one) whose program fits with at least ``b`` bits kept after every drop.
 
@@ -153,7 +155,8 @@ def plan_program(
     Raises
     ------
     PlanError
-        No width passes (more moduli are needed).
+        No width passes (more moduli are needed), or the widest that does
+        keeps fewer than ``min_bits`` bits (the rule of einsum and chains).
     """
     candidates = range(53, 7, -1) if bits is None else [int(bits)]
     failure = None
@@ -176,6 +179,8 @@ def plan_program(
         sb = planned.slot_bounds
         stage_bounds = tuple(([sb[s] for s in ins], [sb[s] for s in outs]) for ins, outs in w.stages)
         drops = tuple(g.dropped for g in planned.groups)
+        check_kept_bits(f"{name}: the residue plan on {basis!r}", float(b), min_bits, bits,
+                        "use more moduli (e.g. moduli=20) or method='composed'")
         return ProgramPlan(basis, b, drops, stage_bounds, sb[out], planned.program, tuple(w.constants))
     tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to {candidates[-1]}"
     raise PlanError(

@@ -13,7 +13,10 @@ from .bounds import operator_norms, optimal_drops
 from .drops import StepBounds, axis_labels, chain_program, simulate
 from .operators import PreparedOperator, prepare_operators
 
-__all__ = ["METHODS", "PLANNERS", "Schedule", "plan_schedule"]
+#: The fewest bits a plan may keep by default (einsum, chains, FEM operators, GEMM): ``min_bits``.
+MIN_BITS = 32
+
+__all__ = ["METHODS", "PLANNERS", "MIN_BITS", "Schedule", "check_kept_bits", "plan_schedule"]
 
 METHODS = ("rescale_be", "rescale", "norescale", "composed")
 PLANNERS = ("greedy", "optimal")
@@ -37,6 +40,31 @@ class Schedule:
     steps: tuple[StepBounds, ...]
     basis: Basis
     program: object = None  # the planned residue program (rnstensor.program), what the plan runs
+
+    @property
+    def kept_bits(self) -> float:
+        """The fewest significant bits any encoding or intermediate keeps (its integers' width after the drops)."""
+        after = [log2_int(st.after) for st in self.steps if st.drops and st.after]
+        return float(min([self.bits, self.input_bits] + after))
+
+
+def check_kept_bits(what: str, kept: float, min_bits: int, asked: Optional[int], more: str) -> None:
+    """Refuse a plan that keeps fewer than ``min_bits`` bits (or than the width the caller asked for, if fewer).
+
+    The one rule of einsum, chain plans, the FEM operators and the GEMMs:
+    a plan that keeps ``b`` bits errs by about ``2**-b`` of its operands'
+    norm, so below ``min_bits`` (default 32) it is refused with a
+    :class:`PlanError` that says how to get more bits (``more``) or to
+    lower ``min_bits`` to accept the error.
+    """
+    if isinstance(min_bits, bool) or not isinstance(min_bits, (int, np.integer)) or min_bits < 0:
+        raise ValueError(f"min_bits must be a non-negative integer; got {min_bits!r}")
+    need = min_bits if asked is None else min(min_bits, asked)  # a width the caller asked for is no loss
+    if kept < need:
+        raise PlanError(
+            f"{what} keeps only {kept:.1f} bits of some operand or intermediate (min_bits={min_bits}); "
+            f"{more}, or lower min_bits to accept the larger error"
+        )
 
 
 def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operators, axes, basis: Basis, ndim: int):
@@ -98,6 +126,7 @@ def plan_schedule(
     bits: Optional[int] = None,
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
+    min_bits: int = MIN_BITS,
 ) -> Schedule:
     """Choose the encoding bits and drop counts of a chain (largest ``b <= 53`` passing every check).
 
@@ -106,7 +135,8 @@ def plan_schedule(
     narrower) than the operators; ``'max'`` takes the widest that passes. ``planner='optimal'`` chooses the drops to
     minimise the a-priori error bound instead of Alg. 2's greedy rule. Raises
     :class:`PlanError` naming the failing step and the missing bits when no
-    width passes.
+    width passes, and when the plan found keeps fewer than ``min_bits`` bits
+    (:func:`check_kept_bits`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -131,6 +161,9 @@ def plan_schedule(
                 if wider is None:
                     break
                 sched = wider
+            asked = None if bits is None else int(bits)
+            check_kept_bits(f"plan_chain: the '{method}' plan on {basis!r}", sched.kept_bits, min_bits, asked,
+                            "use more moduli" + (", method='rescale_be'" if method != "rescale_be" else ""))
             return sched
     step, what, need, have = failure
     where = "the encoding" if step < 0 else f"product {step + 1} (axis {axes[step]})" + (
