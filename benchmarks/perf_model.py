@@ -1,4 +1,4 @@
-"""A performance model of the chain and the DGEMM/ZGEMM pipeline from two measured ceilings (papers/000 Sec. 9.2 style).
+"""A performance model of the chain and the DGEMM/ZGEMM pipeline from two measured ceilings ([2610.26945] Sec. 9.2 style).
 
 Every kernel ``k`` of a run is charged the largest of three times, and a run
 is the sum over its kernels plus a launch cost each:
@@ -23,7 +23,7 @@ is the sum over its kernels plus a launch cost each:
 * ``tau`` a launch gap (5 us, a lead).
 
 For the fused chain kernel, one kernel: ``B = 16`` bytes per DoF (8 in, 8 out).
-For DGEMM (papers/000 Sec. 9.2 has T = 2mnks g/R8 + g[(16+s)(mk+kn) + (4s+8)mn]/beta
+For DGEMM ([2610.26945] Sec. 9.2 has T = 2mnks g/R8 + g[(16+s)(mk+kn) + (4s+8)mn]/beta
 + n_launch tau for their pipeline) the phases of bench_gpu.py's device
 pipeline are charged with their own byte counts (see :func:`dgemm_phases`).
 
@@ -58,7 +58,7 @@ FUSED_MAX_N = 16
 
 #: Leads, used only where bench_gpu.json has no measurement: an H200 as KINDS.md saw it
 #: (copy 4.3 TB/s through PyTorch) and the datasheets (132 SMs, 1.98 GHz boost; cuBLAS INT8
-#: about 1.38 POP/s on GH200 by papers/003, 70 % of the 1979 TOP/s dense peak).
+#: about 1.38 POP/s on GH200 by [2606.25453], 70 % of the 1979 TOP/s dense peak).
 LEAD_CEILINGS = {
     "copy_Bps": 4.3e12,
     "int8_ops_per_s": 1.38e15,

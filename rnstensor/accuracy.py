@@ -1,4 +1,4 @@
-"""The accuracy experiment of papers/002 Sec. 6.2: Table 2 (plans) and Table 3 / Fig. 6 (errors vs the exact value)."""
+"""The accuracy experiment of [2610.05059] Sec. 6.2: Table 2 (plans) and Table 3 / Fig. 6 (errors vs the exact value)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ METHOD_LABELS = {
     "rescale": "Rescale",
     "rescale_be": "RescaleBE",
 }
-#: The chain depths of papers/002 Sec. 6.2.
+#: The chain depths of [2610.05059] Sec. 6.2.
 DEPTHS = (3, 4, 5, 6, 7, 8)
 METRICS = ("normwise", "max", "median")
 _METRIC_TITLES = {
@@ -52,7 +52,7 @@ def operator_seed(seed: int) -> np.random.SeedSequence:
 
     So the depth-``d`` operators are the first ``d`` of the depth-8 ones, and
     with ``seed = 0`` they are the operators on which the planner reproduces
-    papers/002 Table 2.
+    [2610.05059] Table 2.
     """
     return np.random.SeedSequence(seed)
 
@@ -121,7 +121,7 @@ class AccuracyResult:
     # ----- printing -----------------------------------------------------------------------
 
     def format_table2(self) -> str:
-        """Table 2 of papers/002: the selected ``b`` per method and depth, drop schedules, final modulus counts."""
+        """Table 2 of [2610.05059]: the selected ``b`` per method and depth, drop schedules, final modulus counts."""
         cfg = self.config
         depths = list(self.plans)
         methods = [m for m in cfg["methods"] if m != "einsum"]
@@ -173,7 +173,7 @@ class AccuracyResult:
         """Table 2 and every error table, as :command:`rnstensor accuracy` prints them."""
         cfg = self.config
         head = (
-            f"papers/002 accuracy experiment: n = {cfg['n']}, s = {cfg['moduli']}, {cfg['count']} tensors per dataset, "
+            f"[2610.05059] accuracy experiment: n = {cfg['n']}, s = {cfg['moduli']}, {cfg['count']} tensors per dataset, "
             f"axes {', '.join(str(a) for a in cycling_axes(max(cfg['depths'])))} (the paper's modes 1, 2, 3, ...), "
             f"seed {cfg['seed']}, "
             f"decode '{cfg['decode']}', planner '{cfg['planner']}', backend '{cfg['backend']}'\n"
@@ -239,7 +239,7 @@ def run_accuracy(
     backend: Optional[str] = None,
     progress: Optional[Callable[[str], None]] = None,
 ) -> AccuracyResult:
-    """Run the accuracy experiment of papers/002 Sec. 6.2 (Table 2, Table 3 and Fig. 6).
+    """Run the accuracy experiment of [2610.05059] Sec. 6.2 (Table 2, Table 3 and Fig. 6).
 
     For every depth ``d``: ``d`` operators ``n × n`` U[-1, 1) from
     ``default_rng(seed)`` (the same for every dataset; see

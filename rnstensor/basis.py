@@ -266,7 +266,7 @@ def _pow2_table(moduli: tuple[int, ...], max_shift: int) -> np.ndarray:
 
 
 class DropExtendSchedule:
-    """The exact integers of one fused drop x g + base extension (papers/002 Alg. 1 then Alg. 4), per entry.
+    """The exact integers of one fused drop x g + base extension ([2610.05059] Alg. 1 then Alg. 4), per entry.
 
     Every backend builds its tables from this one schedule. Dropping the moduli
     ``order`` (in that order) from ``active``: ``dperm`` are their plane indices,

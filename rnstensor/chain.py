@@ -1,4 +1,4 @@
-"""Chains of mode products: plans built once, executed by the four methods of papers/002."""
+"""Chains of mode products: plans built once, executed by the four methods of [2610.05059]."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ class ChainPlan:
     def encode_input(self, X, *, backend: Optional[str] = None) -> RNSTensor:
         """``X`` encoded as the persistent methods need: one exponent per tensor, ``input_bits`` wide.
 
-        Every batch entry gets its own exponent (papers/002: one scale per
+        Every batch entry gets its own exponent ([2610.05059]: one scale per
         tensor), so a tensor's result never depends on the rest of its batch.
         """
         if self.method == "composed":
@@ -422,7 +422,7 @@ def plan_chain(
     moduli : int, Basis or tuple
         The working basis (``15`` = ``Basis.int8(15)``).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
-        papers/002 Alg. 7, 10, 8, 6.
+        [2610.05059] Alg. 7, 10, 8, 6.
     planner : {'greedy', 'optimal'}
         ``'greedy'``: Alg. 2 (drop while the bound stays above ``2**bits``).
         ``'optimal'``: per product, the drop count that minimises

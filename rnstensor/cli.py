@@ -36,7 +36,7 @@ def _info(args) -> int:
 
 
 def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
-    """How many smallest moduli to drop so the bound falls back to about ``2**bits`` (papers/002 Alg. 2 rule)."""
+    """How many smallest moduli to drop so the bound falls back to about ``2**bits`` ([2610.05059] Alg. 2 rule)."""
     act, g = sorted(active), 0
     while len(act) > 1 and bound // act[0] >= (1 << bits):
         q = act.pop(0)
@@ -110,7 +110,7 @@ def _demo(args) -> int:
         from .accuracy import run_accuracy
 
         print(
-            f"\n\nA short papers/002 accuracy experiment (n = 8, s = 15, d = 3 and 8, {args.accuracy_count} tensors per "
+            f"\n\nA short [2610.05059] accuracy experiment (n = 8, s = 15, d = 3 and 8, {args.accuracy_count} tensors per "
             "dataset; the full one: rnstensor accuracy)\n"
         )
         t0 = time.perf_counter()
@@ -156,10 +156,10 @@ def _accuracy_gemm_table7(args) -> int:
 
     m, _, n = args.size
     data = args.data or list(TABLE7_DATASETS)
-    print(f"papers/000 Table 7: smallest s per accuracy level, {m} x k x {n}, seed {args.seed}")
+    print(f"[2610.26945] Table 7: smallest s per accuracy level, {m} x k x {n}, seed {args.seed}")
     print("  (a) max componentwise error <= numpy float64 matmul's; (u) <= 2^-53; (b) >= 99.9 % CR; (c) 100 % CR")
     print(f"  s[t]: moduli and width; noext: smallest s with t <= {EXTENDED_WIDTH} ('-': needs the extended width)")
-    print("  paper: papers/000 Table 7 (a, b, c); auto/def: the s of moduli='auto' / None")
+    print("  paper: [2610.26945] Table 7 (a, b, c); auto/def: the s of moduli='auto' / None")
     head = f"{'data':<8} {'k':>5} {'numpy comp':>10} {'np CR%':>7}  {'(a)':>7} {'(u)':>7} {'(b)':>7} {'(c)':>7}  {'noext a/b/c':>11}  {'auto':>4} {'def':>3}  {'paper':>8}"
     print(head)
 
@@ -206,7 +206,7 @@ def _accuracy_gemm(args) -> int:
         data = args.data or _GEMM_TABLE_DATA[table]
         moduli = args.gemm_moduli or _GEMM_TABLE_MODULI[table]
         kind = "ZGEMM (3M)" if args.complex else "DGEMM"
-        print(f"papers/000 Table {table}: emulated {kind} vs the exact product, {m} x {k} x {n}, seed {args.seed}")
+        print(f"[2610.26945] Table {table}: emulated {kind} vs the exact product, {m} x {k} x {n}, seed {args.seed}")
         print(
             f"{'data':<10} {'method':<7} {'moduli':>7} {'s':>3} {'t':>4} {'max ulp':>10} {'CR %':>8} "
             f"{'componentwise':>14} {'normwise':>10}"
@@ -285,15 +285,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     acc = sub.add_parser(
         "accuracy",
-        help="papers/002 Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
+        help="[2610.05059] Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
     )
     acc.add_argument(
         "target", nargs="?", choices=("chain", "gemm"), default="chain",
-        help="chain: papers/002 Sec. 6.2 (default); gemm: papers/000 Tables 6-8 for emulated DGEMM / ZGEMM",
+        help="chain: [2610.05059] Sec. 6.2 (default); gemm: [2610.26945] Tables 6-8 for emulated DGEMM / ZGEMM",
     )
     acc.add_argument(
         "--table", choices=("6", "7", "8"), default="6",
-        help="gemm: papers/000 Table 6 (accuracy per s, default), 7 (smallest s per accuracy level) or 8 (worst cases)",
+        help="gemm: [2610.26945] Table 6 (accuracy per s, default), 7 (smallest s per accuracy level) or 8 (worst cases)",
     )
     acc.add_argument(
         "--data", nargs="+", default=None,

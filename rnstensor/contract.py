@@ -27,7 +27,7 @@ __all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "
 
 #: ``'rescale_be'``: residues from one encode per operand to one decode (drops and base
 #: extensions keep every intermediate in range). ``'composed'``: every intermediate is
-#: decoded to float64 and re-encoded before its next use (the baseline of papers/002).
+#: decoded to float64 and re-encoded before its next use (the baseline of [2610.05059]).
 EINSUM_METHODS = ("rescale_be", "composed")
 _DECODES = ("fp64", "exact", None)
 

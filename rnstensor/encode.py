@@ -131,7 +131,7 @@ def encode(
     *,
     backend: Optional[str] = None,
 ) -> RNSTensor:
-    """Encode a float tensor exactly into residue planes (papers/002 Alg. 5).
+    """Encode a float tensor exactly into residue planes ([2610.05059] Alg. 5).
 
     Each group of entries that shares an exponent gets ``e = bits - E`` with
     ``2**(E-1) <= max|G| < 2**E``; its entries become the integers

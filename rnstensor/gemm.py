@@ -110,7 +110,7 @@ def moduli_for_bits(k: int, bits: int = 53, *, kind: str = "real") -> int:
     """The smallest number of INT8 moduli ``s`` whose width ``gemm_width(s, k)`` is at least ``bits``.
 
     ``bits = 53`` (the default of :func:`dgemm`) gives float64-level accuracy on
-    well-scaled data (papers/000 Sec. 4.5, 9.1): the error bound is
+    well-scaled data ([2610.26945] Sec. 4.5, 9.1): the error bound is
     ``|c~ - c| <= 2**-D_i sum_p |b_pj| / 2 + 2**-E_j sum_p |a_ip| / 2 + k 2**(-D_i-E_j) / 4``
     with ``2**-D_i <= 2 * max_p |a_ip| * 2**-t``, i.e. about
     ``2**(1-t) (max|a_i.| |b_.j| + |a_i.| max|b_.j|)``. When the entries of a row

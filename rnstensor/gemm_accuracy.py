@@ -1,4 +1,4 @@
-"""GEMM accuracy harness (papers/000 Tables 6-8, ZGEMM rows): exact references by split float64 GEMMs, ulp / CR% / errors."""
+"""GEMM accuracy harness ([2610.26945] Tables 6-8, ZGEMM rows): exact references by split float64 GEMMs, ulp / CR% / errors."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ __all__ = [
     "gemm_thresholds",
 ]
 
-#: The data sets of papers/000 Sec. 7-8.3.
+#: The data sets of [2610.26945] Sec. 7-8.3.
 GEMM_DATASETS = ("uniform", "phi0.5", "phi1", "phi2", "phi4", "sincos", "spike", "cancel", "boundary")
 
-#: The data sets of papers/000 Table 7 (smallest s per accuracy level) and Table 8 (worst cases).
+#: The data sets of [2610.26945] Table 7 (smallest s per accuracy level) and Table 8 (worst cases).
 TABLE7_DATASETS = ("uniform", "phi0.5", "phi1", "phi2", "phi4", "sincos")
 TABLE8_DATASETS = ("spike", "cancel", "boundary")
 
-#: papers/000 Table 7 (Intel Arc B60, 512 x 512): ``(data, k) -> (s for ~DGEMM, 99.9% CR, 100% CR)``, None = not reached at s <= 24.
+#: [2610.26945] Table 7 (Intel Arc B60, 512 x 512): ``(data, k) -> (s for ~DGEMM, 99.9% CR, 100% CR)``, None = not reached at s <= 24.
 PAPER_TABLE7 = {
     ("uniform", 256): (14, 15, 15),
     ("uniform", 4096): (14, 16, 16),
@@ -49,14 +49,14 @@ PAPER_TABLE7 = {
     ("sincos", 4096): (14, 19, 20),
 }
 
-#: Widths above this need the extended-width path in papers/000 (int64 residue path: t <= 62).
+#: Widths above this need the extended-width path in [2610.26945] (int64 residue path: t <= 62).
 EXTENDED_WIDTH = 62
 
 _CHUNK = 18  # bits per slice: k * 2**36 < 2**53 keeps every slice GEMM exact for k < 2**17
 
 
 def gemm_dataset(name: str, m: int = 512, k: int = 4096, n: int = 512, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(A, B)`` of the named papers/000 data set, ``A`` m x k and ``B`` k x n.
+    """``(A, B)`` of the named [2610.26945] data set, ``A`` m x k and ``B`` k x n.
 
     ``uniform``: U[-1, 1). ``phiX``: ``(U(0,1) - 1/2) exp(X N(0,1))``.
     ``sincos``: ``A = sin(i * j)``, ``B = cos(i * j)`` on index grids.
@@ -376,7 +376,7 @@ def gemm_accuracy(
     progress: Optional[Callable[[dict], None]] = None,
     complex: bool = False,
 ) -> list[dict]:
-    """papers/000 Table 6 / 8 rows: for each data set, numpy matmul and :func:`dgemm` (or :func:`zgemm`) at each ``moduli``.
+    """[2610.26945] Table 6 / 8 rows: for each data set, numpy matmul and :func:`dgemm` (or :func:`zgemm`) at each ``moduli``.
 
     Returns a list of dicts ``{'data', 'method', 'moduli', 's', 't',
     'max_ulp', 'cr_percent', 'componentwise', 'normwise'}``: ``moduli`` is
@@ -425,7 +425,7 @@ def gemm_accuracy(
     return rows
 
 
-#: The accuracy levels of :func:`gemm_thresholds` (papers/000 Table 7 and one machine-independent level).
+#: The accuracy levels of :func:`gemm_thresholds` ([2610.26945] Table 7 and one machine-independent level).
 CRITERIA = {
     "float64": "max componentwise error <= that of numpy float64 matmul on the same data",
     "unit": "max componentwise error <= u = 2**-53",
@@ -454,7 +454,7 @@ def gemm_thresholds(
     s_max: int = 49,
     progress: Optional[Callable[[dict], None]] = None,
 ) -> list[dict]:
-    """papers/000 Table 7: the smallest ``s`` at which :func:`dgemm` reaches each accuracy level of :data:`CRITERIA`.
+    """[2610.26945] Table 7: the smallest ``s`` at which :func:`dgemm` reaches each accuracy level of :data:`CRITERIA`.
 
     For every data set and ``k``, ``dgemm(A, B, moduli=s)`` is measured
     against the exact product for ``s = s_min, s_min + 1, ...`` until every
@@ -462,7 +462,7 @@ def gemm_thresholds(
     on the encoding is exact and the result correctly rounded, the same bits
     for every larger ``s``) or ``s_max``. A level's threshold is the first
     ``s`` of the scan that meets it; ``<key>_noext`` is the first one with
-    width ``t <= EXTENDED_WIDTH`` (62, papers/000's int64 path), None if
+    width ``t <= EXTENDED_WIDTH`` (62, [2610.26945]'s int64 path), None if
     none does. ``float64`` compares with numpy's float64 matmul on the same
     data (measured in the same call).
 
@@ -472,7 +472,7 @@ def gemm_thresholds(
         Per data set and ``k``: ``data, k, m, n, numpy`` (numpy's metrics),
         ``auto`` (the ``s`` of ``moduli='auto'``), ``default`` (of
         ``moduli=None``), and for each level ``key``: ``key`` (s or None),
-        ``key_t`` (its width), ``key_noext``; ``paper`` (papers/000's
+        ``key_t`` (its width), ``key_noext``; ``paper`` ([2610.26945]'s
         ``(float64, 99.9 %, 100 %)`` thresholds or None) and ``scan`` (a
         list of ``{'s', 't', ...metrics}``).
 

@@ -152,7 +152,7 @@ def mode_product(T: RNSTensor, op: RNSTensor, axis: int, *, backend: Optional[st
 
     ``v'[..., j, ...] = sum_k op[j, k] v[..., k, ...]`` on every active modulus;
     the bound becomes ``bound * rho`` with ``rho = max_j sum_k |op[j, k]|``
-    (papers/002 Eq. 21-22; see :func:`operator_rho` for large operators). The
+    ([2610.05059] Eq. 21-22; see :func:`operator_rho` for large operators). The
     operator's row exponents become the pending scale of ``axis``; its scalar
     exponent and factor multiply ``T``'s.
 
@@ -227,7 +227,7 @@ def fold_exponents(A, pending: Optional[np.ndarray]) -> tuple[np.ndarray, int]:
     Only the relative exponents go into ``A``'s columns (all factors <= 1);
     the common ``2**c`` belongs to the scalar exponent. Row encoding is
     invariant under a power-of-two factor, so the integers are the ones the
-    full folding of papers/002 Sec. 5.2 gives, without its exponent growth.
+    full folding of [2610.05059] Sec. 5.2 gives, without its exponent growth.
 
     Raises
     ------
@@ -267,7 +267,7 @@ def fold_pending(T: RNSTensor, A, axis: int) -> tuple[np.ndarray, RNSTensor]:
 
     Returns ``(A_eff, T0)`` such that ``mode_product(T0, encode(A_eff, ...),
     axis)`` applies every scale exactly once (the effective operator of
-    papers/002 Sec. 5.2): ``A_eff = A * 2**(pending - c)`` column by column
+    [2610.05059] Sec. 5.2): ``A_eff = A * 2**(pending - c)`` column by column
     and ``T0`` holds the same residues with that axis' scale replaced by the
     scalar ``2**c``, ``c = max(pending)`` (see :func:`fold_exponents`). With no
     pending scale, ``A_eff`` is ``A`` as float64 and ``T0`` is ``T``.
@@ -396,7 +396,7 @@ def drop(
     moduli: Optional[Sequence[int]] = None,
     backend: Optional[str] = None,
 ) -> RNSTensor:
-    """RnsDrop (papers/002 Alg. 1) ``count`` times, each time the smallest active modulus ``q``.
+    """RnsDrop ([2610.05059] Alg. 1) ``count`` times, each time the smallest active modulus ``q``.
 
     Every drop replaces ``v`` by ``(v - [v]_q) / q`` (division with rounding to
     nearest), multiplies the scale factor by ``q`` and the bound becomes
@@ -463,7 +463,7 @@ def drop(
 
 
 def base_extend(T: RNSTensor, *, backend: Optional[str] = None) -> RNSTensor:
-    """Base extension (papers/002 Alg. 4): residues of the same integer on every basis modulus.
+    """Base extension ([2610.05059] Alg. 4): residues of the same integer on every basis modulus.
 
     Centered mixed-radix digits are computed once per entry (the even modulus
     first) and reused for every restored modulus. The integer, bound and scale
@@ -492,7 +492,7 @@ def decode(T: RNSTensor, mode: str = "fp64", *, backend: Optional[str] = None) -
     T : RNSTensor
     mode : {'fp64', 'exact'}
         ``'fp64'``: centered mixed-radix digits, float64 Horner, then the scale
-        in float64 (papers/002 Alg. 5; a few roundings). ``'exact'``: the exact
+        in float64 ([2610.05059] Alg. 5; a few roundings). ``'exact'``: the exact
         integer times the exact scale, rounded once to nearest-even: the
         correctly rounded value, subnormal results included; magnitudes at or
         beyond ``2**1024`` (after rounding) become ``±inf``.

@@ -1,4 +1,4 @@
-"""Exact references (scaled Python integers, one correct rounding), the papers/002 datasets and error metrics."""
+"""Exact references (scaled Python integers, one correct rounding), the [2610.05059] datasets and error metrics."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ __all__ = [
     "error_metrics",
 ]
 
-#: The input distributions of papers/002 Sec. 6.2.1, in the paper's order.
+#: The input distributions of [2610.05059] Sec. 6.2.1, in the paper's order.
 DATASETS = ("uniform", "smooth", "wide160")
 
 RngLike = Union[None, int, np.random.Generator]
@@ -137,7 +137,7 @@ def round_exact(ints: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-# ----- datasets and operators of papers/002 Sec. 6.2.1 ---------------------------------------
+# ----- datasets and operators of [2610.05059] Sec. 6.2.1 ---------------------------------------
 
 
 def _positive_int(value, name: str) -> int:
@@ -159,7 +159,7 @@ def _rng(rng: RngLike) -> np.random.Generator:
 
 
 def dataset(name: str, count: int = 32, n: int = 8, rng: RngLike = None) -> np.ndarray:
-    """``count`` float64 tensors of shape ``(n, n, n)`` from one input distribution of papers/002 Sec. 6.2.1.
+    """``count`` float64 tensors of shape ``(n, n, n)`` from one input distribution of [2610.05059] Sec. 6.2.1.
 
     Parameters
     ----------
@@ -219,7 +219,7 @@ def chain_operators(d: int, n: int = 8, rng: RngLike = None) -> list[np.ndarray]
     """``d`` operators ``n × n`` with entries i.i.d. U[-1, 1), drawn one after another from ``rng``.
 
     With ``rng = numpy.random.default_rng(0)`` these are the operators on which
-    :func:`rnstensor.plan_chain` reproduces papers/002 Table 2; a fresh
+    :func:`rnstensor.plan_chain` reproduces [2610.05059] Table 2; a fresh
     generator per depth makes the depth-``d`` operators a prefix of the
     depth-``d + 1`` ones.
 
@@ -236,7 +236,7 @@ def chain_operators(d: int, n: int = 8, rng: RngLike = None) -> list[np.ndarray]
 
 
 def cycling_axes(d: int, ndim: int = 3) -> tuple[int, ...]:
-    """The contracted modes of papers/002 Sec. 6.2.1: ``(0, 1, 2, 0, 1, 2, ...)``, ``d`` of them.
+    """The contracted modes of [2610.05059] Sec. 6.2.1: ``(0, 1, 2, 0, 1, 2, ...)``, ``d`` of them.
 
     Examples
     --------
@@ -249,7 +249,7 @@ def cycling_axes(d: int, ndim: int = 3) -> tuple[int, ...]:
 
 
 def error_metrics(Y, Yref) -> dict:
-    """The error metrics of papers/002 Sec. 6.2.2 (Eq. 30-32) of ``Y`` against the reference ``Yref``.
+    """The error metrics of [2610.05059] Sec. 6.2.2 (Eq. 30-32) of ``Y`` against the reference ``Yref``.
 
     ``normwise = max_i |Y_i - Yref_i| / max_i |Yref_i|`` (Eq. 30; the plain
     ``max_i |Y_i - Yref_i|`` when ``Yref`` is all zero);

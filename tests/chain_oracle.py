@@ -1,7 +1,7 @@
 """Hand-written oracles for chain planning and chained mode products (Python ints and Fractions only).
 
 Nothing here calls the planner, the encoder or the residue arithmetic of
-``rnstensor``: the row encoding of papers/002 Alg. 5, the effective operators
+``rnstensor``: the row encoding of [2610.05059] Alg. 5, the effective operators
 of Sec. 5.2, DropPlan (Alg. 2), the method planners (Alg. 3, 6, 8, 9) and the
 true value of a chain are written out again from the paper's text.
 """
@@ -41,7 +41,7 @@ def frexp_exponent(num: int, t: int) -> int:
     return abs(num).bit_length() - t
 
 
-# ----- effective operators and row sums (papers/002 Sec. 5.2, Alg. 5 on rows) ---------------
+# ----- effective operators and row sums ([2610.05059] Sec. 5.2, Alg. 5 on rows) ---------------
 
 
 def encode_rows(rows: Sequence[Sequence[tuple[int, int]]], b: int) -> tuple[list[list[int]], list[int]]:
@@ -106,7 +106,7 @@ def first_visit_rho(A: np.ndarray, b: int) -> int:
 
 
 def alg2(b: int, rhos: Sequence[int], moduli: Sequence[int], tau: int, start: Optional[int] = None):
-    """papers/002 Alg. 2, line by line: drop counts, or ``None`` for ⊥."""
+    """[2610.05059] Alg. 2, line by line: drop counts, or ``None`` for ⊥."""
     full = sorted(int(p) for p in moduli)
     P = math.prod(full)
     B = (1 << b) if start is None else start
@@ -163,7 +163,7 @@ def alg2_trace(b: int, rhos: Sequence[int], moduli: Sequence[int], tau: int):
 
 
 def hand_plan(method: str, operators, axes, moduli: Sequence[int], rho_cache: Optional[dict] = None):
-    """``(b, drops)`` of papers/002 Alg. 3 (rescale_be), 9 (rescale), 8 (norescale), 6 (composed)."""
+    """``(b, drops)`` of [2610.05059] Alg. 3 (rescale_be), 9 (rescale), 8 (norescale), 6 (composed)."""
     P = math.prod(int(p) for p in moduli)
     cache = {} if rho_cache is None else rho_cache
     d = len(operators)

@@ -199,7 +199,7 @@ def ulp(x: float) -> float:
 
 
 def encode_oracle(x, bits_: int, shared_axes) -> tuple[np.ndarray, np.ndarray]:
-    """``(v, e)``: exact integers and per-entry exponents of papers/002 Alg. 5 (Fraction arithmetic).
+    """``(v, e)``: exact integers and per-entry exponents of [2610.05059] Alg. 5 (Fraction arithmetic).
 
     ``e = bits - E`` with ``2^(E-1) <= max|G| < 2^E`` per group (0 for an all-zero
     group), ``v = round_half_even(x * 2^e)``. Groups share the exponent along

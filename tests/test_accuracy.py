@@ -1,4 +1,4 @@
-"""rnstensor.accuracy: the papers/002 Sec. 6.2 experiment (Table 2, Table 3 / Fig. 6) and `rnstensor accuracy`."""
+"""rnstensor.accuracy: the [2610.05059] Sec. 6.2 experiment (Table 2, Table 3 / Fig. 6) and `rnstensor accuracy`."""
 
 from __future__ import annotations
 

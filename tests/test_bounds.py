@@ -50,7 +50,7 @@ PLANS = [("rescale_be", "greedy"), ("rescale_be", "optimal"), ("rescale", "greed
          ("norescale", "greedy"), ("composed", "greedy")]
 
 
-# ----- the bound holds on the three datasets of papers/002 --------------------------------------------
+# ----- the bound holds on the three datasets of [2610.05059] --------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["uniform", "smooth", "wide160"])

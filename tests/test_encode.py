@@ -62,7 +62,7 @@ def check_encoding(x, basis, bits, shared_axes=None, T=None):
     return T, v, e
 
 
-# ----- papers/002 Fig. 2 input --------------------------------------------------------------
+# ----- [2610.05059] Fig. 2 input --------------------------------------------------------------
 
 
 def test_fig2_input():

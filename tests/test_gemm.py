@@ -101,7 +101,7 @@ def unif(shape, seed=0) -> np.ndarray:
 
 
 def phi(shape, p=2.0, seed=0) -> np.ndarray:
-    """``(U(0,1) - 1/2) exp(p N(0,1))``: wide exponent ranges (papers/000 Sec. 7)."""
+    """``(U(0,1) - 1/2) exp(p N(0,1))``: wide exponent ranges ([2610.26945] Sec. 7)."""
     r = rng(seed)
     return (r.uniform(0, 1, shape) - 0.5) * np.exp(p * r.standard_normal(shape))
 
@@ -190,7 +190,7 @@ def test_dgemm_k_above_chunk_limit(k):
 
 
 def test_uniform_k4096_correctly_rounded_float64_level():
-    # papers/000 Table 6: U[-1,1), k = 4096, s = 16 (the default) -> 100% correctly rounded
+    # [2610.26945] Table 6: U[-1,1), k = 4096, s = 16 (the default) -> 100% correctly rounded
     A, B = unif((6, 4096), 5), unif((4096, 5), 6)
     got, ref = rt.dgemm(A, B), ref_dgemm(A, B)
     assert_bitwise(got, ref)
@@ -226,7 +226,7 @@ def test_subnormal_and_overflowing_results():
 
 @pytest.mark.parametrize("s", [8, 16, 20])
 def test_crt_boundary_exact(s):
-    # papers/000 Sec. 8.3: all entries 1 - 2**-53 push |c| to the top of the range; operators above
+    # [2610.26945] Sec. 8.3: all entries 1 - 2**-53 push |c| to the top of the range; operators above
     # 2**16 entries take mode_product's a-priori n_in * bound path, which the width rule must satisfy
     m, k, n = 70, 1000, 2
     x = 1.0 - 2.0**-53
@@ -243,7 +243,7 @@ def test_crt_boundary_exact(s):
 
 
 def test_wide_range_default_within_error_bound():
-    # phi = 2 data at the default width is not exact; papers/000 Eq. 7 bounds the error
+    # phi = 2 data at the default width is not exact; [2610.26945] Eq. 7 bounds the error
     k = 300
     A, B = phi((6, k), 2.0, 11), phi((k, 5), 2.0, 12)
     got, ref = rt.dgemm(A, B), ref_dgemm(A, B)

@@ -1,4 +1,4 @@
-"""The GEMM accuracy harness (papers/000 Tables 6-8, ZGEMM rows) against Fraction oracles, and `rnstensor accuracy gemm`."""
+"""The GEMM accuracy harness ([2610.26945] Tables 6-8, ZGEMM rows) against Fraction oracles, and `rnstensor accuracy gemm`."""
 
 from __future__ import annotations
 
@@ -144,14 +144,14 @@ def test_table8_worst_cases_default_and_auto(cplx):
         auto, default = by[(name, meth, "auto")], by[(name, meth, "default")]
         assert auto["cr_percent"] == 100.0 and auto["max_ulp"] <= 0.5
         assert auto["s"] > default["s"]
-        # the shared exponent costs the default run accuracy (papers/000 Sec. 8.3): able to fail
+        # the shared exponent costs the default run accuracy ([2610.26945] Sec. 8.3): able to fail
         assert default["componentwise"] > auto["componentwise"] or default["normwise"] > auto["normwise"]
     # cancellation: numpy float64 loses about 30 bits
     assert by[("cancel", "numpy", None)]["normwise"] > 1e-10
 
 
 def test_zgemm_as_accurate_as_dgemm_on_uniform():
-    """At the default moduli ZGEMM (3M) rounds every part correctly, as DGEMM does (papers/000: 'as accurate')."""
+    """At the default moduli ZGEMM (3M) rounds every part correctly, as DGEMM does ([2610.26945]: 'as accurate')."""
     real = GA.gemm_accuracy(["uniform"], ["default"], m=4, k=1024, n=4, include_numpy=False)[0]
     cplx = GA.gemm_accuracy(["uniform"], ["default"], m=4, k=1024, n=4, include_numpy=False, complex=True)[0]
     assert real["cr_percent"] == cplx["cr_percent"] == 100.0
@@ -240,7 +240,7 @@ def test_cli_bad_gemm_moduli(capsys):
 
 
 def test_table7_uniform_k256_matches_the_paper():
-    """papers/000 Table 7, U[-1, 1), k = 256: 99.9 % and 100 % correctly rounded from s = 15 (deterministic levels)."""
+    """[2610.26945] Table 7, U[-1, 1), k = 256: 99.9 % and 100 % correctly rounded from s = 15 (deterministic levels)."""
     r = GA.gemm_thresholds(["uniform"], [256], m=16, n=16, s_min=12)[0]
     assert (r["cr99.9"], r["cr100"]) == r["paper"][1:] == (15, 15)
     assert r["cr100_noext"] == 15 and r["cr100_t"] <= GA.EXTENDED_WIDTH

@@ -1,4 +1,4 @@
-"""The planner: DropPlan (papers/002 Alg. 2), effective operators, the method planners and Table 2.
+"""The planner: DropPlan ([2610.05059] Alg. 2), effective operators, the method planners and Table 2.
 
 Every expectation is either worked by hand in a comment or computed by the
 independent oracles of ``chain_oracle`` (Alg. 2 and the row encoding written
@@ -30,7 +30,7 @@ S15 = rt.Basis.int8(15)
 
 
 def table2_ops(d: int, seed: int = 0, n: int = 8):
-    rng = np.random.default_rng(seed)  # a fresh generator per depth, as in papers/002 Sec. 6.2.1
+    rng = np.random.default_rng(seed)  # a fresh generator per depth, as in [2610.05059] Sec. 6.2.1
     return [rng.uniform(-1, 1, (n, n)) for _ in range(d)]
 
 
@@ -170,7 +170,7 @@ def test_effective_operator_differs_from_plain_encoding_on_revisit():
     assert prepared[1].rho != first_visit_rho(A2, 20)
 
 
-# ----- the method planners: papers/002 Table 2 --------------------------------------------------
+# ----- the method planners: [2610.05059] Table 2 --------------------------------------------------
 
 TABLE2_B = {3: 27, 4: 21, 5: 17, 6: 14, 7: 12, 8: 10}
 

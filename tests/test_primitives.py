@@ -113,7 +113,7 @@ def random_scale(rng: random.Random, shape, no_pending=(), allow_field=True):
 shape_st = st.lists(st.integers(1, 3), min_size=1, max_size=4).map(tuple)
 
 
-# ----- papers/002 Fig. 2 --------------------------------------------------------------------------
+# ----- [2610.05059] Fig. 2 --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("v, doubled, dropped, extended, decoded", [
@@ -182,7 +182,7 @@ def test_mode_product_vs_python_ints(seed, s, shape, data):
 
     w = contract(A, v, a)
     check_ints(R, w, active)
-    assert R.bound == Tb * rho  # B' = B * rho (papers/002 Eq. 21-22), exactly
+    assert R.bound == Tb * rho  # B' = B * rho ([2610.05059] Eq. 21-22), exactly
     assert R.basis == B
     # scale: scalar parts multiply, the operator's row exponents become the pending scale of the axis
     assert R.scale.exp2 == tscale.exp2 + op_exp2

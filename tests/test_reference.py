@@ -1,4 +1,4 @@
-"""rnstensor.reference: the exact chain against Fractions, the papers/002 datasets, the error metrics."""
+"""rnstensor.reference: the exact chain against Fractions, the [2610.05059] datasets, the error metrics."""
 
 from __future__ import annotations
 

@@ -384,7 +384,7 @@ class CudaBackend:
         ``P0 = product(op_re, re)``, ``P1 = product(op_im, im)``,
         ``P2 = product(add(op_re, op_im), add(re, im))``,
         ``out_re = add(P0, P1, subtract=True)``, ``out_im = P2 - P0 - P1``
-        (papers/003 Sec. IV-B): three K loops through one accumulator, the
+        ([2606.25453] Sec. IV-B): three K loops through one accumulator, the
         partial products kept as residues in registers.
         """
         cp = self._cp

@@ -250,7 +250,7 @@ __device__ __forceinline__ void rns_product_body(const rns_i8* __restrict__ X, c
     }
 }
 
-// The fused 3M complex product (papers/003 Sec. IV-B) for one plane:
+// The fused 3M complex product ([2606.25453] Sec. IV-B) for one plane:
 //   T1 = [A_re X_re], T2 = [A_im X_im], T3 = [A_sum X_sum]  (A_sum = [A_re + A_im], X_sum likewise),
 //   out_re = [T1 - T2],  out_im = [T3 - T1 - T2],
 // three K loops through one int32 accumulator, T1 and T2 kept as residues in

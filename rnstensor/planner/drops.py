@@ -1,4 +1,4 @@
-"""DropPlan (papers/002 Alg. 2) and the bound recurrence of a chain: its residue program, planned."""
+"""DropPlan ([2610.05059] Alg. 2) and the bound recurrence of a chain: its residue program, planned."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def drop_plan(bits: int, rhos: Sequence[int], basis: Basis, restore: bool) -> Op
 
 @dataclass(frozen=True)
 class StepBounds:
-    """The bounds around one product of a plan (the data of papers/002 Fig. 3).
+    """The bounds around one product of a plan (the data of [2610.05059] Fig. 3).
 
     ``before``: bound entering the product; ``product``: after it;
     ``after``: after the drops; ``drops``: how many; ``range_product`` /

@@ -1,4 +1,4 @@
-"""The method planners of papers/002: RescaleBE (Alg. 3), Rescale (Alg. 9), NoRescale (Alg. 8), Composed (Alg. 6)."""
+"""The method planners of [2610.05059]: RescaleBE (Alg. 3), Rescale (Alg. 9), NoRescale (Alg. 8), Composed (Alg. 6)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def _row_sum_max(ints: np.ndarray) -> int:
 
 
 def prepare_operators(operators: Sequence[np.ndarray], axes: Sequence[int], bits: int) -> tuple[PreparedOperator, ...]:
-    """Encode every operator of a chain at ``bits`` as it will execute (papers/002 Sec. 5.2).
+    """Encode every operator of a chain at ``bits`` as it will execute ([2610.05059] Sec. 5.2).
 
     Operator rows get their own exponents; when an axis is contracted again,
     the pending row scales of the previous product on it are first folded

@@ -13,7 +13,7 @@ every bound filled in, and a trace per group; or the first failed check.
 Programs whose builders bound their own steps (einsum's, which narrows
 widths and drops as it builds; the GEMM's) go through the same interpreter,
 which checks every range of them. Policies: :class:`Greedy` (Alg. 2 of
-papers/002: the smallest moduli while
+[2610.05059]: the smallest moduli while
 the bound stays above ``2**b``), :class:`Given` (a schedule chosen elsewhere:
 the error-optimal planner's, NoRescale's none), :class:`JustEnough` (the
 subset of moduli with the smallest product that lets the stage's outputs fit:
@@ -40,7 +40,7 @@ def fits(bound: int, product: int) -> bool:
 
 
 def drop_bound(bound: int, q: int) -> int:
-    """The bound of RnsDrop by ``q`` (papers/002 Alg. 1): the quotient rounded to nearest, ``B // q + 1``."""
+    """The bound of RnsDrop by ``q`` ([2610.05059] Alg. 1): the quotient rounded to nearest, ``B // q + 1``."""
     return int(bound) // int(q) + 1
 
 

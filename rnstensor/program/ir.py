@@ -84,7 +84,7 @@ class Drop:
 
 @dataclass(frozen=True)
 class Reencode:
-    """Slot ``x`` decoded to float64 and encoded again at ``bits`` (the composed method of papers/002)."""
+    """Slot ``x`` decoded to float64 and encoded again at ``bits`` (the composed method of [2610.05059])."""
 
     out: int
     x: int
@@ -97,7 +97,7 @@ class Reencode:
 @dataclass(frozen=True)
 class Fold:
     """The exponents of slot ``x`` along ``label`` become their largest: the integers stay, and the planner has
-    folded the differences into the next operator's columns (the effective operator of papers/002 Sec. 5.2)."""
+    folded the differences into the next operator's columns (the effective operator of [2610.05059] Sec. 5.2)."""
 
     out: int
     x: int
