@@ -9,6 +9,8 @@ from fractions import Fraction
 import numpy as np
 import opt_einsum
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rnstensor as rt
 from rnstensor.arith import float_parts, round_scaled_int
@@ -392,3 +394,68 @@ def test_random_expressions_within_the_error_bound(seed):
     bound = rt.contract_expression(eq, *shapes).error_bound(*ops)
     err = _abs_err(got.real, re, e) + (_abs_err(got.imag, im, e) if cplx else 0)
     assert (err <= bound).all(), (eq, shapes)
+
+
+# ----- error_bound on every finite input ---------------------------------------------------------------------
+
+
+_BOUND_CASES = [
+    ("ij,jk->ik", [(3, 4), (4, 2)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 3), (3, 2)]),
+    ("i,i->", [(5,)] * 2),
+    ("ij,j->i", [(3, 4), (4,)]),
+    ("ijk,jk->i", [(2, 3, 3), (3, 3)]),
+    ("i,j->ij", [(3,), (2,)]),
+    ("ij,ij->i", [(2, 3)] * 2),
+]
+
+
+def _wide(rng, shape, kind):
+    """Entries across the float64 range: mixed, huge (2^300..2^380), subnormal, moderate, or a +-1 mantissa."""
+    lo, hi = {0: (-1074, 1000), 1: (300, 380), 2: (-1074, -1000), 3: (-60, 60), 4: (0, 1)}[kind]
+    return np.ldexp(rng.uniform(-1, 1, shape), rng.integers(lo, hi, shape).astype(np.int32))
+
+
+def _assert_bound_holds(expr, ops, moduli, method="rescale_be"):
+    e = rt.contract_expression(expr, *[o.shape for o in ops], moduli=moduli, method=method, min_bits=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y, bound = e(*ops), e.error_bound(*ops)
+    assert not np.isnan(bound).any(), (expr, moduli)
+    re, _, ex = _exact(expr, ops)
+    finite = np.isfinite(y) & np.isfinite(bound)
+    assert (bound[~np.isfinite(y)] == np.inf).all()  # an overflowing result is reported as such
+    err = _abs_err(np.where(finite, y, 0.0), np.where(finite, re, 0), ex)
+    assert (err[finite] <= bound[finite]).all(), (expr, moduli, err, bound)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), case=st.integers(0, len(_BOUND_CASES) - 1),
+       kinds=st.lists(st.integers(0, 4), min_size=3, max_size=3), moduli=st.integers(2, 30))
+def test_error_bound_holds_across_the_float64_range(seed, case, kinds, moduli):
+    """Huge, tiny and subnormal entries, mixed magnitudes, 2-30 moduli: every entry within its bound, no NaN."""
+    rng = np.random.default_rng(seed)
+    expr, shapes = _BOUND_CASES[case]
+    _assert_bound_holds(expr, [_wide(rng, s, k) for s, k in zip(shapes, kinds)], moduli)
+
+
+def test_error_bound_known_counterexamples():
+    """Inputs on which the bound was NaN or too small (a fuzzer's finds): units underflowed or overflowed."""
+    nan_case = [  # two operands near 2^360 and a subnormal one: inf * 0 in the bound
+        np.array([[-3.878080862201386e-172, 2.63228626e-316, 4.2392133075430514e+105],
+                  [6.672434528153415e-109, -1.943187616154419e+280, 1.7319380992335155e+236]]),
+        np.array([[3.165016528452747e+96, -6.765018604845954e+107, 1.7241434124950475e+100],
+                  [-2.774010052174755e+92, 9.244334289007565e+108, -6.966963339951502e+105],
+                  [6.517480528150408e+90, 3.3531120327274305e+112, -4.0230544852528435e+107]]),
+        np.array([[3.66e-322, 2.5992452554837435e-305], [-6e-323, -9.051111478648563e-306],
+                  [-2.9488914665973e-311, 4.3423562812483e-311]]),
+    ]
+    _assert_bound_holds("ij,jk,kl->il", nan_case, 14)
+    # subnormal operands: half a unit below 2^-1074 flushed to zero in the bound
+    _assert_bound_holds("i,j->ij", [np.array([-6.07464e-319, 2.2659903505e-313, 6.864755097e-315]),
+                                    np.array([3959468.6242709905, -1882346.0800806424])], 22)
+    a = np.array([[-14301751.718114689, 0.0022027331510654103, 2.943056259878994e-09, -2.227136643341353e-16],
+                  [-8.199773298705714e-12, 22372922154773.68, -2.7099733319412103, 2.8230064158535972e-18],
+                  [10107261733527.96, -25715683.044300064, -1034032464935079.8, 2.3548478663672743]])
+    b = np.array([[4.56313075378e-313, 1.5e-323], [1.53e-322, 2.3804e-319], [1e-323, 2.87321162e-315],
+                  [1.5e-323, -5e-324]])
+    _assert_bound_holds("ij,jk->ik", [a, b], 29)

@@ -18,7 +18,7 @@ from oracle import (
     rand_ints,
     residues,
     to_float,
-    ulp,
+
     value,
     values,
 )

@@ -28,9 +28,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..arrays import array_module
-from ..basis import mrc_order
 from . import ir
-from .execute import Value, combine_parts, unit
+from .execute import Value, combine_parts
 from .ir import Combine, Contract, Drop, Encode, Operand, Reencode, Sum
 
 __all__ = ["EntrywiseErrors", "NormErrors", "Linear", "OperatorBounds", "FieldErrors", "inflate", "decoded", "decode_factor", "fraction_up",
@@ -293,9 +292,46 @@ def _result_letters(st: Contract) -> str:
     return st.batch + st.x_keep + st.y_keep
 
 
-class EntrywiseErrors:
-    """Propagates ``(M, D)`` per entry through a program (float64, rounded up), beside its execution.
+def float_up(n) -> float:
+    """The smallest float64 not below the integer (or Fraction) ``n``."""
+    return fraction_up(Fraction(n))
 
+
+def float_down(n) -> float:
+    """The largest float64 not above the positive integer (or Fraction) ``n``."""
+    f = float(Fraction(n))
+    return f if Fraction(f) <= Fraction(n) else math.nextafter(f, 0.0)
+
+
+def _exponents(v: Value):
+    """Every entry's exponent, clipped far outside the float range (ldexp saturates there either way)."""
+    e = v.exp.total()
+    xp = array_module(e)
+    return xp.clip(e, -(1 << 20), 1 << 20).astype(np.int32)
+
+
+def in_units_of(a, x: Value, v: Value):
+    """The nonnegative array ``a`` (in units of ``x``) in units of ``v``, rounded up: ``a fx 2**ex / (fv 2**ev)``.
+
+    A result below the subnormal range rounds down by at most ``2**-1075``;
+    callers add at least that much.
+    """
+    xp = array_module(a)
+    scale = float_up(Fraction(int(x.factor), int(v.factor)))
+    with np.errstate(over="ignore", under="ignore"):
+        return inflate(xp.ldexp(a * scale, _exponents(x) - _exponents(v)), 2)
+
+
+class EntrywiseErrors:
+    """Propagates ``(M, D)`` per entry through a program, in units of each value's own integer step, beside its execution.
+
+    ``M`` bounds the magnitude of the exact and the computed integer (in
+    units), ``D`` their difference. Held in units, the numbers are those of
+    the integers (below the basis' range), so no product of the analysis
+    overflows or underflows, whatever the operands' exponents: a contraction's
+    units multiply exactly (its exponents are constant along the contracted
+    and summed indices). Every float64 operation is rounded upward
+    (:func:`inflate`); :func:`decoded` turns the final units into float64.
     ``leaf(step)`` gives an :class:`Encode` step's float operand as it was
     encoded (the constant itself for constants). RNSTensor operands count as
     exact.
@@ -311,22 +347,29 @@ class EntrywiseErrors:
             del err[k]
         xp = array_module(v.planes) if isinstance(v, Value) else array_module(v)
         if isinstance(st, Encode):
-            x = self.leaf(st)
-            half = 0.5 * unit(v)
-            err[st.out] = (xp.abs(x) + half, xp.broadcast_to(half, x.shape))
+            x = xp.abs(self.leaf(st))
+            f = float_down(int(v.factor))
+            with np.errstate(under="ignore"):
+                mag = xp.ldexp(x, -_exponents(v)) / f  # at most 2**bits: no overflow
+            err[st.out] = (inflate(mag + 0.5, 2), xp.broadcast_to(0.5, x.shape))
         elif isinstance(st, Operand):
-            err[st.out] = (xp.broadcast_to(float(v.bound) * unit(v), v.planes.shape[1:]), 0.0)
+            err[st.out] = (xp.broadcast_to(float_up(v.bound), v.planes.shape[1:]), 0.0)
         elif isinstance(st, Drop):
             M, D = err[st.x]
-            u = unit(v)
-            err[st.out] = (M + u, D + u)
+            q = float_down(int(v.factor) // int(before[st.x].factor))
+            err[st.out] = (inflate(M / q + 1.0, 2), inflate(D / q + 1.0, 2))
         elif isinstance(st, Reencode):
             x = before[st.x]
             M, D = err[st.x]
-            moduli = self.basis.moduli if x.active is None else x.active
-            f = fraction_up(decode_factor("fp64")) * float(x.bound) * unit(x) * (1 + 2.0**-40)
-            half = 0.5 * unit(v)
-            err[st.out] = (M + f + half, D + f + half)
+            f = fraction_up(decode_factor("fp64")) * float_up(x.bound) * (1 + 2.0**-40)
+            # the fp64 decode's subnormal rounding (2**-1075 absolute), in the new units
+            f_v = float_down(int(v.factor))
+            with np.errstate(over="ignore"):
+                tiny = xp.ldexp(2.0**-1074 / f_v, -_exponents(v))
+            out = []
+            for z in (M, D):
+                out.append(inflate(in_units_of(inflate(z + f, 2), x, v) + tiny + 0.5, 2))
+            err[st.out] = tuple(out)
         elif isinstance(st, Sum):
             x = before[st.x]
             M, D = err[st.x]
@@ -343,7 +386,7 @@ class EntrywiseErrors:
             k = math.prod(X.planes.shape[1 + st.x_labels.index(c)] for c in st.x_sum + st.contracted) * max(
                 1, math.prod(Y.planes.shape[1 + st.y_labels.index(c)] for c in st.y_sum))
             ein = lambda p, q: inflate(xp.einsum(eq, p, q), k)  # noqa: E731
-            err[st.out] = (ein(Mx, My), ein(Dx, My) + ein(Mx, Dy))
+            err[st.out] = (ein(Mx, My), inflate(ein(Dx, My) + ein(Mx, Dy), 2))
         elif isinstance(st, Combine):
             x = before[st.x]
             i, j = x.labels.index(st.re_x), x.labels.index(st.re_y)
@@ -358,14 +401,22 @@ class EntrywiseErrors:
 
 
 def decoded(M, D, T, mode: str):
-    """The bound after the final decode of tensor ``T``: ``'fp64'`` adds its faithful rounding, ``'exact'`` half an ulp."""
+    """The absolute bound after the final decode of ``T``, from ``(M, D)`` in its units.
+
+    ``'fp64'`` adds its faithful rounding (``u (1 + 2**-40)`` of the range
+    bound), ``'exact'`` half an ulp of the result; both ``2**-1074`` for a
+    subnormal result. Entries whose result may overflow get an infinite bound.
+    """
     xp = array_module(T.residues)
-    e = T.exponent().astype(np.int64, copy=False)
-    with np.errstate(over="ignore"):
-        u = xp.ldexp(float(T.scale.factor), xp.clip(e, -1100, 1100).astype(np.int32))
-        if mode == "fp64":
-            f = fraction_up(decode_factor("fp64"))
-            D = D + f * float(T.bound) * u * (1 + 2.0**-40)
-        else:
-            D = D + 2.0**-53 * (M + D)
-    return inflate(xp.broadcast_to(D, T.shape) + 2.0**-1074, 4)
+    e = xp.clip(T.exponent().astype(np.int64, copy=False), -(1 << 20), 1 << 20).astype(np.int32)
+    if mode == "fp64":
+        D = inflate(D + fraction_up(decode_factor("fp64")) * float_up(T.bound) * (1 + 2.0**-40), 2)
+    else:
+        D = inflate(D + 2.0**-53 * inflate(M + D, 2), 3)
+    f = float_up(int(T.scale.factor))
+    with np.errstate(over="ignore", under="ignore"):
+        out = xp.ldexp(xp.broadcast_to(D, T.shape) * f, e)
+        reach = xp.ldexp(xp.broadcast_to(inflate(M + D, 2), T.shape) * f, e)
+    out = inflate(out + 2.0**-1074, 4)
+    # a result that may round to +-inf has an infinite error (reported, never a NaN)
+    return xp.where(reach >= np.finfo(np.float64).max, np.inf, out)
