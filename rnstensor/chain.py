@@ -9,10 +9,10 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .arrays import array_module, to_host
+from .arrays import array_module, to_host, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int
-from .encode import as_basis, check_float_array, encode, group_exponents
+from .encode import as_basis, check_float_array, check_nonfinite, encode, group_exponents
 from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
@@ -109,7 +109,28 @@ class ChainPlan:
         """Run the chain on ``X`` (``(*batch, *tensor)``) and decode (``'fp64'`` or ``'exact'``)."""
         return self.run(X, decode=decode)
 
-    def run(self, X, decode: str = "fp64", *, backend: Optional[str] = None, fused: Optional[bool] = None):
+    def _finite_part(self, X, nonfinite: str):
+        """``(X with inf / NaN zeroed, X)`` where ``X`` has any and ``nonfinite='propagate'``, else ``(X, None)``."""
+        check_nonfinite(nonfinite)
+        xp = array_module(X)
+        x = X if xp is not np else np.asarray(X)
+        if nonfinite == "raise" or x.dtype.kind != "f" or bool(xp.isfinite(x).all()):
+            return X, None
+        return xp.where(xp.isfinite(x), x, 0.0), x
+
+    def float64_chain(self, X):
+        """The chain in float64 (numpy's mode products, in the plan's order): what numpy gives, inf and NaN included."""
+        xp = array_module(X)
+        y = X if xp is not np else np.asarray(X, dtype=np.float64)
+        batch = y.ndim - self.ndim
+        with np.errstate(invalid="ignore", over="ignore"):
+            for A, ax in zip(self.operators, self.axes):
+                A = to_module(A, xp)
+                y = xp.moveaxis(xp.tensordot(A, y, axes=([1], [batch + ax])), 0, batch + ax)
+        return y
+
+    def run(self, X, decode: str = "fp64", *, backend: Optional[str] = None, fused: Optional[bool] = None,
+            nonfinite: str = "propagate"):
         """Run the chain; the same as calling the plan, with a backend and the fused kernel to choose.
 
         Parameters
@@ -126,9 +147,21 @@ class ChainPlan:
             where the plan allows it (:func:`rnstensor.kernels.fused.fusable`); ``True``
             raises where it does not; ``False`` runs one kernel per step (:attr:`program`).
             Results are bitwise the same either way.
+        nonfinite : {'propagate', 'raise'}
+            Input entries that are inf or NaN: ``'propagate'`` (default) follows
+            numpy, every output whose float64 chain meets one is numpy's
+            (:meth:`float64_chain`), the others are computed in residues with
+            those entries zeroed, which they never read; ``'raise'``: a ``ValueError``.
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        Xz, original = self._finite_part(X, nonfinite)
+        if original is not None:
+            # an output that meets an inf or NaN in float64 is inf or NaN (inf * 0 is NaN): numpy's there
+            y = self.run(Xz, decode, backend=backend, fused=fused, nonfinite="raise")
+            ref = self.float64_chain(original)
+            xp = array_module(ref)
+            return xp.where(xp.isfinite(ref), y, ref)
         be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
         on_device = xp is not np
         can_fuse = callable(getattr(be, "chain", None))  # a backend with the fused chain kernel
@@ -257,6 +290,9 @@ class ChainPlan:
     def error_bound(self, X, decode: str = "fp64") -> float:
         """A rigorous bound on ``max |plan(X) - exact|`` over all entries (float64, rounded up).
 
+        Inf or NaN entries of ``X`` (``nonfinite='propagate'``) make the outputs
+        that meet them numpy's inf or NaN; the bound covers the other outputs.
+
         Accounts for the input encoding, the rounding of every operator to
         integers, every drop (``floor(q/2)`` units, propagated through the
         remaining operators' norms) and the final decode: the a-priori error
@@ -275,7 +311,7 @@ class ChainPlan:
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
-        x = self._check_input(X)
+        x = self._check_input(self._finite_part(X, "propagate")[0])
         xp = array_module(x)
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
         if self.method == "composed":
@@ -484,6 +520,7 @@ def mode_chain(
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
     min_bits: int = MIN_BITS,
+    nonfinite: str = "propagate",
 ) -> np.ndarray:
     """One-shot chain of mode products: ``plan_chain(...)(X, decode)``.
 
@@ -499,4 +536,4 @@ def mode_chain(
         operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits, ndim=ndim,
         min_bits=min_bits,
     )
-    return plan(X, decode=decode)
+    return plan.run(X, decode=decode, nonfinite=nonfinite)

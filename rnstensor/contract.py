@@ -13,7 +13,7 @@ from opt_einsum import parser as oe_parser
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int, moduli_count
-from .encode import as_basis, encode, encode_integers
+from .encode import as_basis, check_nonfinite, encode, encode_integers
 from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
@@ -109,9 +109,21 @@ def _operand_kind(x, i: int) -> tuple[str, bool]:
     )
 
 
-def _check_finite(x, i: int) -> None:
+def _check_finite(x, i: int, what: str = "operand") -> None:
     if not bool(array_module(x).isfinite(x).all()):
-        raise ValueError(f"einsum: operand {i} holds inf or NaN; residues hold finite values only")
+        raise ValueError(f"einsum: {what} {i} holds inf or NaN; residues hold finite values only"
+                         + (" (nonfinite='propagate' follows numpy for operands, not constants)" if what == "constant" else ""))
+
+
+def _finite_part(x, i: int, nonfinite: str):
+    """``(x with its inf / NaN entries zeroed, True)`` where ``x`` has any (``nonfinite='raise'``: an error), else ``(x, False)``."""
+    xp = array_module(x)
+    ok = xp.isfinite(x)
+    if bool(ok.all()):
+        return x, False
+    if nonfinite == "raise":
+        raise ValueError(f"einsum: operand {i} holds inf or NaN (nonfinite='raise'); residues hold finite values only")
+    return xp.where(ok, x, 0), True
 
 
 # ----- the plan -----------------------------------------------------------------------------
@@ -425,13 +437,15 @@ class ContractExpression:
         opt_einsum's contraction path.
     """
 
-    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=MIN_BITS):
+    def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=MIN_BITS,
+                 nonfinite="propagate"):
         self.terms, self.output = list(terms), output
         self.subscripts = ",".join(terms) + "->" + output
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
         self.constants = dict(constants)
         self.basis, self.method, self.decode, self.backend = basis, method, decode, backend
         self.bits, self.min_bits = bits, min_bits
+        self.nonfinite = check_nonfinite(nonfinite)
         self.sizes = _label_sizes(terms, self.shapes)
         self.path, self._info = opt_einsum.contract_path(
             self.subscripts, *self.shapes, shapes=True, optimize=optimize
@@ -451,7 +465,7 @@ class ContractExpression:
         other = ContractExpression(
             # the same path: the same plan, so each batch entry gets the same integers however it is split
             self.terms, self.output, full, self.constants, self.basis, self.method, [tuple(p) for p in self.path],
-            self.decode, self.bits, self.backend, self.min_bits,
+            self.decode, self.bits, self.backend, self.min_bits, self.nonfinite,
         )
         const_labels = {c for i in self.constants for c in self.terms[i]}
         if all(other.sizes[c] == self.sizes[c] for c in const_labels):
@@ -499,13 +513,13 @@ class ContractExpression:
             self._const_cache[dkey] = to_module(host_or_dev, xp)
         return self._const_cache[dkey]
 
-    def _operands(self, arrays) -> tuple[list, tuple, tuple, dict]:
+    def _operands(self, arrays) -> tuple[list, tuple, tuple, dict, bool]:
         if len(arrays) != self.num_args:
             raise ValueError(
                 f"this expression takes {self.num_args} operand(s) (the non-constants of {self.subscripts!r}); got {len(arrays)}"
             )
         it = iter(arrays)
-        ops, kinds, cplx, tensors = [], [], [], {}
+        ops, kinds, cplx, tensors, nonfinite = [], [], [], {}, False
         for i in range(len(self.terms)):
             if i in self.constants:
                 x = self.constants[i]
@@ -526,11 +540,12 @@ class ContractExpression:
                 tensors[i] = x
             else:
                 x = x if is_device_array(x) else np.asarray(x)
-                _check_finite(x, i)
+                x, bad = _finite_part(x, i, self.nonfinite)
+                nonfinite = nonfinite or bad
             ops.append(x)
             kinds.append(k)
             cplx.append(c)
-        return ops, tuple(kinds), tuple(cplx), tensors
+        return ops, tuple(kinds), tuple(cplx), tensors, nonfinite
 
     def _backend(self, ops, kinds, backend):
         """The backend and array module of a call: its non-constant operands' (CuPy runs on 'cuda'; no mixing)."""
@@ -550,13 +565,33 @@ class ContractExpression:
         out = self._run(arrays, backend, track=False)
         if not isinstance(out, tuple):
             return out
-        T, plan, _, be_name = out
+        T, plan, _, be_name, nonfinite = out
         if self.decode is None:
+            if nonfinite:
+                raise ValueError("einsum: decode=None cannot carry inf or NaN operands (residues are finite)")
             return T
         y = decode_tensor(T, self.decode, backend=be_name)
         if plan.complex:
             y = y[0] + 1j * y[1]
+        if nonfinite:
+            y = self._numpy_where_nonfinite(y, arrays)
         return y[()] if y.ndim == 0 and not is_device_array(y) else y
+
+    def _float64_reference(self, arrays):
+        """numpy's float64 einsum of the call's operands (where they live): what it gives where an inf or NaN enters."""
+        it = iter(arrays)
+        ops = [self.constants[i] if i in self.constants else next(it) for i in range(len(self.terms))]
+        xp = array_module(*[x for x in ops if not isinstance(x, RNSTensor)])
+        ops = [decode_tensor(x, "exact") if isinstance(x, RNSTensor) else x for x in ops]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return xp.einsum(self.subscripts, *ops)
+
+    def _numpy_where_nonfinite(self, y, arrays):
+        # an output that meets an inf or NaN in float64 is inf or NaN there (inf * 0 is NaN, inf + -inf too), so
+        # every other output never reads one: computed with those entries zeroed, it is the exact result
+        ref = self._float64_reference(arrays)
+        xp = array_module(ref)
+        return xp.where(xp.isfinite(ref), y, ref.astype(y.dtype, copy=False))
 
     def error_bound(self, *arrays, backend: Optional[str] = None) -> np.ndarray:
         """A rigorous bound on the absolute error of every entry of ``self(*arrays)``.
@@ -586,14 +621,17 @@ class ContractExpression:
         out = self._run(arrays, backend, track=True)
         if not isinstance(out, tuple):
             return array_module(out).zeros(np.shape(out))
-        T, plan, (M, D), _ = out
+        T, plan, (M, D), _, nonfinite = out
         D = decoded(M, D, T, self.decode)
         if plan.complex:
             D = D[0] + D[1]
+        if nonfinite:  # an inf or NaN result is reported with an infinite bound
+            ref = self._float64_reference(arrays)
+            D = array_module(D).where(array_module(ref).isfinite(ref), D, np.inf)
         return D
 
     def _run(self, arrays, backend, track: bool):
-        ops, kinds, cplx, tensors = self._operands(arrays)
+        ops, kinds, cplx, tensors, nonfinite = self._operands(arrays)
         out_cplx = any(cplx)
         if tensors and out_cplx:
             raise TypeError("einsum: complex operands cannot be mixed with RNSTensor operands (those are real)")
@@ -642,7 +680,7 @@ class ContractExpression:
         if track:
             perm = [Z.labels.index(c) for c in plan.out_labels]
             MD = tuple(xp.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in observer.err[plan.out])
-        return tensor_of(W, self.basis), plan, MD, be_name
+        return tensor_of(W, self.basis), plan, MD, be_name, nonfinite
 
     def explain(self) -> str:
         """The contraction path and the residue-domain step of each contraction, with bounds and drops.
@@ -711,6 +749,7 @@ def contract_expression(
     bits: Optional[int] = None,
     backend: Optional[str] = None,
     min_bits: int = MIN_BITS,
+    nonfinite: str = "propagate",
 ) -> ContractExpression:
     """Plan an einsum expression once; apply it to many operands in the residue domain.
 
@@ -746,6 +785,11 @@ def contract_expression(
         planner's narrowing and drops (or ``bits``, when that is smaller); a
         plan below it raises :class:`PlanError` instead of returning a poor
         result.
+    nonfinite : {'propagate', 'raise'}
+        Operands holding inf or NaN: ``'propagate'`` (default) follows numpy,
+        every output whose float64 computation meets one is numpy's (inf or
+        NaN) and the rest stays exact and bounded (their residues never read
+        those entries); ``'raise'``: a ``ValueError``. Constants must be finite.
 
     Returns
     -------
@@ -774,7 +818,7 @@ def contract_expression(
                 raise TypeError(f"constant {i} must be a float64 or complex128 array, not an RNSTensor")
             x = x if is_device_array(x) else np.asarray(x)  # a CuPy constant stays on the device
             _operand_kind(x, i)
-            _check_finite(x, i)
+            _check_finite(x, i, "constant")
             consts[i] = x
             shapes.append(x.shape)
         else:
@@ -785,7 +829,8 @@ def contract_expression(
                     f"operand {i} of contract_expression must be a shape (tuple of ints), or list {i} in constants"
                 ) from None
     terms, output, _ = _parse((subscripts, *shapes), shapes=True)
-    return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend, min_bits)
+    return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend, min_bits,
+                              nonfinite)
 
 
 def einsum(
@@ -798,6 +843,7 @@ def einsum(
     backend: Optional[str] = None,
     min_bits: int = MIN_BITS,
     out: Optional[np.ndarray] = None,
+    nonfinite: str = "propagate",
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -830,7 +876,7 @@ def einsum(
         The widest encoding of an operand (default 53; with ``decode='exact'``
         as wide as the basis allows).
     backend : str, optional
-    min_bits : int
+    min_bits, nonfinite
         See :func:`contract_expression`.
     out : ndarray, optional
         Where to write the result (numpy's ``out``): the result's shape, and
@@ -880,7 +926,8 @@ def einsum(
         raise ValueError(f"einsum: {len(terms)} subscript terms for {len(arrays)} operands")
     key_opt = _hashable(optimize)
     expr = _cached_expression(
-        tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits
+        tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits,
+        check_nonfinite(nonfinite),
     )
     res = expr(*arrays)
     if out is None:
@@ -938,12 +985,14 @@ def _hashable(optimize):
 _EXPR_CACHE: dict = {}
 
 
-def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits) -> ContractExpression:
-    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits)
+def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits,
+                       nonfinite) -> ContractExpression:
+    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits, nonfinite)
     expr = _EXPR_CACHE.get(key)
     if expr is None:
         opt = [tuple(p) for p in optimize] if isinstance(optimize, tuple) else optimize
-        expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend, min_bits)
+        expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend, min_bits,
+                                  nonfinite)
         if len(_EXPR_CACHE) > 256:
             _EXPR_CACHE.clear()
         _EXPR_CACHE[key] = expr

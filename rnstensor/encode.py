@@ -14,7 +14,8 @@ from .basis import Basis
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
-__all__ = ["encode", "encode_integers", "as_basis", "check_float_array", "normalize_axis", "group_exponents"]
+__all__ = ["encode", "encode_integers", "as_basis", "check_float_array", "check_nonfinite", "NONFINITE", "normalize_axis",
+           "group_exponents"]
 
 
 def as_basis(basis: Union[Basis, int, Sequence[int]], name: str = "basis") -> Basis:
@@ -39,6 +40,17 @@ def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
     if not -ndim <= a < ndim:
         raise ValueError(f"{name}={axis} is out of range for a {ndim}-d tensor (valid: {-ndim}..{ndim - 1})")
     return a % ndim
+
+
+#: What the public calls do with inf and NaN operands: follow numpy (the default), or refuse them.
+NONFINITE = ("propagate", "raise")
+
+
+def check_nonfinite(nonfinite) -> str:
+    """The ``nonfinite=`` argument, checked."""
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"nonfinite must be one of {NONFINITE}; got {nonfinite!r}")
+    return nonfinite
 
 
 def check_float_array(x, name: str = "x", allow_empty: bool = False):

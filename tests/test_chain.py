@@ -505,12 +505,12 @@ def test_nan_and_inf():
     X = np.ones((8, 8, 8))
     X[1, 2, 3] = np.nan
     with pytest.raises(ValueError, match="X"):
-        rt.mode_chain(X, ops, [0, 1, 2])
+        rt.mode_chain(X, ops, [0, 1, 2], nonfinite="raise")
     plan = rt.plan_chain(ops, [0, 1, 2])
-    with pytest.raises(ValueError):
-        plan(X)
-    with pytest.raises(ValueError):
-        plan.error_bound(X)
+    with pytest.raises(ValueError, match="non-finite"):
+        plan.run(X, nonfinite="raise")
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        plan.run(X, nonfinite="zero")
     bad = [A.copy() for A in ops]
     bad[2][0, 0] = np.inf
     with pytest.raises(ValueError, match=r"operators\[2\]"):
@@ -518,6 +518,32 @@ def test_nan_and_inf():
     bad[2][0, 0] = np.nan
     with pytest.raises(ValueError, match=r"operators\[2\]"):
         rt.mode_chain(np.ones((8, 8, 8)), bad, [0, 1, 2])
+
+
+@pytest.mark.parametrize("method", ["rescale_be", "composed"])
+@pytest.mark.parametrize("axes", [[0, 1, 2], [1, 1]])
+def test_nonfinite_inputs_follow_numpy(method, axes):
+    """Outputs that meet an inf or NaN are numpy's float64 chain; the others are bitwise the finite input's."""
+    rng = np.random.default_rng(31)
+    ops = [rng.uniform(-1, 1, (8, 8)) for _ in axes]
+    plan = rt.plan_chain(ops, axes, method=method, ndim=3)
+    X = rng.uniform(-1, 1, (4, 8, 8, 8))
+    X[1, 2, 3, 4], X[2, 0, 0, 0], X[2, 7, 7, 7] = np.nan, np.inf, -np.inf
+    Y = plan(X)
+    with np.errstate(invalid="ignore"):
+        want = np.einsum("ij,bjkl->bikl", ops[0], X) if axes == [0, 1, 2] else None
+    ref = plan.float64_chain(X)
+    if want is not None:  # float64_chain is numpy's mode products: its first product is numpy's too
+        one = rt.plan_chain(ops[:1], [0], ndim=3).float64_chain(X)
+        assert np.array_equal(np.isnan(one), np.isnan(want)) and np.array_equal(one[np.isinf(one)], want[np.isinf(want)])
+    bad = ~np.isfinite(ref)
+    assert bad.any() and (~bad).any()
+    np.testing.assert_array_equal(Y[bad], ref[bad])
+    Z = np.where(np.isfinite(X), X, 0.0)
+    assert np.array_equal(Y[~bad], plan(Z)[~bad])  # the exact computation of the finite entries
+    assert np.array_equal(Y[0], plan(X[:1])[0]) and np.isfinite(Y[0]).all()  # a finite tensor keeps its result
+    assert plan.error_bound(X) == plan.error_bound(Z)
+    assert np.array_equal(rt.mode_chain(X, ops, axes, method=method, ndim=3), Y, equal_nan=True)
 
 
 def test_axis_out_of_range():

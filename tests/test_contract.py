@@ -319,7 +319,8 @@ def test_tensordot_and_transpose():
         (("i1,jk->ik", np.ones((2, 3)), np.ones((3, 2))), {}, ValueError, "invalid subscript"),
         (("ij,jk->ix", np.ones((2, 3)), np.ones((3, 2))), {}, ValueError, "'x'"),
         (("ij,jk->ik", np.ones((2, 3), np.float32), np.ones((3, 2))), {}, TypeError, "float64 or complex128"),
-        (("ij->ij", np.array([[1.0, np.nan]])), {}, ValueError, "inf or NaN"),
+        (("ij->ij", np.array([[1.0, np.nan]])), {"nonfinite": "raise"}, ValueError, "inf or NaN"),
+        (("ij->ij", np.ones((2, 2))), {"nonfinite": "ignore"}, ValueError, "nonfinite must be one of"),
         (("ij->ij", np.ones((2, 2))), {"method": "rescale"}, ValueError, "method must be one of"),
         (("ij->ij", np.ones((2, 2))), {"decode": "fast"}, ValueError, "decode must be one of"),
         (("ij->ij", np.ones((2, 2))), {"moduli": 60}, ValueError, r"moduli must be a number of INT8 moduli, an integer in 1\.\.49"),
@@ -459,3 +460,33 @@ def test_error_bound_known_counterexamples():
     b = np.array([[4.56313075378e-313, 1.5e-323], [1.53e-322, 2.3804e-319], [1e-323, 2.87321162e-315],
                   [1.5e-323, -5e-324]])
     _assert_bound_holds("ij,jk->ik", [a, b], 29)
+
+
+# ----- inf and NaN operands follow numpy ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("expr, shapes", [("ij,jk->ik", [(4, 5), (5, 3)]), ("ij,ij->i", [(3, 4)] * 2),
+                                          ("i,j->ij", [(4,), (3,)]), ("ijk,kl->ijl", [(2, 3, 4), (4, 2)])])
+def test_nonfinite_operands_follow_numpy(expr, shapes):
+    """Outputs that meet an inf or NaN are numpy's; the others are the exact computation of the finite entries."""
+    rng = np.random.default_rng(21)
+    ops = [rng.uniform(-1, 1, s) for s in shapes]
+    for x, val in zip(ops, (np.inf, np.nan)):
+        x.reshape(-1)[rng.integers(0, x.size)] = val
+    ops[0].reshape(-1)[-1] = -np.inf
+    with np.errstate(invalid="ignore"):
+        want = np.einsum(expr, *ops)
+    got = rt.einsum(expr, *ops, decode="exact")
+    bad = ~np.isfinite(want)
+    assert bad.any() and (~bad).any()
+    np.testing.assert_array_equal(got[bad], want[bad])  # NaN where numpy has NaN, the same infinities
+    finite = [np.where(np.isfinite(x), x, 0.0) for x in ops]
+    re, _, e = _exact(expr, finite)
+    assert np.array_equal(got[~bad], _round(re, e)[~bad])  # correctly rounded, as for finite operands
+    expr_ = rt.contract_expression(expr, *shapes)
+    bound = expr_.error_bound(*ops)
+    assert (bound[bad] == np.inf).all() and np.isfinite(bound[~bad]).all() and not np.isnan(bound).any()
+    with pytest.raises(ValueError, match="nonfinite='raise'"):
+        rt.einsum(expr, *ops, nonfinite="raise")
+    with pytest.raises(ValueError, match="constant"):
+        rt.contract_expression(expr, shapes[0], ops[1], constants=[1])
