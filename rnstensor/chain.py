@@ -292,6 +292,7 @@ class ChainPlan:
 
         Inf or NaN entries of ``X`` (``nonfinite='propagate'``) make the outputs
         that meet them numpy's inf or NaN; the bound covers the other outputs.
+        ``inf`` where a result may overflow (never a NaN).
 
         Accounts for the input encoding, the rounding of every operator to
         integers, every drop (``floor(q/2)`` units, propagated through the
@@ -316,7 +317,7 @@ class ChainPlan:
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
         if self.method == "composed":
             rhos = [op.rho for op in self._schedule.operators]
-            return fraction_up(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode))
+            return self._reported(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode), xnorm)
         # one exponent per tensor of the batch (as encode_input): bound each exponent class, take the max
         tensor_axes = tuple(range(x.ndim - self.ndim, x.ndim))
         e = group_exponents(x, self.input_bits, tensor_axes)
@@ -342,7 +343,14 @@ class ChainPlan:
             unit = Fraction(2) ** (-int(ee))
             enc = Fraction(float(xp.where(sel, enc_err, 0.0).max())) * unit
             worst = max(worst, coef.evaluate(enc, Fraction(float(xp.where(sel, amax, 0.0).max())), unit))
-        return fraction_up(worst)
+        return self._reported(worst, xnorm)
+
+    def _reported(self, bound: Fraction, xnorm: Fraction) -> float:
+        """``bound`` rounded up, or ``inf`` where a result may overflow (``|y| <= |X| prod ||A_i|| + bound``)."""
+        reach = xnorm * math.prod((nm.true for nm in self.norms()), start=Fraction(1)) + bound
+        if reach >= Fraction(float(np.finfo(np.float64).max)):
+            return math.inf  # a result may round to inf: its error is reported as such
+        return fraction_up(bound)
 
     # ----- reporting ----------------------------------------------------------------------
 

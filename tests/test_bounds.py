@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rnstensor as rt
@@ -260,3 +260,47 @@ def test_bound_holds_on_adversarial_values(data, d, method, planner, decode, s):
     Y = plan(X, decode=decode)
     err, _ = exact_error(Y, X, ops, axes)
     assert err <= Fraction(plan.error_bound(X, decode=decode))
+
+
+# ----- every finite input: rigorous, never NaN, overflow reported ------------------------------------------
+
+
+def _wide(rng, shape, kind):
+    lo, hi = {0: (-1074, 1000), 1: (300, 380), 2: (-1074, -1000), 3: (-30, 30), 4: (0, 1)}[kind]
+    return np.ldexp(rng.uniform(-1, 1, shape), rng.integers(lo, hi, shape).astype(np.int32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(1, 3), xkind=st.integers(0, 4),
+       method=st.sampled_from(["rescale_be", "rescale", "norescale", "composed"]),
+       decode=st.sampled_from(["fp64", "exact"]), moduli=st.integers(10, 30))
+def test_chain_bound_holds_across_the_float64_range(seed, d, xkind, method, decode, moduli):
+    """Huge, subnormal and mixed inputs: every finite entry within the bound; an overflowing one makes it inf."""
+    rng = np.random.default_rng(seed)
+    axes = [int(a) for a in rng.integers(0, 2, d)]
+    ops = [_wide(rng, (4, 4), int(rng.integers(3, 5))) for _ in range(d)]
+    X = _wide(rng, (2, 4, 4), xkind)
+    try:
+        plan = plan_any(ops, axes, method=method, moduli=moduli, ndim=2)
+    except rt.PlanError:
+        return  # too few moduli for these operators: an error, never a plan
+    with np.errstate(over="ignore"):
+        Y, bound = plan(X, decode=decode), plan.error_bound(X, decode=decode)
+    assert not math.isnan(bound)
+    if not np.isfinite(Y).all():
+        assert bound == math.inf
+        return
+    ints, k = exact_mode_chain(X, ops, axes, ndim=2)
+    worst = max(abs(Fraction(float(Y[i])) - Fraction(int(ints[i])) * Fraction(2) ** k) for i in np.ndindex(Y.shape))
+    assert worst <= Fraction(bound)
+
+
+def test_chain_bound_beyond_the_float_range_is_inf():
+    # the exact bound above 2^1024 raised OverflowError; a result that overflows had a finite bound
+    for method in ("rescale_be", "composed"):
+        plan = rt.plan_chain([np.eye(4) * 2.0**30], [0], ndim=2, method=method)
+        X = np.ones((4, 4)) * 2.0**1000
+        with np.errstate(over="ignore"):
+            assert np.isinf(plan(X)).all()
+        assert plan.error_bound(X) == math.inf
+        assert math.isfinite(plan.error_bound(X / 2.0**40))

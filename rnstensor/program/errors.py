@@ -41,8 +41,11 @@ SUBNORMAL = Fraction(1, 2**1074)
 
 
 def fraction_up(x: Fraction) -> float:
-    """The smallest float64 not below ``x``."""
-    f = float(x)
+    """The smallest float64 not below ``x`` (``inf`` above the largest float)."""
+    try:
+        f = float(x)
+    except OverflowError:  # beyond the float range: inf above it, the most negative float below
+        return math.inf if x > 0 else -float(np.finfo(np.float64).max)
     return f if Fraction(f) >= x else math.nextafter(f, math.inf)
 
 
