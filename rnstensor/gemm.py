@@ -398,7 +398,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     From the :func:`group_stats` of both operands (host or device vectors;
     the moduli choice reads back one scalar). ``moduli=None``:
     ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest ``s`` whose width
-    holds every finite row and column exactly (at most 49). ``ea = t - Emax``
+    holds every finite row and column exactly (at most 49; beyond, ``RNSRangeError``). ``ea = t - Emax``
     for finite nonzero rows, 0 for the rest (their results come from float64).
 
     Raises
@@ -425,7 +425,13 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
         try:
             s = moduli_for_bits(k, need, kind=kind)
         except RNSRangeError:
-            s = _MAX_MODULI
+            # never a result that is silently not correctly rounded: say what does not fit
+            raise RNSRangeError(
+                f"{fn}: moduli='auto' needs a width of {need} bits to encode every row of op(a) and column of op(b) "
+                f"exactly (from the largest entry's leading bit to the smallest nonzero one's lowest), but "
+                f"{_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}: the correctly rounded "
+                f"product of operands this wide is not available yet; moduli=None gives float64-level accuracy"
+            ) from None
     t = gemm_width(s, k, kind)
     if t < 1:
         least = moduli_for_bits(k, 1, kind=kind)
@@ -558,7 +564,7 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     An integer is returned as is; ``None`` gives ``moduli_for_bits(k, 53)``
     (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
     encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly
-    (at most 49). Complex input (either operand) selects the complex rule.
+    (at most 49; ``RNSRangeError`` beyond). Complex input (either operand) selects the complex rule.
     NumPy or CuPy operands (the scan runs where they live).
 
     Examples
@@ -720,7 +726,8 @@ def dgemm(
         (:func:`exact_bits_needed`: per row / column, from the leading bit of
         the largest magnitude to the lowest set bit of the smallest nonzero
         one), so the integer product is the exact product and the result is
-        correctly rounded; capped at 49 (best effort: ``t = gemm_width(49, k)``).
+        correctly rounded; ``RNSRangeError`` where 49 moduli cannot hold that width
+        (never a result that is not correctly rounded).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional
@@ -806,7 +813,8 @@ def zgemm(
         (:func:`exact_bits_needed`: per row / column, from the leading bit of
         the largest magnitude to the lowest set bit of the smallest nonzero
         one), so the integer product is the exact product and the result is
-        correctly rounded; capped at 49 (best effort: ``t = gemm_width(49, k)``).
+        correctly rounded; ``RNSRangeError`` where 49 moduli cannot hold that width
+        (never a result that is not correctly rounded).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional

@@ -657,3 +657,15 @@ def test_blas_semantics_match_scipy(cplx):
             cn = np.full((m, n), np.nan, dtype=c.dtype)
             want = ref(1.0, a, b, beta=0.0, c=cn.copy(), trans_a=code[ta], trans_b=code[tb])
             assert_bitwise(f(a, b, cn, beta=0.0, trans_a=ta, trans_b=tb) + 0.0, np.asarray(want) + 0.0)
+
+
+def test_auto_moduli_refuse_what_49_moduli_cannot_round_correctly():
+    """[[1, 2^-53, 2^-300]] @ ones: 'auto' returned 1.0 (capped at 49 moduli); the correctly rounded value is 1 + 2^-52."""
+    a = np.array([[1.0, 2.0**-53, 2.0**-300]])
+    b = np.ones((3, 1))
+    with pytest.raises(RNSRangeError, match=r"moduli='auto' needs a width of [0-9]+ bits.*49 INT8 moduli hold t="):
+        rt.dgemm(a, b, moduli="auto")
+    with pytest.raises(RNSRangeError, match="moduli='auto'"):
+        rt.zgemm(a + 0j, b + 0j, moduli="auto")
+    a[0, 2] = 2.0**-100  # a spread 49 moduli hold: correctly rounded
+    assert rt.dgemm(a, b, moduli="auto")[0, 0] == 1.0 + 2.0**-52
