@@ -57,3 +57,12 @@ def test_backend_mismatch(device):
     plan, rng = _plan("rescale_be")
     with pytest.raises(ValueError, match="backend"):
         plan.run(device.put(rng.uniform(-1, 1, (4, 4, 4))), backend="cpu")
+
+
+def test_nonfinite_input_on_the_device(device):
+    plan, rng = _plan("rescale_be")
+    X = rng.uniform(-1, 1, (3, 4, 4, 4))
+    X[1, 0, 2, 3] = np.nan
+    want = plan(X)
+    same_bits(plan.run(device.put(X), fused=False), want)
+    same_bits(plan.run(device.put(X)), want)

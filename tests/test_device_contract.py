@@ -67,3 +67,15 @@ def test_rnstensor_operands_and_out(device):
         rt.einsum("ij,jk->ik", device.put(x), y)
     with pytest.raises(ValueError, match="out"):
         rt.einsum("ij,jk->ik", device.put(x), device.put(y), out=np.zeros((3, 2)))
+
+
+def test_nonfinite_operands_on_the_device(device):
+    """inf / NaN operands follow numpy where the data lives: the CPU call's bits, computed on the device."""
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+    a[1, 2], b[3, 0] = np.inf, np.nan
+    want = rt.einsum("ij,jk->ik", a, b)
+    ad, bd = device.put(a), device.put(b)
+    same_bits(rt.einsum("ij,jk->ik", ad, bd), want)
+    expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
+    same_bits(expr.error_bound(ad, bd), expr.error_bound(a, b))
