@@ -291,6 +291,8 @@ def test_chain_bound_holds_across_the_float64_range(seed, d, xkind, method, deco
         assert bound == math.inf
         return
     ints, k = exact_mode_chain(X, ops, axes, ndim=2)
+    if bound == math.inf:  # the bound or a possible result beyond the float range: an upper bound still
+        return
     worst = max(abs(Fraction(float(Y[i])) - Fraction(int(ints[i])) * Fraction(2) ** k) for i in np.ndindex(Y.shape))
     assert worst <= Fraction(bound)
 
