@@ -1,0 +1,66 @@
+"""The greedy (Alg. 2) and error-optimal drop planners side by side, in one run: plan time, apply time, accuracy.
+
+For a chain of ``d = 3`` mode products ``n x n`` (``n`` = 4, 8, 16, U[-1, 1)
+operators, RescaleBE on 15 moduli) it times building each plan and applying it
+to ``2**18`` DoFs (alternating the planners, best of ``--repeat``), then runs
+the [2610.05059] accuracy experiment for both planners at ``--depths`` and
+reports the largest elementwise relative error of RescaleBE against the exact
+chain on the Uniform, Smooth and Wide160 data. Decides nothing: it measures
+whether the optimal planner may become the default (issue 18, item 5).
+
+Usage: ``python benchmarks/bench_planners.py [--repeat 5] [--depths 4 8] [--count 8]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+from _timing import best_time
+
+import rnstensor as rt
+from rnstensor.accuracy import run_accuracy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--depths", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--count", type=int, default=8)
+    args = ap.parse_args()
+    print(f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; best of {args.repeat}")
+    warm = [np.eye(4)] * 3  # numba's compilation and the planners' caches out of the timings
+    for planner in ("greedy", "optimal"):
+        rt.plan_chain(warm, [0, 1, 2], planner=planner)(np.ones((2, 4, 4, 4)))
+    print(f"{'n':>3} {'planner':>8} {'plan s':>8} {'apply ms':>9} {'drops':>14} {'apply / greedy':>15}")
+    for n in (4, 8, 16):
+        rng = np.random.default_rng(n)
+        ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
+        X = rng.uniform(-1, 1, ((1 << 18) // n**3, n, n, n))
+        plans, plan_s = {}, {}
+        for planner in ("greedy", "optimal"):
+            t0 = time.perf_counter()
+            plans[planner] = rt.plan_chain(ops, [0, 1, 2], planner=planner)
+            plan_s[planner] = time.perf_counter() - t0
+        times = {p: float("inf") for p in plans}
+        for _ in range(3):  # alternate, so drift in the machine's load falls on both
+            for p, plan in plans.items():
+                times[p] = min(times[p], best_time(lambda: plan(X), args.repeat))
+        for p in plans:
+            print(f"{n:>3} {p:>8} {plan_s[p]:>8.3f} {times[p] * 1e3:>9.2f} {str(plans[p].drops):>14} "
+                  f"{times[p] / times['greedy']:>15.2f}")
+    print()
+    print(f"RescaleBE, max elementwise relative error over {args.count} tensors per dataset")
+    res = {p: run_accuracy(depths=args.depths, count=args.count, methods=("rescale_be",), planner=p)
+           for p in ("greedy", "optimal")}
+    for d in args.depths:
+        for name in ("uniform", "smooth", "wide160"):
+            g = res["greedy"].error("rescale_be", name, d, "max")
+            o = res["optimal"].error("rescale_be", name, d, "max")
+            print(f"  depth {d} {name:>8}: greedy {g:.2e}  optimal {o:.2e}  (greedy / optimal {g / o:.1f})")
+
+
+if __name__ == "__main__":
+    main()
