@@ -395,3 +395,20 @@ def test_elements_of_extreme_magnitudes_keep_their_accuracy():
         assert all(Fraction(bd) >= er for bd, er in zip(bound.tolist(), err))
         assert all(er <= 4 * Fraction(EPS) * s for er, s in zip(err, scale))
         assert all(Fraction(bd) <= Fraction(1, 10**11) * s for bd, s in zip(bound.tolist(), scale))
+
+
+def test_error_bound_with_huge_fields_and_tiny_fields_of_u():
+    """Geometric fields near 2^1000 and u near the subnormal range: a finite bound that holds (it was inf), inf on overflow."""
+    b = TensorBasis(3, dim=2)
+    mesh = box_mesh(b, shape=2, curved=0.1)
+    rng = np.random.default_rng(8)
+    u = np.ldexp(rng.uniform(-1, 1, mesh.dofs.shape), -1040)
+    for kind, op in (("mass", MassOperator(b, mesh.qdata * 2.0**1000)), ("poisson", PoissonOperator(b, mesh.G * 2.0**990))):
+        field = op.qdata if kind == "mass" else op.G
+        bound = op.error_bound(u)
+        assert np.isfinite(bound).all()
+        err = max_err(op.apply(u), exact_apply(kind, b, field, u))
+        assert all(e <= Fraction(float(c)) for e, c in zip(err, bound)), (kind, err, bound)
+        with np.errstate(over="ignore"):
+            big = np.ones(mesh.dofs.shape) * 2.0**100
+            assert np.isinf(op.apply(big)).any() and (op.error_bound(big) == np.inf).all()

@@ -143,17 +143,20 @@ def _op_norms(basis: TensorBasis, bits: int) -> dict:
 
 
 def _field_error(F, T: RNSTensor, axes: tuple) -> tuple:
-    """Per element: ``(max |F|, max |F̂|, max |F̂ - F|, unit)`` of a field encoded with one exponent per element.
+    """Per element, in units of the element's encoding step ``2**k``: ``(max |F|, max |F̂|, max |F̂ - F|, k)``.
 
-    Computed where ``F`` and its encoding ``T`` live.
+    A field encoded with one exponent per element; its numbers are those of
+    the integers (at most ``2**bits``), so no bound built from them
+    underflows or overflows whatever the field's magnitude. Computed where
+    ``F`` and its encoding ``T`` live.
     """
     xp = array_module(F, T.residues)
-    e = xp.broadcast_to(-T.exponent().reshape(-1), (F.shape[0],)).astype(np.int64)  # keepdims: (nelem,) or (1,)
+    k = xp.broadcast_to(T.exponent().reshape(-1), (F.shape[0],)).astype(np.int64)  # keepdims: (nelem,) or (1,)
     shape = (-1,) + (1,) * (F.ndim - 1)
-    scaled = xp.ldexp(F, e.reshape(shape).astype(np.int32))
-    diff = xp.ldexp(xp.abs(xp.rint(scaled) - scaled).max(axis=axes), (-e).astype(np.int32))
-    fmag = xp.abs(F).max(axis=axes)
-    return fmag, (fmag + diff) * _INFLATE, diff, xp.ldexp(1.0, (-e).astype(np.int32))
+    scaled = xp.ldexp(F, (-k).reshape(shape).astype(np.int32))  # exact: a power of two, integers below 2**bits
+    diff = xp.abs(xp.rint(scaled) - scaled).max(axis=axes)
+    fmag = xp.abs(scaled).max(axis=axes)
+    return fmag, (fmag + diff) * _INFLATE, diff, k
 
 
 class _Operator:
@@ -405,25 +408,27 @@ class _Operator:
         T = self._encode_u(x)
         xp = array_module(x)
         axes = tuple(range(1, x.ndim))
-        _, _, udiff, uunit = _field_error(x, T, axes)
-        umag = xp.abs(x).max(axis=axes)
-        # work in units of u's encoding (exact power-of-two scaling per element): no underflow for tiny u
-        e = xp.broadcast_to(-T.exponent().reshape(-1), umag.shape).astype(np.int32)
-        umag, udiff, uunit = xp.ldexp(umag, e), xp.ldexp(udiff, e), xp.ldexp(uunit, e)
+        # in units of u's encoding and of the field's, per element (exact powers of two): whatever the magnitudes
+        # of u and of the geometric field, the bound's numbers are those of the integers
+        umag, _, udiff, ku = _field_error(x, T, axes)
         norms = _op_norms(self.basis, self.bits)
         fields = self._on("field_errors", xp, lambda: {
             k: tuple(to_module(a, xp) for a in v) for k, v in self._field_errors().items()})
-        operands = {}
+        operands, kf = {}, 0
         for source, key in enumerate(self._constant_keys):
             if key in norms:  # (||Â||, ||A||, ||Â - A||) and one integer step of the operator
                 operands[source] = OperatorBounds(*norms[key], 2.0 ** self._ops[key].scale.exp2)
-            else:  # (|F|, |F̂|, |F̂ - F|, unit of F) per element
-                operands[source] = FieldErrors(*fields[key])
-        _, err, unit = NormErrors(operands, up=lambda z: z * _INFLATE).run(self.program, (umag, udiff, uunit))
+            else:  # (|F|, |F̂|, |F̂ - F|) per element in the field's units (one exponent for all its components)
+                fm, fe, fd, kf = fields[key]
+                operands[source] = FieldErrors(fm, fe, fd, 1.0)
+        _, err, unit = NormErrors(operands, up=lambda z: z * _INFLATE).run(self.program, (umag, udiff, 1.0))
         dec = float(decode_factor(decode)) * _INFLATE
         scaled = (err + dec * float(self.plan.final_bound) * unit) * _INFLATE
-        # back to value units; ldexp may round (subnormal results): step one float up, add the subnormal unit
-        return xp.nextafter(xp.ldexp(scaled, -e), np.inf) + 2.0**-1074
+        # back to value units (every path has one Hadamard product with the field): ldexp may round where the
+        # result is subnormal, so step one float up and add the subnormal unit; inf where it overflows
+        k = xp.clip(ku + kf, -(1 << 20), 1 << 20).astype(np.int32)
+        with np.errstate(over="ignore"):
+            return xp.nextafter(xp.ldexp(scaled, k), np.inf) + 2.0**-1074
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.basis!r}, nelem={self._nelem}, method={self.method!r}, bits={self.bits})"
