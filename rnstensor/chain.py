@@ -12,7 +12,7 @@ import numpy as np
 from .arrays import array_module, to_host, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int
-from .encode import as_basis, check_float_array, check_nonfinite, encode, group_exponents
+from .encode import as_basis, check_float_array, check_nonfinite, encode, finite_part, group_exponents
 from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
@@ -114,9 +114,10 @@ class ChainPlan:
         check_nonfinite(nonfinite)
         xp = array_module(X)
         x = X if xp is not np else np.asarray(X)
-        if nonfinite == "raise" or x.dtype.kind != "f" or bool(xp.isfinite(x).all()):
+        if nonfinite == "raise" or x.dtype.kind != "f":  # refused by the encode (or the fused kernel's flag)
             return X, None
-        return xp.where(xp.isfinite(x), x, 0.0), x
+        z, bad = finite_part(x)
+        return (z, x) if bad else (X, None)
 
     def float64_chain(self, X):
         """The chain in float64 (numpy's mode products, in the plan's order): what numpy gives, inf and NaN included."""

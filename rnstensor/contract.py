@@ -13,7 +13,7 @@ from opt_einsum import parser as oe_parser
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int, moduli_count
-from .encode import as_basis, check_nonfinite, encode, encode_integers
+from .encode import as_basis, check_nonfinite, encode, encode_integers, finite_part
 from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
@@ -113,17 +113,6 @@ def _check_finite(x, i: int, what: str = "operand") -> None:
     if not bool(array_module(x).isfinite(x).all()):
         raise ValueError(f"einsum: {what} {i} holds inf or NaN; residues hold finite values only"
                          + (" (nonfinite='propagate' follows numpy for operands, not constants)" if what == "constant" else ""))
-
-
-def _finite_part(x, i: int, nonfinite: str):
-    """``(x with its inf / NaN entries zeroed, True)`` where ``x`` has any (``nonfinite='raise'``: an error), else ``(x, False)``."""
-    xp = array_module(x)
-    ok = xp.isfinite(x)
-    if bool(ok.all()):
-        return x, False
-    if nonfinite == "raise":
-        raise ValueError(f"einsum: operand {i} holds inf or NaN (nonfinite='raise'); residues hold finite values only")
-    return xp.where(ok, x, 0), True
 
 
 # ----- the plan -----------------------------------------------------------------------------
@@ -540,7 +529,10 @@ class ContractExpression:
                 tensors[i] = x
             else:
                 x = x if is_device_array(x) else np.asarray(x)
-                x, bad = _finite_part(x, i, self.nonfinite)
+                x, bad = finite_part(x)
+                if bad and self.nonfinite == "raise":
+                    raise ValueError(f"einsum: operand {i} holds inf or NaN (nonfinite='raise'); residues hold finite "
+                                     f"values only")
                 nonfinite = nonfinite or bad
             ops.append(x)
             kinds.append(k)

@@ -14,7 +14,7 @@ from .basis import Basis
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
-__all__ = ["encode", "encode_integers", "as_basis", "check_float_array", "check_nonfinite", "NONFINITE", "normalize_axis",
+__all__ = ["encode", "encode_integers", "as_basis", "check_float_array", "check_nonfinite", "finite_part", "NONFINITE", "normalize_axis",
            "group_exponents"]
 
 
@@ -51,6 +51,20 @@ def check_nonfinite(nonfinite) -> str:
     if nonfinite not in NONFINITE:
         raise ValueError(f"nonfinite must be one of {NONFINITE}; got {nonfinite!r}")
     return nonfinite
+
+
+def finite_part(x) -> tuple:
+    """``(x with its inf and NaN entries zeroed, True)`` where ``x`` has any, else ``(x, False)``; where ``x`` lives.
+
+    What ``nonfinite='propagate'`` computes in residues: an output whose float64
+    computation meets an inf or NaN is inf or NaN there, so no other output
+    reads the zeroed entries.
+    """
+    xp = array_module(x)
+    ok = xp.isfinite(x)
+    if bool(ok.all()):
+        return x, False
+    return xp.where(ok, x, 0.0), True
 
 
 def check_float_array(x, name: str = "x", allow_empty: bool = False):

@@ -211,8 +211,7 @@ def _check_array(x, name: str, dtype: np.dtype, fn: str, xp=np):
 def _check_moduli(moduli, fn: str) -> Union[None, int, str]:
     if moduli is None or (isinstance(moduli, str) and moduli == "auto"):
         return moduli
-    if isinstance(moduli, str) or moduli is None or isinstance(moduli, bool) \
-            or not isinstance(moduli, (int, np.integer)):
+    if isinstance(moduli, bool) or not isinstance(moduli, (int, np.integer)):
         raise ValueError(f"{fn}: moduli must be None (moduli_for_bits(k, 53)), 'auto' or a number of INT8 moduli "
                          f"(1..{_MAX_MODULI}); got {moduli!r}")
     return moduli_count(moduli, f"{fn}: moduli")

@@ -40,8 +40,8 @@ UNIT_ROUNDOFF = Fraction(1, 2**53)
 SUBNORMAL = Fraction(1, 2**1074)
 
 
-def fraction_up(x: Fraction) -> float:
-    """The smallest float64 not below ``x`` (``inf`` above the largest float)."""
+def fraction_up(x) -> float:
+    """The smallest float64 not below the Fraction or integer ``x`` (``inf`` above the largest float)."""
     try:
         f = float(x)
     except OverflowError:  # beyond the float range: inf above it, the most negative float below
@@ -295,11 +295,6 @@ def _result_letters(st: Contract) -> str:
     return st.batch + st.x_keep + st.y_keep
 
 
-def float_up(n) -> float:
-    """The smallest float64 not below the integer (or Fraction) ``n``."""
-    return fraction_up(Fraction(n))
-
-
 def float_down(n) -> float:
     """The largest float64 not above the positive integer (or Fraction) ``n``."""
     f = float(Fraction(n))
@@ -320,7 +315,7 @@ def in_units_of(a, x: Value, v: Value):
     callers add at least that much.
     """
     xp = array_module(a)
-    scale = float_up(Fraction(int(x.factor), int(v.factor)))
+    scale = fraction_up(Fraction(int(x.factor), int(v.factor)))
     with np.errstate(over="ignore", under="ignore"):
         return inflate(xp.ldexp(a * scale, _exponents(x) - _exponents(v)), 2)
 
@@ -356,7 +351,7 @@ class EntrywiseErrors:
                 mag = xp.ldexp(x, -_exponents(v)) / f  # at most 2**bits: no overflow
             err[st.out] = (inflate(mag + 0.5, 2), xp.broadcast_to(0.5, x.shape))
         elif isinstance(st, Operand):
-            err[st.out] = (xp.broadcast_to(float_up(v.bound), v.planes.shape[1:]), 0.0)
+            err[st.out] = (xp.broadcast_to(fraction_up(v.bound), v.planes.shape[1:]), 0.0)
         elif isinstance(st, Drop):
             M, D = err[st.x]
             q = float_down(int(v.factor) // int(before[st.x].factor))
@@ -364,7 +359,7 @@ class EntrywiseErrors:
         elif isinstance(st, Reencode):
             x = before[st.x]
             M, D = err[st.x]
-            f = fraction_up(decode_factor("fp64")) * float_up(x.bound) * (1 + 2.0**-40)
+            f = fraction_up(decode_factor("fp64")) * fraction_up(x.bound) * (1 + 2.0**-40)
             # the fp64 decode's subnormal rounding (2**-1075 absolute), in the new units
             f_v = float_down(int(v.factor))
             with np.errstate(over="ignore"):
@@ -413,10 +408,10 @@ def decoded(M, D, T, mode: str):
     xp = array_module(T.residues)
     e = xp.clip(T.exponent().astype(np.int64, copy=False), -(1 << 20), 1 << 20).astype(np.int32)
     if mode == "fp64":
-        D = inflate(D + fraction_up(decode_factor("fp64")) * float_up(T.bound) * (1 + 2.0**-40), 2)
+        D = inflate(D + fraction_up(decode_factor("fp64")) * fraction_up(T.bound) * (1 + 2.0**-40), 2)
     else:
         D = inflate(D + 2.0**-53 * inflate(M + D, 2), 3)
-    f = float_up(int(T.scale.factor))
+    f = fraction_up(int(T.scale.factor))
     with np.errstate(over="ignore", under="ignore"):
         out = xp.ldexp(xp.broadcast_to(D, T.shape) * f, e)
         reach = xp.ldexp(xp.broadcast_to(inflate(M + D, 2), T.shape) * f, e)
