@@ -139,16 +139,16 @@ def _parse_depths(text: str) -> list[int]:
 
 
 _GEMM_TABLE_DATA = {"6": ["uniform", "phi2", "sincos"], "7": None, "8": ["spike", "cancel", "boundary"]}
-_GEMM_TABLE_MODULI = {"6": [12, 14, 16, 18, 20, 24], "8": ["default", "auto", 12, 16, 20, 24]}
+_GEMM_TABLE_MODULI = {"6": [12, 14, 16, 18, 20, 24], "8": ["default", "fast", "auto", 12, 16, 20, 24]}
 
 
 def _gemm_moduli_arg(v: str):
-    if v in ("auto", "default"):
+    if v in ("auto", "default", "fast"):
         return v
     try:
         return int(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--gemm-moduli takes integers, 'auto' or 'default'; got {v!r}") from None
+        raise argparse.ArgumentTypeError(f"--gemm-moduli takes integers, 'auto', 'fast' or 'default'; got {v!r}") from None
 
 
 def _accuracy_gemm_table7(args) -> int:
@@ -302,7 +302,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     acc.add_argument(
         "--gemm-moduli", nargs="+", default=None, type=_gemm_moduli_arg,
-        help="gemm tables 6/8: moduli counts, 'auto' or 'default' (default: 6: 12 14 16 18 20 24; 8: default auto 12 16 20 24)",
+        help="gemm tables 6/8: moduli counts, 'auto', 'fast' or 'default' "
+        "(default: 6: 12 14 16 18 20 24; 8: default fast auto 12 16 20 24)",
     )
     acc.add_argument("--complex", action="store_true", help="gemm tables 6/8: ZGEMM (3M) on complex data sets")
     acc.add_argument(

@@ -61,10 +61,11 @@ import numpy as np
 from .arrays import array_module, device_module as _cupy
 from .backends import get_backend
 from .basis import Basis
+from .errors import RNSRangeError
 from .chain import ChainPlan
 from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
-from .gemm import gemm_program, gemm_scale
+from .gemm import SplitNeeded, gemm_program, gemm_scale
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program import ir
@@ -303,10 +304,17 @@ def _group_stats(da, x, axis: int, need_lsb: bool):
     amax = da.where(finite, mag, 0.0).max(axis=axis)
     fin = finite.all(axis=axis)
     Emax = amax.map_blocks(frexp_exponent, dtype=np.int64, meta=_meta(x, 1, np.int64))
+    parts = (abs(x),) if x.dtype != np.complex128 else (abs(x.real), abs(x.imag))
+    amin = None
+    for p in parts:
+        low = da.where((p != 0) & da.isfinite(p), p, np.inf).min(axis=axis)
+        amin = low if amin is None else da.minimum(amin, low)
+    Emin = da.where(da.isfinite(amin), amin, 0.0).map_blocks(frexp_exponent, dtype=np.int64,
+                                                              meta=_meta(x, 1, np.int64))
     if not need_lsb:
-        return fin, Emax, None
+        return fin, Emax, None, Emin
     lsb = x.map_blocks(lambda b: entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=axis)
-    return fin, Emax, lsb
+    return fin, Emax, lsb, Emin
 
 
 def _encoder(prog, axis: int, backend):
@@ -439,15 +447,28 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     # pass 1: per row / column exponents (and the finite masks), as in memory; reduced where the chunks
     # live, only the vectors come to the client
     auto = moduli == "auto"
-    fa, Ea, la = _group_stats(da, opa, 1, auto)
-    fb, Eb, lb = _group_stats(da, opb, 0, auto)
+    fa, Ea, la, Na = _group_stats(da, opa, 1, auto)
+    fb, Eb, lb, Nb = _group_stats(da, opb, 0, auto)
     import dask
 
-    got = [_host(v) for v in dask.compute(fa, Ea, fb, Eb, *((la, lb) if auto else ()))]
-    fa, Ea, fb, Eb = got[:4]
-    la, lb = got[4:] if auto else (None, None)
-    s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la), (fb, Eb, lb), f"rnstensor.dask.{fn_name}",
-                              min_bits)
+    got = [_host(v) for v in dask.compute(fa, Ea, Na, fb, Eb, Nb, *((la, lb) if auto else ()))]
+    fa, Ea, Na, fb, Eb, Nb = got[:6]
+    la, lb = got[6:] if auto else (None, None)
+
+    def lsb_of():  # only when the spreads alone ask for more than the 53-bit width
+        low = [x.map_blocks(lambda b: entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=ax)
+               for x, ax in ((opa, 1), (opb, 0))]
+        return [_host(v) for v in dask.compute(*low)]
+
+    try:
+        s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),
+                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of)
+    except SplitNeeded as exc:
+        raise RNSRangeError(
+            f"rnstensor.dask.{fn_name}: {exc}; the in-memory {fn_name} splits such rows and columns exactly, the Dask "
+            f"one does not yet: compute this product in memory, or pass moduli='fast' (float64-level accuracy on "
+            f"well-scaled data) or an explicit moduli"
+        ) from None
     prog = gemm_program(Basis.int8(s), t, max(k, 1), cplx, alpha)
     # the vectors go back to the operands' array type (once per call): each task finds its slice there
     xp = _namespace(opa)

@@ -2,7 +2,9 @@
 
 ``op(a)`` gets one power-of-two exponent per row and ``op(b)`` one per
 column (the exponent scan, :func:`group_stats` and :func:`gemm_scale`,
-shared with :mod:`rnstensor.dask`), both are encoded at the width ``t``, one
+shared with :mod:`rnstensor.dask`; the default width keeps the classical
+componentwise bound, :func:`classical_moduli`, and rows too wide for it are
+split exactly, :func:`row_slices`), both are encoded at the width ``t``, one
 exact residue product (the 3M form for complex data) gives the integer
 product, and one exact decode rounds ``alpha`` times it once
 (:func:`gemm_program`). NumPy operands run on the CPU backend, CuPy
@@ -16,6 +18,7 @@ import os
 import time
 from contextlib import contextmanager
 from functools import lru_cache
+from fractions import Fraction
 from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
@@ -42,6 +45,10 @@ __all__ = [
     "group_stats",
     "gemm_scale",
     "gemm_program",
+    "classical_fits",
+    "classical_moduli",
+    "row_slices",
+    "split_width",
 ]
 
 #: Range factor ``c`` of the width rule ``c * k * 4**t < P`` (see :func:`gemm_width`).
@@ -209,10 +216,11 @@ def _check_array(x, name: str, dtype: np.dtype, fn: str, xp=np):
 
 
 def _check_moduli(moduli, fn: str) -> Union[None, int, str]:
-    if moduli is None or (isinstance(moduli, str) and moduli == "auto"):
+    if moduli is None or (isinstance(moduli, str) and moduli in ("auto", "fast")):
         return moduli
     if isinstance(moduli, bool) or not isinstance(moduli, (int, np.integer)):
-        raise ValueError(f"{fn}: moduli must be None (moduli_for_bits(k, 53)), 'auto' or a number of INT8 moduli "
+        raise ValueError(f"{fn}: moduli must be None (the classical float64 bound), 'fast' (moduli_for_bits(k, 53)), "
+                         f"'auto' (correctly rounded) or a number of INT8 moduli "
                          f"(1..{_MAX_MODULI}); got {moduli!r}")
     return moduli_count(moduli, f"{fn}: moduli")
 
@@ -374,34 +382,156 @@ def frexp_exponent(a):
 
 
 def group_stats(x, axis: int, need_lsb: bool):
-    """``(finite, Emax, lsb_min)`` per row (``axis=1``) or column (``axis=0``) of a matrix, where it lives.
+    """``(finite, Emax, lsb_min, Emin)`` per row (``axis=1``) or column (``axis=0``) of a matrix, where it lives.
 
     ``finite``: the group holds no inf / NaN; ``Emax``: the frexp exponent of
     its largest finite magnitude (``max(|re|, |im|)`` for complex data;
     ``NONE`` for an all-zero group); ``lsb_min`` (``need_lsb`` only, else
-    ``None``): the lowest set bit of any of its significands. One pass over
-    ``|x|`` for the exponents; the lowest bits need every significand.
+    ``None``): the lowest set bit of any of its significands; ``Emin``: the
+    frexp exponent of its smallest nonzero finite part (real or imaginary),
+    ``NONE`` for an all-zero group. Two passes over ``|x|`` for the
+    exponents; the lowest bits need every significand.
     """
     xp = array_module(x)
     mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
     finite = xp.isfinite(x)
     fin = finite.all(axis=axis)
     amax = mag.max(axis=axis) if bool(fin.all()) else xp.where(finite, mag, 0.0).max(axis=axis)
+    parts = (xp.abs(x),) if x.dtype.kind != "c" else (xp.abs(x.real), xp.abs(x.imag))
+    amin = None
+    for p in parts:
+        low = xp.where((p != 0) & xp.isfinite(p), p, np.inf).min(axis=axis)
+        amin = low if amin is None else xp.minimum(amin, low)
     lsb = entry_stats(x)[2].min(axis=axis) if need_lsb else None
-    return fin, frexp_exponent(amax), lsb
+    return fin, frexp_exponent(amax), lsb, frexp_exponent(xp.where(xp.isfinite(amin), amin, 0.0))
 
 
-def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS):
-    """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
+def group_lsb(x, axis: int):
+    """The ``lsb_min`` of :func:`group_stats` alone (the lowest set bit of any significand per group)."""
+    return entry_stats(x)[2].min(axis=axis)
 
-    From the :func:`group_stats` of both operands (host or device vectors;
-    the moduli choice reads back one scalar). ``moduli=None``:
-    ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest ``s`` whose width
-    holds every finite row and column exactly (at most 49; beyond, ``RNSRangeError``). ``ea = t - Emax``
-    for finite nonzero rows, 0 for the rest (their results come from float64).
+
+class SplitNeeded(RNSRangeError):
+    """No width of at most 49 moduli meets the classical bound for some row / column: split it (internal)."""
+
+
+def _inexact_rho(group, t: int, cplx: bool) -> Optional[int]:
+    """``log2`` of the largest relative encoding error of a group at width ``t`` (``None``: all groups exact).
+
+    ``group = (ok, spread, need)`` per row / column (:func:`_groups`): a
+    group whose leading exponent is ``Emax`` is encoded at ``2**(t - Emax)``;
+    round to nearest moves an entry by at most ``2**(Emax - t - 1)``, which is
+    ``2**(spread - t)`` times any nonzero entry of the group (``spread = Emax
+    - Emin``; complex: twice that for the modulus of both parts). The group is
+    exact from ``t >= need``. One scalar read back, where the vectors live.
+    """
+    ok, spread, need = group
+    if not spread.size:
+        return None
+    xp = array_module(spread)
+    worst = int(xp.where(ok & (need > t), spread, _NONE).max())
+    return None if worst == _NONE else worst - t + (1 if cplx else 0)
+
+
+def _groups(fin, Emax, Emin, lsb):
+    """``(ok, spread, need)``: nonzero finite groups, their binade spread, and the width that encodes them exactly.
+
+    Every float64 has 53 significant bits, so ``spread + 53`` is always
+    enough; with the lowest set bits known, ``Emax - lsb``.
+    """
+    xp = array_module(Emax)
+    spread = Emax - Emin
+    need = spread + 53 if lsb is None else xp.minimum(spread + 53, Emax - lsb)
+    return fin & (Emax != _NONE), spread, need
+
+
+def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int]) -> bool:
+    """Whether relative encoding errors ``2**rho_a`` (rows) and ``2**rho_b`` (columns) keep the classical bound.
+
+    The integer product then differs from the exact one by at most
+    ``rho (|A||B|)_ij`` with ``rho = ra + rb + ra rb``, and the correctly
+    rounded decode adds ``u |c~|`` (``u = 2**-53``). ``rho <= (k - 1) u``
+    makes the whole error at most ``k u + (k - 1) u**2 <= gamma_k (|A||B|)_ij``,
+    the classical componentwise bound of a float64 GEMM (``gamma_k = k u /
+    (1 - k u)``); ``k = 1`` needs exact encodings. Checked in exact rationals.
+
+    Examples
+    --------
+    >>> classical_fits(1, None, None), classical_fits(1, -80, None), classical_fits(4096, -44, -44)
+    (True, False, True)
+    """
+    ra = Fraction(2) ** rho_a if rho_a is not None else Fraction(0)
+    rb = Fraction(2) ** rho_b if rho_b is not None else Fraction(0)
+    return ra + rb + ra * rb <= Fraction(max(int(k), 1) - 1, 1 << 53)
+
+
+def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None) -> int:
+    """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the classical bound: ``moduli=None``.
+
+    From the per row / column exponents of :func:`group_stats`
+    (:func:`classical_fits` on the largest relative encoding error of either
+    side; it only improves with ``s``, so a bisection finds the least). When
+    the spreads alone ask for more than the 53-bit width, ``lsb_of()`` (if
+    given) supplies the lowest set bits, and groups that are exact at a width
+    need no more (``U[0, 1)`` data from ``random()`` is exact at 53 bits
+    whatever its spread). Scalars only come back from the device.
 
     Raises
     ------
+    SplitNeeded
+        No ``s <= 49`` fits: some row or column spans more binades than 49
+        moduli hold at the classical accuracy.
+    """
+    kind = "complex" if cplx else "real"
+    s0 = moduli_for_bits(k, 53, kind=kind)
+    (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
+
+    def fits(s, ga, gb):
+        t = gemm_width(s, k, kind)
+        return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx))
+
+    def least(ga, gb):
+        if fits(s0, ga, gb):
+            return s0
+        if not fits(_MAX_MODULI, ga, gb):
+            return None
+        lo, hi = s0, _MAX_MODULI  # fits(lo) is false, fits(hi) true
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid, ga, gb) else (mid, hi)
+        return hi
+
+    ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
+    s = least(ga, gb)
+    if s != s0 and lsb_of is not None and (la is None or lb is None):
+        got_a, got_b = lsb_of()
+        ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
+        s = least(ga, gb)
+    if s is None:
+        raise SplitNeeded(
+            f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
+            f"classical float64 accuracy (k={k})"
+        )
+    return s
+
+
+def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS,
+               lsb_of: Optional[Callable] = None):
+    """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
+
+    From the :func:`group_stats` of both operands (host or device vectors;
+    the moduli choice reads the small per-group vectors back).
+    ``moduli=None``: :func:`classical_moduli` (the classical componentwise
+    bound); ``'fast'``: ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest
+    ``s`` whose width holds every finite row and column exactly (at most 49;
+    beyond, ``RNSRangeError``). ``ea = t - Emax`` for finite nonzero rows, 0
+    for the rest (their results come from float64).
+
+    Raises
+    ------
+    SplitNeeded
+        ``moduli=None`` on a row / column wider than 49 moduli hold (the
+        in-memory GEMM then splits it, see :func:`dgemm`).
     RNSRangeError
         ``s`` moduli cannot hold a product of length ``k`` (no width ``t >= 1``).
     PlanError
@@ -409,12 +539,14 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
         (:func:`rnstensor.planner.methods.check_kept_bits`, the rule of einsum and chains).
     """
     kind = "complex" if cplx else "real"
-    (fa, Ea, la), (fb, Eb, lb) = a_stats, b_stats
+    (fa, Ea, la, _), (fb, Eb, lb, _) = a_stats, b_stats
     xp = array_module(fa, fb, Ea, Eb)
     if isinstance(moduli, int):
         s = moduli
-    elif moduli is None:
+    elif moduli == "fast":
         s = moduli_for_bits(k, 53, kind=kind)
+    elif moduli is None:
+        s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of)
     else:
         need = 1
         for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
@@ -429,7 +561,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
                 f"{fn}: moduli='auto' needs a width of {need} bits to encode every row of op(a) and column of op(b) "
                 f"exactly (from the largest entry's leading bit to the smallest nonzero one's lowest), but "
                 f"{_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}: the correctly rounded "
-                f"product of operands this wide is not available yet; moduli=None gives float64-level accuracy"
+                f"product of operands this wide is not available yet; moduli=None keeps the classical float64 bound"
             ) from None
     t = gemm_width(s, k, kind)
     if t < 1:
@@ -440,7 +572,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
         )
     if isinstance(moduli, int):
         check_kept_bits(f"{fn}: moduli={s} at k={k} (width t={t})", float(t), min_bits, None,
-                        f"use more moduli (moduli=None keeps 53 bits: {moduli_for_bits(k, 53, kind=kind)} at this k)")
+                        f"use more moduli (moduli='fast' keeps 53 bits: {moduli_for_bits(k, 53, kind=kind)} at this k)")
     ea = xp.where(fa & (Ea != _NONE), t - Ea, 0).astype(np.int64)
     eb = xp.where(fb & (Eb != _NONE), t - Eb, 0).astype(np.int64)
     return s, t, ea, eb
@@ -448,8 +580,98 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
 
 def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
     """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
+    xp = array_module(opa, opb)
     auto = moduli == "auto"
-    return gemm_scale(moduli, k, cplx, group_stats(opa, 1, auto), group_stats(opb, 0, auto), min_bits=0)[0]
+    sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
+    A = xp.where(sa[0][:, None], opa, 0)
+    Bm = xp.where(sb[0][None, :], opb, 0)
+    try:
+        return gemm_scale(moduli, k, cplx, sa, sb, min_bits=0, lsb_of=lambda: (group_lsb(A, 1), group_lsb(Bm, 0)))[0]
+    except SplitNeeded:
+        return split_width(k, cplx, A, Bm)
+
+
+# ----- exact slices of wide rows / columns (moduli=None beyond 49 moduli) -------------------------
+
+
+def _entry_exponent(x):
+    """frexp exponent of every entry's magnitude (``max(|re|, |im|)``), ``NONE`` for zeros, where ``x`` lives."""
+    xp = array_module(x)
+    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
+    return frexp_exponent(mag)
+
+
+def row_slices(x, t: int):
+    """Split every row of ``x`` into slices each within ``t - 53`` binades of its own largest entry.
+
+    Entry ``x_ik`` of exponent ``E`` goes to slice ``(Emax_i - E) // (t - 52)``
+    of its row, whole, so the slices of a row sum to it exactly and each is
+    encoded at width ``t`` with an exact leading part (real: exactly; complex:
+    the smaller part of an entry loses at most ``u`` of its modulus).
+
+    Returns
+    -------
+    (xs, owner, rank)
+        ``xs`` (rows x k): the nonempty slices, row-major by ``(owner, slice)``;
+        ``owner[r]``: the row of ``x`` slice ``r`` belongs to; ``rank[r]``:
+        its position among that row's slices.
+
+    Examples
+    --------
+    >>> xs, owner, rank = row_slices(np.array([[1.0, 1e-300, 0.5]]), 60)
+    >>> xs, owner, rank
+    (array([[1.e+000, 0.e+000, 5.e-001],
+           [0.e+000, 1.e-300, 0.e+000]]), array([0, 0]), array([0, 1]))
+    """
+    xp = array_module(x)
+    q, keys, span = _slice_keys(x, t)
+    owner, slot = keys // span, keys % span
+    rank = xp.arange(keys.size, dtype=np.int64) - xp.searchsorted(owner, owner, side="left")
+    xs = xp.where(q[owner] == slot[:, None], x[owner], 0)
+    return xs, owner, rank
+
+
+def _slice_keys(x, t: int):
+    """``(q, keys, span)``: every entry's slice (``-1`` for zeros) and the sorted ``row * span + slice`` in use."""
+    xp = array_module(x)
+    m, k = x.shape
+    E = _entry_exponent(x)
+    nz = E != _NONE
+    Emax = xp.max(xp.where(nz, E, _NONE), axis=1) if k else xp.full(m, _NONE, np.int64)
+    q = xp.where(nz, (Emax[:, None] - E) // (t - 52), -1)
+    span = int(q.max()) + 2 if q.size else 1
+    keys = xp.unique((xp.arange(m, dtype=np.int64)[:, None] * span + q)[nz])
+    return q, keys, span
+
+
+def _sum_slices(part, owner, rank, rows: int):
+    """``sum`` of the slice rows of ``part`` into ``rows`` rows, slice 0 first: the same order on every backend."""
+    xp = array_module(part)
+    out = xp.zeros((rows,) + tuple(part.shape[1:]), part.dtype)
+    for r in range(int(rank.max()) + 1 if rank.size else 0):
+        sel = rank == r  # each owner at most once per rank: a plain indexed add
+        out[owner[sel]] += part[sel]
+    return out
+
+
+def _slice_exponent(x, axis: int, xp):
+    """frexp exponent of each slice's largest magnitude (every slice is nonempty)."""
+    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
+    return frexp_exponent(mag.max(axis=axis))
+
+
+def split_width(k: int, cplx: bool, A, Bm) -> int:
+    """The moduli count of a split GEMM: the cheapest of a few widths by ``s * rows' * columns'`` (slices counted)."""
+    kind = "complex" if cplx else "real"
+    s0 = moduli_for_bits(k, 53, kind=kind)
+    best = None
+    for s in sorted({s0, (s0 + _MAX_MODULI) // 2, (3 * s0 + _MAX_MODULI) // 4, _MAX_MODULI}):
+        t = gemm_width(s, k, kind)
+        rows, cols = _slice_keys(A, t)[1].size, _slice_keys(Bm.T, t)[1].size
+        cost = s * max(rows, 1) * max(cols, 1)
+        if best is None or cost < best[0]:
+            best = (cost, s)
+    return best[1]
 
 
 # ----- the program ------------------------------------------------------------------------------
@@ -560,18 +782,22 @@ def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, n
 def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str = "N") -> int:
     """The number of moduli ``s`` that :func:`dgemm` / :func:`zgemm` use for ``op(a) @ op(b)`` with this ``moduli``.
 
-    An integer is returned as is; ``None`` gives ``moduli_for_bits(k, 53)``
+    An integer is returned as is; ``None`` gives :func:`classical_moduli`
+    (the fewest that keep the classical componentwise bound; for rows or
+    columns wider than 49 moduli hold, the count of the split product,
+    :func:`split_width`); ``'fast'`` gives ``moduli_for_bits(k, 53)``
     (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
-    encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly
-    (at most 49; ``RNSRangeError`` beyond). Complex input (either operand) selects the complex rule.
-    NumPy or CuPy operands (the scan runs where they live).
+    encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly (at
+    most 49; ``RNSRangeError`` beyond). Complex input (either operand)
+    selects the complex rule. NumPy or CuPy operands (the scan runs where
+    they live).
 
     Examples
     --------
     >>> import numpy as np
-    >>> a = np.array([[1.0, 2.0**-60]])
-    >>> gemm_moduli(a, a.T), gemm_moduli(a, a.T, "auto"), gemm_moduli(a, a.T, 9)
-    (14, 16, 9)
+    >>> a = np.array([[1.0, np.pi * 2.0**-60]])
+    >>> gemm_moduli(a, a.T), gemm_moduli(a, a.T, "fast"), gemm_moduli(a, a.T, "auto"), gemm_moduli(a, a.T, 9)
+    (29, 14, 29, 9)
     """
     xp = array_module(a, b, names=("a", "b"), fn="gemm_moduli")
     a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
@@ -647,15 +873,39 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         with _phase("other"):
             auto = moduli == "auto"
             sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
-            s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits)
             fa, fb = sa[0], sb[0]
             finite_a, finite_b = bool(fa.all()), bool(fb.all())
             A = opa if finite_a else xp.where(fa[:, None], opa, 0)
             Bm = opb if finite_b else xp.where(fb[None, :], opb, 0)
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
+            try:
+                s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits,
+                                          lambda: (group_lsb(A, 1), group_lsb(Bm, 0)))
+                split = None
+            except SplitNeeded:
+                # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
+                s = split_width(k, cplx, A, Bm)
+                t = gemm_width(s, k, "complex" if cplx else "real")
+                xa, own_a, rank_a = row_slices(A, t)
+                xbt, own_b, rank_b = row_slices(Bm.T, t)
+                A, Bm, split = xa, xbt.T, (own_a, rank_a, own_b, rank_b)
+                ea = t - _slice_exponent(A, 1, xp)
+                eb = t - _slice_exponent(Bm, 0, xp)
             prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
-            mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
-        _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+        if split is None:
+            with _phase("other"):
+                mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
+            _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+        else:
+            ms, ns = A.shape[0], Bm.shape[1]
+            pairs = xp.zeros((ms, ns), dtype)
+            with _phase("other"):
+                mb, nb, cache_a = _plan_tiles(ms, ns, k, s, cplx, workspace)
+            _run_tiles(pairs, prog, A, Bm, ea, eb, ms, ns, mb, nb, cache_a, be, xp, backend_name, transposed)
+            own_a, rank_a, own_b, rank_b = split
+            with _phase("decode"):  # each pair correctly rounded, summed in float64 slice by slice
+                by_row = _sum_slices(pairs, own_a, rank_a, m)
+                term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
         # rows / columns holding inf or NaN: float64 matmul with IEEE propagation (where the data lives)
         with np.errstate(invalid="ignore", over="ignore"):
             if not finite_a:
@@ -718,9 +968,20 @@ def dgemm(
     alpha, beta : float
     trans_a, trans_b : {'N', 'T', 'C'}
         ``'T'`` and ``'C'`` both transpose (real data).
-    moduli : None, 'auto' or int in 1..49
-        ``None``: ``moduli_for_bits(k, 53)`` (float64-level accuracy on
-        well-scaled data). ``'auto'``: the smallest ``s`` whose width ``t``
+    moduli : None, 'fast', 'auto' or int in 1..49
+        ``None``: at least as accurate as float64 DGEMM, entry by entry: the
+        result satisfies the classical bound ``|C~ - C| <= gamma_k |alpha|
+        |A||B|`` (``gamma_k = k u / (1 - k u)``; complex ``sqrt(2)
+        gamma_{k+2}``), from the fewest moduli whose width keeps every row's
+        and column's relative encoding error below ``(k - 1) u``
+        (:func:`classical_moduli`, read from the exponent scan). Rows or
+        columns spanning more binades than 49 moduli hold are split exactly
+        into slices of bounded span, every pair of slices is one residue
+        product, correctly rounded, and the pairs are summed in float64
+        (:func:`row_slices`). ``'fast'``: ``moduli_for_bits(k, 53)``, the
+        53-bit width (float64-level accuracy on well-scaled data; a row mixing
+        very different magnitudes loses its small entries' bits). ``'auto'``:
+        the smallest ``s`` whose width ``t``
         encodes every entry of ``op(a)`` and ``op(b)`` exactly
         (:func:`exact_bits_needed`: per row / column, from the leading bit of
         the largest magnitude to the lowest set bit of the smallest nonzero
@@ -805,9 +1066,10 @@ def zgemm(
     alpha, beta : complex
     trans_a, trans_b : {'N', 'T', 'C'}
         ``'C'`` is the conjugate transpose.
-    moduli : None, 'auto' or int in 1..49
-        ``None``: ``moduli_for_bits(k, 53)`` (float64-level accuracy on
-        well-scaled data). ``'auto'``: the smallest ``s`` whose width ``t``
+    moduli : None, 'fast', 'auto' or int in 1..49
+        As :func:`dgemm` (``None``: the classical complex bound ``sqrt(2)
+        gamma_{k+2} |alpha| |A||B|``; ``'fast'``: the 53-bit width).
+        ``'auto'``: the smallest ``s`` whose width ``t``
         encodes every entry of ``op(a)`` and ``op(b)`` exactly
         (:func:`exact_bits_needed`: per row / column, from the leading bit of
         the largest magnitude to the lowest set bit of the smallest nonzero

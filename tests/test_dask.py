@@ -116,6 +116,20 @@ def test_dgemm_bitwise_for_any_chunking(moduli, chunks):
     assert np.array_equal(D.compute(), ref)
 
 
+def test_dgemm_default_widens_like_in_memory_and_refuses_splits():
+    rng = np.random.default_rng(6)
+    A, B = rng.standard_normal((9, 40)), rng.standard_normal((40, 7))
+    A[0, :20] *= 2.0**-60  # a row whose spread asks for more moduli than the 53-bit width
+    assert rt.gemm_moduli(A, B) > rt.gemm_moduli(A, B, "fast")
+    got = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3))).compute()
+    assert np.array_equal(got, rt.dgemm(A, B))
+    A[1, :20] *= 2.0**-1000  # beyond 49 moduli: in memory it is split exactly; Dask says so
+    with pytest.raises(rt.RNSRangeError, match="in-memory dgemm splits"):
+        rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)))
+    fast = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)), moduli="fast").compute()
+    assert np.array_equal(fast, rt.dgemm(A, B, moduli="fast"))
+
+
 def test_dgemm_blas_parameters_and_non_finite_rows():
     A, B = _gemm_case(seed=1)
     C = np.random.default_rng(2).uniform(-1, 1, (13, 11))

@@ -85,3 +85,16 @@ def test_device_errors(device):
         rt.dgemm(device.put(a), device.put(a.T), backend="cpu")
     with pytest.raises(ValueError, match="out"):
         rt.dgemm(device.put(a), device.put(a.T), out=device.cp.zeros((3, 3), np.float32))
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_split_product_stays_on_the_device(device, cplx):
+    """Rows too wide for 49 moduli (the default's exact slices): device-resident, the CPU backend's bits."""
+    rng = np.random.default_rng(8)
+    a, b = _operands(rng, 6, 10, 5, cplx)
+    a[1, :5] *= 2.0**-1000
+    a[1, 5:] *= 2.0**900
+    b[:3, 2] *= 2.0**-1000
+    ad, bd = device.put(a), device.put(b)
+    got = device.resident(lambda: rt.zgemm(ad, bd) if cplx else rt.dgemm(ad, bd))
+    same_bits(got, (rt.zgemm if cplx else rt.dgemm)(a, b))

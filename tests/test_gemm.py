@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -246,7 +247,7 @@ def test_wide_range_default_within_error_bound():
     # phi = 2 data at the default width is not exact; [2610.26945] Eq. 7 bounds the error
     k = 300
     A, B = phi((6, k), 2.0, 11), phi((k, 5), 2.0, 12)
-    got, ref = rt.dgemm(A, B), ref_dgemm(A, B)
+    got, ref = rt.dgemm(A, B, moduli="fast"), ref_dgemm(A, B)
     t = G.gemm_width(rt.moduli_for_bits(k), k)
     D = t - np.frexp(np.abs(A).max(axis=1))[1]
     E = t - np.frexp(np.abs(B).max(axis=0))[1]
@@ -281,6 +282,164 @@ def test_property_auto_exact(m, k, n, shift, seed):
     B = np.ldexp(r.standard_normal((k, n)), r.integers(-30, 30, (k, n)) + shift // 2)
     A[r.random((m, k)) < 0.2] = 0.0
     assert_bitwise(rt.dgemm(A, B, moduli="auto"), ref_dgemm(A, B))
+
+
+# ----- the default keeps the classical componentwise bound (never less accurate than float64 DGEMM) -------
+
+_U = Fraction(1, 2**53)
+
+
+def _gamma(n: int) -> Fraction:
+    return n * _U / (1 - n * _U)
+
+
+def _wide(r, shape, spread: int, zeros: float, cplx: bool) -> np.ndarray:
+    """Random significands at exponents spread over ``spread`` binades (the whole float64 range at 2100)."""
+    def part():
+        e = np.clip(r.integers(-spread // 2, spread // 2 + 1, shape), -1073, 1020)
+        x = np.ldexp(r.uniform(0.5, 1, shape) * r.choice([-1, 1], shape), e)
+        x[r.random(shape) < zeros] = 0.0
+        return x
+    return part() + 1j * part() if cplx else part()
+
+
+def _scale2(x, e: int):
+    """``x * 2**e`` in two exact steps (each factor finite; complex too)."""
+    return x * 2.0 ** (e // 2) * 2.0 ** (e - e // 2)
+
+
+def _parts(z) -> tuple[Fraction, Fraction]:
+    z = complex(z)
+    return Fraction(z.real), Fraction(z.imag)
+
+
+def _abs_up(z) -> Fraction:
+    """An upper bound of ``|z|`` (exact for real ``z``; the float64 hypot raised by two ulps otherwise)."""
+    z = complex(z)
+    if z.imag == 0:
+        return Fraction(abs(z.real))
+    return Fraction(float(np.nextafter(np.nextafter(math.hypot(z.real, z.imag), np.inf), np.inf)))
+
+
+def _classical_violations(got, A, B, alpha, cplx: bool) -> list:
+    """Entries where ``|got - alpha A B|`` exceeds the classical bound (exact rationals).
+
+    Real: ``gamma_k |alpha| (|A||B|)_ij``; complex: ``sqrt(2) gamma_{k+2}``
+    times the same; both plus ``k + 2`` underflows of ``2**-1074`` per part
+    (the classical bound's eta terms).
+    """
+    k = A.shape[1]
+    al = _parts(alpha)
+    eta = (k + 2) * Fraction(1, 2**1074)
+    bad = []
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            re = im = Fraction(0)
+            absum = Fraction(0)
+            for p in range(k):
+                (ar, ai), (br, bi) = _parts(A[i, p]), _parts(B[p, j])
+                re += ar * br - ai * bi
+                im += ar * bi + ai * br
+                absum += _abs_up(A[i, p]) * _abs_up(B[p, j])
+            re, im = al[0] * re - al[1] * im, al[0] * im + al[1] * re
+            absum *= _abs_up(alpha)
+            g = complex(got[i, j])
+            if not (math.isfinite(g.real) and math.isfinite(g.imag)):
+                bad.append((i, j, "not finite"))
+                continue
+            er, ei = Fraction(g.real) - re, Fraction(g.imag) - im
+            if cplx:  # |err| <= sqrt(2) (gamma_{k+2} absum + eta), squared
+                ok = er * er + ei * ei <= 2 * (_gamma(k + 2) * absum + eta) ** 2
+            else:
+                ok = abs(er) <= _gamma(k) * absum + eta
+            if not ok:
+                bad.append((i, j, g, float(re), float(absum)))
+    return bad
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4), st.integers(1, 12), st.integers(1, 3),
+    st.sampled_from([0, 8, 40, 120, 400, 2100]), st.sampled_from([0.0, 0.3]),
+    st.sampled_from([1.0, -0.75, 3 * 2.0**-40]), st.booleans(), st.integers(0, 2**32 - 1),
+)
+def test_property_default_keeps_the_classical_bound(m, k, n, spread, zeros, alpha, cplx, seed):
+    """Wide-exponent, cancelling and exactly representable products: |C~ - C| <= gamma_k |alpha| |A||B|."""
+    r = rng(seed)
+    A, B = _wide(r, (m, k), spread, zeros, cplx), _wide(r, (k, n), spread, zeros, cplx)
+    # keep the exact product inside the float64 range (the classical bound assumes no overflow)
+    A = _scale2(A, -int(np.frexp(np.abs(A).max() or 1.0)[1]) - 1)
+    B = _scale2(B, -int(np.frexp(np.abs(B).max() or 1.0)[1]) + 1)
+    if k > 1 and r.random() < 0.5:  # cancellation: the last column of B undoes the first terms
+        B[-1, -1] = -B[0, -1] * A[0, 0] / A[0, -1] if A[0, -1] != 0 else B[-1, -1]
+    f = rt.zgemm if cplx else rt.dgemm
+    got = f(A, B, alpha=complex(alpha) if cplx else alpha)
+    assert _classical_violations(got, A, B, alpha, cplx) == []
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_default_on_the_issue_cases(cplx):
+    one = np.array([[1.0, 1e-10]]), np.array([[1e-10], [1.0]])
+    assert rt.dgemm(*one)[0, 0] == 2e-10  # correctly rounded here; the 53-bit width was 8e-8 off
+    assert rt.dgemm(*one, moduli="fast")[0, 0] != 2e-10
+    wide = np.array([[1e300, 1e-300]]), np.array([[1e-300], [1e300]])
+    assert rt.dgemm(*wide)[0, 0] == 2.0  # split into exact slices: 49 moduli cannot span 2000 binades
+    A = np.array([[1e300 + 1e-300j, 1e-300, 3.0]])
+    B = np.array([[1e-300], [1e300j], [2j]])
+    got = rt.zgemm(A, B)
+    assert _classical_violations(got, A, B, 1.0, True) == []
+    A = np.array([[1.0, 2.0**-53, 2.0**-300]])
+    assert _classical_violations(rt.dgemm(A, np.ones((3, 1))), A, np.ones((3, 1)), 1.0, False) == []
+
+
+def test_default_moduli_follow_the_spread():
+    k = 256
+    U = unif((8, k), 3)  # random(): exact at 53 bits whatever the spread
+    assert rt.gemm_moduli(U, U.T) == rt.moduli_for_bits(k)
+    N = rng(4).standard_normal((8, k))
+    s = rt.gemm_moduli(N, N.T)
+    t = G.gemm_width(s, k)
+    assert s > rt.moduli_for_bits(k)
+    # the least s: one fewer breaks the criterion of classical_fits
+    spread = lambda X, ax: int((np.frexp(np.abs(X).max(ax))[1] - np.frexp(np.abs(X).min(ax))[1]).max())
+    rho = lambda t_: spread(N, 1) - t_
+    assert G.classical_fits(k, rho(t), rho(t))
+    assert not G.classical_fits(k, rho(G.gemm_width(s - 1, k)), rho(G.gemm_width(s - 1, k)))
+    assert rt.gemm_moduli(N, N.T, 9) == 9 and rt.gemm_moduli(N, N.T, "fast") == rt.moduli_for_bits(k)
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_split_product_semantics(cplx):
+    """Slices: backends bitwise, tiles bitwise, BLAS flags, alpha / beta, inf rows, the slices sum to the rows."""
+    r = rng(21)
+    A, B = _wide(r, (5, 9), 2100, 0.2, cplx), _wide(r, (9, 4), 2100, 0.2, cplx)
+    A = _scale2(A, -int(np.frexp(np.abs(A).max())[1]) - 1)
+    B = _scale2(B, -int(np.frexp(np.abs(B).max())[1]) + 1)
+    f = rt.zgemm if cplx else rt.dgemm
+    with pytest.raises(G.SplitNeeded):
+        G.gemm_scale(None, 9, cplx, G.group_stats(A, 1, True), G.group_stats(B, 0, True))
+    got = f(A, B)
+    assert _classical_violations(got, A, B, 1.0, cplx) == []
+    assert_bitwise(got, f(A, B, backend="numpy"))
+    assert_bitwise(got, f(A, B, workspace_bytes=1))  # one output entry per tile
+    assert_bitwise(f(A.T.copy(), B, trans_a="T"), got)
+    C = _wide(r, (5, 4), 10, 0.0, cplx)
+    with np.errstate(over="ignore"):
+        assert_bitwise(f(A, B, C, alpha=-0.5, beta=2.0), -0.5 * 0 + f(A, B, alpha=-0.5) + 2.0 * C)
+    A2 = A.copy()
+    A2[1, 3] = np.inf
+    got2 = f(A2, B)
+    with np.errstate(invalid="ignore", over="ignore"):
+        assert_bitwise(got2[1], (A2[1:2] @ B)[0])
+    assert_bitwise(np.delete(got2, 1, 0), np.delete(got, 1, 0))
+    xs, owner, rank = G.row_slices(A, 60)
+    summed = np.zeros_like(A)
+    np.add.at(summed, owner, xs)
+    assert_bitwise(summed, A + 0.0)  # each entry in exactly one slice (-0.0 in none)
+    E = np.frexp(np.maximum(np.abs(xs.real), np.abs(xs.imag)))[1]
+    nz = xs != 0
+    span = np.where(nz, E, -9999).max(1) - np.where(nz, E, 9999).min(1)
+    assert (span <= 60 - 53).all() and (np.diff(owner) >= 0).all()
 
 
 # ----- BLAS semantics -------------------------------------------------------------------------------------
@@ -602,7 +761,7 @@ def test_bad_input_errors():
         rt.dgemm(a, b, alpha=1j)
     assert_bitwise(rt.dgemm(a, b, trans_a="n", moduli=2, min_bits=0), rt.dgemm(a, b, moduli=np.int64(2), min_bits=0))
     # einsum's min_bits rule: a width below 32 bits is refused, saying how many moduli keep 53
-    with pytest.raises(rt.PlanError, match=r"moduli=2 at k=4 \(width t=6\) keeps only 6.0 bits.*min_bits=32.*moduli=None"):
+    with pytest.raises(rt.PlanError, match=r"moduli=2 at k=4 \(width t=6\) keeps only 6.0 bits.*min_bits=32.*moduli='fast' keeps 53 bits"):
         rt.dgemm(a, b, moduli=2)
     with pytest.raises(rt.PlanError, match="min_bits=7"):
         rt.zgemm(a + 0j, b + 0j, moduli=2, min_bits=7)

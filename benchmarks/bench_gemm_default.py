@@ -1,0 +1,109 @@
+"""What the classical default costs: ``dgemm(moduli=None)`` against ``moduli='fast'`` and numpy, same run.
+
+``moduli=None`` widens the encoding until every row's and column's relative
+encoding error is below ``(k - 1) u`` (the classical componentwise bound
+``gamma_k |A||B|``, :func:`rnstensor.gemm.classical_moduli`); rows wider
+than 49 moduli hold are split exactly (:func:`rnstensor.gemm.row_slices`).
+``'fast'`` is the former default, the 53-bit width. For each data set and N
+(square N x N x N): the moduli count of each, the best wall time of
+``--repeat`` calls after a warm-up of ``a @ b`` (numpy float64), ``fast`` and
+the default, measured one after the other; then on a smaller k x k x k
+product (``--accuracy-n``) the largest componentwise error relative to
+``gamma_k |A||B|`` of numpy, ``fast`` and the default against the exact
+product (:mod:`rnstensor.gemm_accuracy`, Python integers).
+
+Data: ``uniform`` U[-1, 1) (``random()``: 53-bit multiples, exact at the
+53-bit width), ``normal`` N(0, 1) (full significands), ``phi2`` / ``phi4``
+([2610.26945]'s ``(U - 1/2) exp(phi N)``), ``wide``: normal with one row of
+``a`` spanning 2000 binades (the split path).
+
+Usage: ``python benchmarks/bench_gemm_default.py [--sizes 256 512 1024] [--repeat 3] [--accuracy-n 96] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+
+import numpy as np
+
+import rnstensor as rt
+from _timing import best_time
+from rnstensor import gemm_accuracy as GA
+
+DATA = ("uniform", "normal", "phi2", "phi4", "wide")
+
+
+def dataset(name: str, N: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    r = np.random.default_rng(seed)
+    if name in ("uniform", "phi2", "phi4"):
+        return GA.gemm_dataset(name, N, N, N, seed)
+    a, b = r.standard_normal((N, N)), r.standard_normal((N, N))
+    if name == "wide":
+        a[0, : N // 2] *= 2.0**-1000
+        a[0, N // 2:] *= 2.0**900
+    return a, b
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024])
+    ap.add_argument("--data", nargs="+", default=list(DATA), choices=DATA)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--accuracy-n", type=int, default=96)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    print(f"{'data':8} {'N':>5} {'s fast':>6} {'s def':>6} {'numpy ms':>9} {'fast ms':>8} {'def ms':>8} "
+          f"{'def/fast':>8} {'def/numpy':>9}")
+    for name in args.data:
+        for N in args.sizes:
+            a, b = dataset(name, N)
+            s_fast, s_def = rt.gemm_moduli(a, b, "fast"), rt.gemm_moduli(a, b)
+            t_np = best_time(lambda: a @ b, args.repeat)
+            t_fast = best_time(lambda: rt.dgemm(a, b, moduli="fast"), args.repeat)
+            t_def = best_time(lambda: rt.dgemm(a, b), args.repeat)
+            row = dict(data=name, N=N, s_fast=s_fast, s_default=s_def, numpy_ms=1e3 * t_np, fast_ms=1e3 * t_fast,
+                       default_ms=1e3 * t_def, default_vs_fast=t_def / t_fast, default_vs_numpy=t_def / t_np,
+                       load=os.getloadavg()[0])
+            rows.append(row)
+            print(f"{name:8} {N:5d} {s_fast:6d} {s_def:6d} {row['numpy_ms']:9.1f} {row['fast_ms']:8.1f} "
+                  f"{row['default_ms']:8.1f} {row['default_vs_fast']:8.2f} {row['default_vs_numpy']:9.1f}")
+    acc = []
+    n = args.accuracy_n
+    print(f"\nmax componentwise error / (gamma_k |A||B|), {n} x {n} x {n} against the exact product:")
+    print(f"{'data':8} {'numpy':>10} {'fast':>10} {'default':>10}")
+    for name in args.data:
+        a, b = dataset(name, n, seed=1)
+        got = {"numpy": a @ b, "fast": rt.dgemm(a, b, moduli="fast"), "default": rt.dgemm(a, b)}
+        ref = GA.exact_gemm(a, b)
+        e = {key: _componentwise(ref, C, a, b) for key, C in got.items()}
+        acc.append(dict(data=name, N=n, **e))
+        print(f"{name:8} {e['numpy']:10.3g} {e['fast']:10.3g} {e['default']:10.3g}")
+    if args.json:
+        meta = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count())
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, speed=rows, accuracy=acc), f, indent=1)
+
+
+def _componentwise(ref, C, A, B) -> float:
+    """max |C - AB| / (gamma_k (|A||B|)) with the exact product ``ref = (S, e)`` of :func:`exact_gemm`."""
+    S, e = ref
+    k = A.shape[1]
+    gamma = k * 2.0**-53 / (1 - k * 2.0**-53)
+    absS, abse = GA.exact_gemm(np.abs(A), np.abs(B))
+    worst = 0.0
+    from fractions import Fraction
+    for i in range(C.shape[0]):
+        for j in range(C.shape[1]):
+            exact = Fraction(int(S[i, j])) * Fraction(2) ** int(e[i, j] if np.ndim(e) else e)
+            bound = Fraction(int(absS[i, j])) * Fraction(2) ** int(abse[i, j] if np.ndim(abse) else abse)
+            if bound:
+                worst = max(worst, float(abs(Fraction(float(C[i, j])) - exact) / bound))
+    return worst / gamma
+
+
+if __name__ == "__main__":
+    main()
