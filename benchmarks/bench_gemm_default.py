@@ -1,10 +1,10 @@
 """What the classical default costs: ``dgemm(moduli=None)`` against ``moduli='fast'`` and numpy, same run.
 
-``moduli=None`` widens the encoding until every row's and column's relative
-encoding error is below ``(k - 1) u`` (the classical componentwise bound
-``gamma_k |A||B|``, :func:`rnstensor.gemm.classical_moduli`); rows wider
-than 49 moduli hold are split exactly (:func:`rnstensor.gemm.row_slices`).
-``'fast'`` is the former default, the 53-bit width. For each data set and N
+``moduli=None`` widens the encoding until the classical componentwise bound
+``gamma_k |A||B|`` holds entry by entry (from the rows' and columns' binade
+spreads, then one float32 GEMM of the magnitudes,
+:func:`rnstensor.gemm.classical_moduli`); rows wider than 49 moduli hold are
+split exactly (:func:`rnstensor.gemm.row_slices`). ``'fast'`` is the former default, the 53-bit width. For each data set and N
 (square N x N x N): the moduli count of each, the best wall time of
 ``--repeat`` calls after a warm-up of ``a @ b`` (numpy float64), ``fast`` and
 the default, measured one after the other; then on a smaller k x k x k
@@ -15,7 +15,9 @@ product (:mod:`rnstensor.gemm_accuracy`, Python integers).
 Data: ``uniform`` U[-1, 1) (``random()``: 53-bit multiples, exact at the
 53-bit width), ``normal`` N(0, 1) (full significands), ``phi2`` / ``phi4``
 ([2610.26945]'s ``(U - 1/2) exp(phi N)``), ``wide``: normal with one row of
-``a`` spanning 2000 binades (the split path).
+``a`` and one column of ``b`` spanning 500 binades, paired so that every
+term of their product matters (the split path: one row and one column
+sliced).
 
 Usage: ``python benchmarks/bench_gemm_default.py [--sizes 256 512 1024] [--repeat 3] [--accuracy-n 96] [--json out.json]``
 """
@@ -41,9 +43,12 @@ def dataset(name: str, N: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     if name in ("uniform", "phi2", "phi4"):
         return GA.gemm_dataset(name, N, N, N, seed)
     a, b = r.standard_normal((N, N)), r.standard_normal((N, N))
-    if name == "wide":
-        a[0, : N // 2] *= 2.0**-1000
-        a[0, N // 2:] *= 2.0**900
+    if name == "wide":  # row 0 and column 0 span 500 binades and every term of their product matters
+        h = N // 2
+        a[0, :h] *= 2.0**-300
+        a[0, h:] *= 2.0**200
+        b[:h, 0] *= 2.0**300
+        b[h:, 0] *= 2.0**-200
     return a, b
 
 

@@ -140,6 +140,11 @@ class ChainPlan:
             NumPy, or CuPy (which runs on the ``'cuda'`` backend and returns CuPy,
             every step on the device).
         decode : {'fp64', 'exact'}
+            How the chain's final integers leave the residues: ``'fp64'``
+            faithfully rounded, ``'exact'`` correctly rounded. A chain plan
+            rescales between its products (its drops round), so neither is
+            the correctly rounded value of the true chain; :meth:`error_bound`
+            bounds the distance to it.
         backend : str, optional
             ``'cpu'``, ``'numpy'`` or ``'cuda'`` (default: the current backend; ``'cuda'`` for CuPy input).
         fused : bool, optional

@@ -13,7 +13,7 @@ from opt_einsum import parser as oe_parser
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int, moduli_count
-from .encode import as_basis, check_nonfinite, encode, encode_integers, finite_part
+from .encode import as_basis, check_nonfinite, encode, encode_integers, exact_bits_needed, finite_part
 from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
@@ -157,9 +157,17 @@ def _alignment_shift(T: RNSTensor, shared: tuple[int, ...]) -> int:
 class _Planner:
     """Walks opt_einsum's contraction list with bounds only, choosing widths and drops."""
 
-    def __init__(self, terms, output, sizes, kinds, cplx, consts, tensors, basis: Basis, method: str, cap: int):
+    def __init__(self, terms, output, sizes, kinds, cplx, consts, tensors, basis: Basis, method: str, cap: int,
+                 exact: bool = False):
         self.terms, self.output, self.sizes = terms, output, sizes
         self.basis, self.method, self.P = basis, method, basis.product
+        self.exact = exact  # decode='exact': correctly rounded, so nothing may round on the way (no drops)
+        if exact and method == "composed":
+            raise PlanError(
+                "einsum: decode='exact' promises the correctly rounded result, but method='composed' rounds every "
+                "intermediate to float64 and re-encodes it; use method='rescale_be' (with enough moduli) or "
+                "decode='fp64'"
+            )
         self.consts = consts
         self.steps: list = []
         self.lines: list[str] = []
@@ -219,7 +227,7 @@ class _Planner:
                 n.bound = 1 << n.bits
             return True
         left = [p for p in sorted(self.basis.moduli) if p not in n.drops]
-        if len(left) <= 1:
+        if len(left) <= 1 or self.exact:  # a drop rounds: decode='exact' plans none
             return False
         n.drops += (left[0],)
         n.bound = drop_bound(n.bound, left[0])
@@ -242,9 +250,11 @@ class _Planner:
                 gap = log2_int(max(order[0].bound, 1)) - log2_int(order[1].bound)
                 short = min(short, gap) if gap >= 1 else short / len(order)
             if not any(self._shrink(n, short) for n in order):
+                why = (" (decode='exact' drops no moduli: a drop rounds, and the result would not be the correctly "
+                       "rounded one)") if self.exact else ""
                 raise PlanError(
                     f"einsum: {what} needs 2^{log2_int(2 * B):.1f} of range even with every operand at the smallest "
-                    f"width, but {self.basis!r} gives 2^{self.basis.log2_product:.1f}; use more moduli"
+                    f"width{why}, but {self.basis!r} gives 2^{self.basis.log2_product:.1f}; use more moduli"
                 )
 
     def _ready(self, n: _Node) -> None:
@@ -475,10 +485,30 @@ class ContractExpression:
         key = (kinds, cplx)
         if tensors or key not in self._plans:
             consts = {i: self._const_array(i, cplx[i]) for i in self.constants}
-            planner = _Planner(
-                self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis, self.method, self._cap()
-            )
-            plan = planner.run(self._info.contraction_list)
+
+            def planned(cap: int) -> ir.Program:
+                return _Planner(self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis,
+                                self.method, cap, exact=self.decode == "exact").run(self._info.contraction_list)
+
+            try:
+                plan = planned(self._cap())
+            except PlanError:
+                if self.decode != "exact" or self.bits is not None:
+                    raise
+                # without drops the first contractions must leave range for the later ones: the widest common
+                # input width at which no operand has to give up bits (planning is bounds only)
+                def balanced(cap: int) -> bool:
+                    try:
+                        p = planned(cap)
+                    except PlanError:
+                        return False
+                    return all(st.bits >= cap for st in p.steps if isinstance(st, ir.Encode))
+
+                lo, hi = 0, self._cap()
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if balanced(mid) else (lo, mid)
+                plan = planned(max(lo, 1))  # raises the planner's own error when even width 1 does not fit
             checked = plan_drops(plan, {}, Given([]))  # every range of the program, by the one planner
             if isinstance(checked, Failure):  # pragma: no cover - the expression's planner and the check disagree
                 raise PlanError(f"einsum: the plan for {self.subscripts!r} fails its range check: {checked}")
@@ -647,10 +677,12 @@ class ContractExpression:
             i = st.source
             labels = (_C if cplx[i] else "") + _unique(self.terms[i])
             if kinds[i] != "const":
+                self._check_exact(i, leaf(st), st)
                 T = _encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                 return value_of(T, labels, st.bound)
             key = ("enc", i, st.bits, cplx[i])
             if key not in self._const_cache:
+                self._check_exact(i, self._const_array(i, cplx[i]), st)
                 T = _encode_leaf(self._const_array(i, cplx[i]), self.basis, st.bits, st.shared)
                 self._const_cache[key] = value_of(T, labels, st.bound)
             v = self._const_cache[key]
@@ -673,6 +705,19 @@ class ContractExpression:
             perm = [Z.labels.index(c) for c in plan.out_labels]
             MD = tuple(xp.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in observer.err[plan.out])
         return tensor_of(W, self.basis), plan, MD, be_name, nonfinite
+
+    def _check_exact(self, i: int, x, st) -> None:
+        """``decode='exact'``: operand ``i`` must be encoded exactly at the plan's width, or the result is not correctly rounded."""
+        if self.decode != "exact":
+            return
+        need = exact_bits_needed(x, st.shared)  # one scalar back from the device
+        if need > st.bits:
+            raise RNSRangeError(
+                f"einsum: decode='exact' promises the correctly rounded result, but operand {i} needs {need} bits to "
+                f"be encoded exactly (one exponent per slice along the output indices) and the plan on "
+                f"{self.basis!r} encodes it at {st.bits}; use more moduli ({need - st.bits} more bits for this operand, "
+                f"and the others share the range) or decode='fp64'"
+            )
 
     def explain(self) -> str:
         """The contraction path and the residue-domain step of each contraction, with bounds and drops.
@@ -765,9 +810,15 @@ def contract_expression(
     optimize : str, bool or path
         Passed to :func:`opt_einsum.contract_path`.
     decode : {'fp64', 'exact', None}
-        ``'exact'``: the result correctly rounded from its exact integer (and,
-        when ``bits`` is None, operands encoded as wide as the basis allows);
-        ``None``: return the :class:`RNSTensor`.
+        ``'fp64'``: faithfully rounded from the result's integer (exact where
+        that is a float64). ``'exact'``: the correctly rounded value of the
+        true result. The plan then drops no moduli (a drop rounds), encodes
+        the operands as wide as the basis allows when ``bits`` is None, and
+        every call checks that each operand is encoded exactly, raising
+        :class:`RNSRangeError` (how many bits it lacks) where not; where the
+        basis cannot hold the whole contraction without a drop,
+        :class:`PlanError`. RNSTensor operands count as exact. ``None``:
+        return the :class:`RNSTensor`.
     bits : int, optional
         The widest encoding of an operand (default 53; with ``decode='exact'``
         as wide as fits).
@@ -864,6 +915,8 @@ def einsum(
         :class:`RNSTensor` (real operands only). ``'auto'`` (default) is
         ``'fp64'``, or ``None`` when every operand is an RNSTensor (so
         opt_einsum's ``backend='rnstensor'`` keeps intermediates in residues).
+        ``'exact'``: correctly rounded with respect to the true result, or an
+        error saying why not (see :func:`contract_expression`).
     bits : int, optional
         The widest encoding of an operand (default 53; with ``decode='exact'``
         as wide as the basis allows).

@@ -65,7 +65,7 @@ from .errors import RNSRangeError
 from .chain import ChainPlan
 from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
-from .gemm import SplitNeeded, gemm_program, gemm_scale
+from .gemm import SplitNeeded, gemm_program, gemm_scale, magnitude_ratio
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program import ir
@@ -460,9 +460,17 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
                for x, ax in ((opa, 1), (opb, 0))]
         return [_host(v) for v in dask.compute(*low)]
 
+    def magnitudes_of():  # the in-memory criterion, reduced where the chunks live (one scalar comes back)
+        xp = _namespace(opa)  # the vectors in the chunks' array type (NumPy or CuPy)
+        rows, cols = (opa.chunks[0],), (opb.chunks[1],)
+        A = da.where(da.from_array(xp.asarray(fa), chunks=rows)[:, None], opa, 0)
+        Bm = da.where(da.from_array(xp.asarray(fb), chunks=cols)[None, :], opb, 0)
+        return magnitude_ratio(A, da.from_array(xp.asarray(Ea), chunks=rows), Bm,
+                               da.from_array(xp.asarray(Eb), chunks=cols), xp=da)
+
     try:
         s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),
-                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of)
+                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of)
     except SplitNeeded as exc:
         raise RNSRangeError(
             f"rnstensor.dask.{fn_name}: {exc}; the in-memory {fn_name} splits such rows and columns exactly, the Dask "
@@ -523,7 +531,9 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = 
     """``a @ b`` on Dask arrays with numpy's semantics: 2-D (and 1-D) by :func:`dgemm` / :func:`zgemm`.
 
     Operands with batch axes are multiplied block by block on whole ``k``
-    panels (the contracted axis is rechunked to one chunk), every 2-D product
+    panels (the contracted axis is rechunked to one chunk; with the default
+    ``moduli=None``, whose width depends on every row and column, the row and
+    column axes too), every 2-D product
     as :func:`rnstensor.matmul` computes it: NumPy blocks by
     :func:`rnstensor.matmul` itself, CuPy blocks on the device (the same
     exponents, width, encode, residue product and exact decode).
@@ -548,8 +558,12 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = 
         if b.ndim == 1:
             res = res[..., 0]
         return res
-    a = a.rechunk({a.ndim - 1: -1})
-    b = b.rechunk({b.ndim - 2: -1} if b.ndim > 1 else {0: -1})
+    if moduli is None:  # the default's width depends on every row and column: whole matrices per block
+        a = a.rechunk({a.ndim - 1: -1, **({a.ndim - 2: -1} if a.ndim > 1 else {})})
+        b = b.rechunk({b.ndim - 1: -1, **({b.ndim - 2: -1} if b.ndim > 1 else {})})
+    else:
+        a = a.rechunk({a.ndim - 1: -1})
+        b = b.rechunk({b.ndim - 2: -1} if b.ndim > 1 else {0: -1})
     nd = max(a.ndim, b.ndim)
     letters = "abcdefghijklmnopqrstuvwxyz"
     batch = letters[: nd - 2]

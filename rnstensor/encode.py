@@ -14,7 +14,7 @@ from .basis import Basis
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
-__all__ = ["encode", "encode_integers", "as_basis", "check_float_array", "check_nonfinite", "finite_part", "NONFINITE", "normalize_axis",
+__all__ = ["encode", "exact_bits_needed", "entry_stats", "encode_integers", "as_basis", "check_float_array", "check_nonfinite", "finite_part", "NONFINITE", "normalize_axis",
            "group_exponents"]
 
 
@@ -248,3 +248,56 @@ def _scale_from_exponents(exp, ndim: int, shared: tuple[int, ...]) -> Scale:
         return Scale(0, 1, tuple(axes), None)
     return Scale(0, 1, (None,) * ndim, exp)
 
+
+_NONE = np.iinfo(np.int64).min // 4
+_HUGE = np.iinfo(np.int64).max // 4
+
+
+def entry_stats(x):
+    """Per entry ``(finite, frexp exponent or NONE, lowest set bit or HUGE)`` (complex: both parts) as int64 planes.
+
+    Works where ``x`` lives (NumPy or CuPy).
+    """
+    xp = array_module(x)
+    parts = [x.real, x.imag] if x.dtype.kind == "c" else [x]
+    fin = xp.ones(x.shape, bool)
+    E = xp.full(x.shape, _NONE, np.int64)
+    lsb = xp.full(x.shape, _HUGE, np.int64)
+    for p in parts:
+        p = p.astype(np.float64, copy=False)
+        fin &= xp.isfinite(p)
+        ok = xp.isfinite(p) & (p != 0)
+        q = xp.where(ok, p, 1.0)
+        mant, ex = xp.frexp(q)
+        ex = ex.astype(np.int64)
+        mi = (mant * 2.0**53).astype(np.int64)
+        low = xp.abs(mi) & -xp.abs(mi)
+        tz = xp.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
+        E = xp.where(ok, xp.maximum(E, ex), E)
+        lsb = xp.where(ok, xp.minimum(lsb, ex - 53 + tz), lsb)
+    return xp.stack([fin.astype(np.int64), E, lsb])
+
+
+def exact_bits_needed(x, shared_axes: tuple[int, ...]) -> int:
+    """The smallest width ``t`` at which :func:`rnstensor.encode` holds every entry of ``x`` exactly.
+
+    For a group ``G`` sharing one exponent (``2**(E-1) <= max|G| < 2**E``) the
+    encoding is ``x * 2**(t - E)``, an integer iff ``t >= E - lsb(x)`` where
+    ``lsb(x)`` is the exponent of the lowest set bit of ``x``'s significand.
+    The result is the maximum of ``E - lsb`` over all nonzero entries (at
+    least 1); non-finite entries must be masked out before. NumPy or CuPy
+    (one scalar comes back).
+
+    Examples
+    --------
+    >>> exact_bits_needed(np.array([[1.0, 0.5], [3.0, 2.0**-30]]), (1,))
+    32
+    """
+    xp = array_module(x)
+    x = x.astype(np.float64, copy=False) if xp is not np else np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return 1
+    _, E, lsb = entry_stats(x)
+    nz = x != 0
+    Emax = xp.max(xp.where(nz, E, _NONE), axis=shared_axes, keepdims=True) if shared_axes else E
+    return max(int(xp.where(nz, Emax - lsb, 1).max()), 1)

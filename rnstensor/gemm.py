@@ -23,10 +23,10 @@ from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 
-from .arith import float_parts
 from .arrays import array_module, is_device_array
 from .backends import dispatch
 from .basis import Basis, int8_pool, moduli_count
+from .encode import _NONE, entry_stats, exact_bits_needed
 from .errors import RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, plan_drops
@@ -47,6 +47,7 @@ __all__ = [
     "gemm_program",
     "classical_fits",
     "classical_moduli",
+    "magnitude_ratio",
     "row_slices",
     "split_width",
 ]
@@ -156,40 +157,6 @@ def moduli_for_bits(k: int, bits: int = 53, *, kind: str = "real") -> int:
         f"moduli_for_bits: width {bits} at k={k} needs more than {_MAX_MODULI} moduli "
         f"(49 give t={gemm_width(_MAX_MODULI, k, kind)}); split the contraction or lower bits"
     )
-
-
-def _trailing_exponent(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(E, lsb)``: frexp exponent and the exponent of the lowest set bit of every entry (0 entries: lsb huge)."""
-    m, q = float_parts(x)
-    am = np.abs(m)
-    nz = am != 0
-    low = np.where(nz, am & -am, 1)
-    tz = np.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
-    lsb = np.where(nz, q + tz, np.iinfo(np.int64).max // 4)
-    return np.frexp(x)[1].astype(np.int64), lsb
-
-
-def exact_bits_needed(x: np.ndarray, shared_axes: tuple[int, ...]) -> int:
-    """The smallest width ``t`` at which :func:`rnstensor.encode` holds every entry of ``x`` exactly.
-
-    For a group ``G`` sharing one exponent (``2**(E-1) <= max|G| < 2**E``) the
-    encoding is ``x * 2**(t - E)``, an integer iff ``t >= E - lsb(x)`` where
-    ``lsb(x)`` is the exponent of the lowest set bit of ``x``'s significand.
-    The result is the maximum of ``E - lsb`` over all nonzero entries (at
-    least 1); non-finite entries must be masked out before.
-
-    Examples
-    --------
-    >>> exact_bits_needed(np.array([[1.0, 0.5], [3.0, 2.0**-30]]), (1,))
-    32
-    """
-    x = np.asarray(x, dtype=np.float64)
-    if x.size == 0:
-        return 1
-    E, lsb = _trailing_exponent(x)
-    Emax = np.max(np.where(x != 0, E, np.iinfo(np.int64).min // 4), axis=shared_axes, keepdims=True)
-    need = np.where(x != 0, Emax - lsb, 1)
-    return max(int(need.max()), 1)
 
 
 # ----- argument checks -----------------------------------------------------------------------
@@ -346,35 +313,6 @@ def _phase(name: str) -> Iterator[None]:
 
 # ----- the exponent scan (in memory and Dask alike) -----------------------------------------------
 
-_NONE = np.iinfo(np.int64).min // 4
-_HUGE = np.iinfo(np.int64).max // 4
-
-
-def entry_stats(x):
-    """Per entry ``(finite, frexp exponent or NONE, lowest set bit or HUGE)`` (complex: both parts) as int64 planes.
-
-    Works where ``x`` lives (NumPy or CuPy).
-    """
-    xp = array_module(x)
-    parts = [x.real, x.imag] if x.dtype.kind == "c" else [x]
-    fin = xp.ones(x.shape, bool)
-    E = xp.full(x.shape, _NONE, np.int64)
-    lsb = xp.full(x.shape, _HUGE, np.int64)
-    for p in parts:
-        p = p.astype(np.float64, copy=False)
-        fin &= xp.isfinite(p)
-        ok = xp.isfinite(p) & (p != 0)
-        q = xp.where(ok, p, 1.0)
-        mant, ex = xp.frexp(q)
-        ex = ex.astype(np.int64)
-        mi = (mant * 2.0**53).astype(np.int64)
-        low = xp.abs(mi) & -xp.abs(mi)
-        tz = xp.frexp(low.astype(np.float64))[1].astype(np.int64) - 1
-        E = xp.where(ok, xp.maximum(E, ex), E)
-        lsb = xp.where(ok, xp.minimum(lsb, ex - 53 + tz), lsb)
-    return xp.stack([fin.astype(np.int64), E, lsb])
-
-
 def frexp_exponent(a):
     """The frexp exponent of every positive entry, ``NONE`` for zeros (int64), where ``a`` lives."""
     xp = array_module(a)
@@ -396,11 +334,13 @@ def group_stats(x, axis: int, need_lsb: bool):
     mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
     finite = xp.isfinite(x)
     fin = finite.all(axis=axis)
-    amax = mag.max(axis=axis) if bool(fin.all()) else xp.where(finite, mag, 0.0).max(axis=axis)
-    parts = (xp.abs(x),) if x.dtype.kind != "c" else (xp.abs(x.real), xp.abs(x.imag))
+    all_finite = bool(fin.all())
+    amax = mag.max(axis=axis) if all_finite else xp.where(finite, mag, 0.0).max(axis=axis)
+    parts = (mag,) if x.dtype.kind != "c" else (xp.abs(x.real), xp.abs(x.imag))
     amin = None
     for p in parts:
-        low = xp.where((p != 0) & xp.isfinite(p), p, np.inf).min(axis=axis)
+        keep = p != 0 if all_finite else (p != 0) & xp.isfinite(p)
+        low = xp.where(keep, p, np.inf).min(axis=axis)
         amin = low if amin is None else xp.minimum(amin, low)
     lsb = entry_stats(x)[2].min(axis=axis) if need_lsb else None
     return fin, frexp_exponent(amax), lsb, frexp_exponent(xp.where(xp.isfinite(amin), amin, 0.0))
@@ -465,16 +405,89 @@ def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int]) -> bool:
     return ra + rb + ra * rb <= Fraction(max(int(k), 1) - 1, 1 << 53)
 
 
-def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None) -> int:
+def magnitude_ratio(A, Ea, Bm, Eb, xp=None) -> Optional[float]:
+    """A lower bound of ``min_ij (|A||B|)_ij / (2**Eb_j sum_p |a_ip| + 2**Ea_i sum_p |b_pj|)`` over nonzero rows / columns.
+
+    The ratio is what the encoding error of a width needs: an inexact row
+    moves each entry by at most ``2**(Ea_i - t - 1)``, so the product's error
+    is at most ``2**(-t-1)`` times the denominator (plus ``k 4**(-t-1)``
+    times ``2**(Ea_i + Eb_j)``). Every row ``i`` of ``op(a)`` is scaled by
+    ``2**-Ea_i`` and every column ``j`` of ``op(b)`` by ``2**-Eb_j`` (largest
+    magnitude in ``[1/2, 1)``), so nothing overflows whatever the exponents:
+    ``|A||B|`` from one float32 GEMM of the scaled magnitudes rounded down
+    (``max(|re|, |im|)`` for complex entries) and lowered by its rounding and
+    underflow error, the sums in float64 rounded up (``|re| + |im|``). One
+    scalar read back, where the data lives (``xp``: the array namespace, for
+    Dask). ``None`` when ``k`` is too long for a float32 bound; 0 where some
+    such ``|A||B|`` entry is (or underflows to) zero.
+    """
+    xp = xp or array_module(A, Bm)
+    k = A.shape[1]
+    if (k + 2) * 2.0**-23 > 0.25:
+        return None
+
+    def scaled(x, e, axis):
+        e = -xp.where(e == _NONE, 0, e)
+        # 2**-e as two factors within the float range (|e| <= 1075) where one would overflow: exact products,
+        # or an underflow below 2**-1074 that the float32 step down and the sums' slack cover
+        h = e // 2 if int(abs(e).max()) > 1000 else e * 0
+        factors = [xp.ldexp(1.0, (e - h).astype(np.int32)), xp.ldexp(1.0, h.astype(np.int32))]
+        factors = [f[:, None] if axis == 1 else f[None, :] for f in factors]
+        if x.dtype.kind == "c":
+            re, im = xp.abs(x.real), xp.abs(x.imag)
+            low, up = xp.maximum(re, im), re + im
+        else:
+            low = up = xp.abs(x)
+        for f in factors[: 2 if int(abs(h).max()) else 1]:
+            low *= f  # in place: a fresh temporary per step costs page faults as large as the product
+            if up is not low:
+                up *= f
+        # rounded to nearest (subnormals too: at most half their spacing): one float32 step down is below
+        low32 = xp.nextafter(low.astype(np.float32), np.float32(0))
+        total = up.sum(axis=axis) * (1 + (k + 2) * 2.0**-52) + k * 2.0**-1070
+        return low32, total
+
+    a32, rA = scaled(A, Ea, 1)
+    b32, cB = scaled(Bm, Eb, 0)
+    # zero (and non-finite, zeroed) rows / columns have no encoding error: they do not count
+    rA = xp.where(Ea == _NONE, np.inf, rA)
+    cB = xp.where(Eb == _NONE, np.inf, cB)
+    P = a32 @ b32  # float32 sums: relative error below (k + 1) 2**-24, underflow at most k 2**-149
+    ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-147) / (rA[:, None] + cB[None, :])
+    low = ratio.min() if ratio.size else np.inf
+    low = float(low.compute() if hasattr(low, "compute") else low)
+    return max(low, 0.0) * (1 - 2.0**-50)  # the quotient's rounding
+
+
+def _measured_fits(k: int, t: int, cplx: bool, ratio: float) -> bool:
+    """The classical bound entry by entry at width ``t`` from :func:`magnitude_ratio`.
+
+    With ``e = 2**(-t-1)`` (complex: ``sqrt 2`` times that, both parts
+    rounded) the error of entry ``ij`` is at most ``2**(Ea_i + Eb_j) e (d_ij +
+    k e)`` where ``d_ij >= 1`` is the ratio's denominator, so at most ``e (1 + k
+    e) d_ij``; that at most ``(k - 1) u / (1 + u)`` times ``|A||B|_ij >= ratio
+    d_ij`` keeps ``gamma_k`` as :func:`classical_fits` does. Exact rationals.
+    """
+    e = Fraction(1, 1 << (t + 1)) * (Fraction(3, 2) if cplx else 1)  # 3/2 > sqrt 2
+    u = Fraction(1, 1 << 53)
+    return e * (1 + k * e) <= (max(k, 1) - 1) * u / (1 + u) * Fraction(ratio)
+
+
+def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
+                     magnitudes_of: Optional[Callable] = None) -> int:
     """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the classical bound: ``moduli=None``.
 
-    From the per row / column exponents of :func:`group_stats`
-    (:func:`classical_fits` on the largest relative encoding error of either
-    side; it only improves with ``s``, so a bisection finds the least). When
-    the spreads alone ask for more than the 53-bit width, ``lsb_of()`` (if
-    given) supplies the lowest set bits, and groups that are exact at a width
-    need no more (``U[0, 1)`` data from ``random()`` is exact at 53 bits
-    whatever its spread). Scalars only come back from the device.
+    From the per row / column exponents of :func:`group_stats`: first
+    :func:`classical_fits` on the largest relative encoding error of either
+    side (the spreads: nothing but the scan). Where that asks for more than
+    the 53-bit width, either that or entry by entry with the measured
+    magnitudes (:func:`_measured_fits` on ``magnitudes_of()``,
+    :func:`magnitude_ratio`: one float32 GEMM of ``|A|`` and ``|B|``), and
+    then with the lowest set bits
+    ``lsb_of()``: groups exact at a width need no more (``U[0, 1)`` data from
+    ``random()`` is exact at 53 bits whatever its spread). Every test only
+    improves with ``s``, so a galloping search from the 53-bit count finds
+    the least. Scalars only come back from the device.
 
     Raises
     ------
@@ -486,27 +499,38 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     s0 = moduli_for_bits(k, 53, kind=kind)
     (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
 
-    def fits(s, ga, gb):
+    def fits(s, ga, gb, ratio):
         t = gemm_width(s, k, kind)
+        if ratio is not None and _measured_fits(k, t, cplx, ratio):
+            return True
         return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx))
 
-    def least(ga, gb):
-        if fits(s0, ga, gb):
+    def least(ga, gb, meas):
+        lo, step = s0, 1  # galloping from s0 (the usual answer is near it), then a bisection
+        if fits(s0, ga, gb, meas):
             return s0
-        if not fits(_MAX_MODULI, ga, gb):
-            return None
-        lo, hi = s0, _MAX_MODULI  # fits(lo) is false, fits(hi) true
-        while hi - lo > 1:
+        while True:
+            hi = min(lo + step, _MAX_MODULI)
+            if fits(hi, ga, gb, meas):
+                break
+            if hi == _MAX_MODULI:
+                return None
+            lo, step = hi, 2 * step
+        while hi - lo > 1:  # fits(lo) is false, fits(hi) true
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fits(mid, ga, gb) else (mid, hi)
+            lo, hi = (lo, mid) if fits(mid, ga, gb, meas) else (mid, hi)
         return hi
 
     ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
-    s = least(ga, gb)
+    meas = None
+    s = least(ga, gb, meas)
+    if s != s0 and magnitudes_of is not None:
+        meas = magnitudes_of()
+        s = least(ga, gb, meas) if meas is not None else s
     if s != s0 and lsb_of is not None and (la is None or lb is None):
         got_a, got_b = lsb_of()
         ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
-        s = least(ga, gb)
+        s = least(ga, gb, meas)
     if s is None:
         raise SplitNeeded(
             f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
@@ -516,7 +540,7 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
 
 
 def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS,
-               lsb_of: Optional[Callable] = None):
+               lsb_of: Optional[Callable] = None, magnitudes_of: Optional[Callable] = None):
     """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
 
     From the :func:`group_stats` of both operands (host or device vectors;
@@ -546,7 +570,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     elif moduli == "fast":
         s = moduli_for_bits(k, 53, kind=kind)
     elif moduli is None:
-        s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of)
+        s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of)
     else:
         need = 1
         for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
@@ -586,7 +610,8 @@ def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
     A = xp.where(sa[0][:, None], opa, 0)
     Bm = xp.where(sb[0][None, :], opb, 0)
     try:
-        return gemm_scale(moduli, k, cplx, sa, sb, min_bits=0, lsb_of=lambda: (group_lsb(A, 1), group_lsb(Bm, 0)))[0]
+        return gemm_scale(moduli, k, cplx, sa, sb, min_bits=0, lsb_of=lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
+                          magnitudes_of=lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))[0]
     except SplitNeeded:
         return split_width(k, cplx, A, Bm)
 
@@ -797,7 +822,7 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     >>> import numpy as np
     >>> a = np.array([[1.0, np.pi * 2.0**-60]])
     >>> gemm_moduli(a, a.T), gemm_moduli(a, a.T, "fast"), gemm_moduli(a, a.T, "auto"), gemm_moduli(a, a.T, 9)
-    (29, 14, 29, 9)
+    (15, 14, 29, 9)
     """
     xp = array_module(a, b, names=("a", "b"), fn="gemm_moduli")
     a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
@@ -880,7 +905,8 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
             try:
                 s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits,
-                                          lambda: (group_lsb(A, 1), group_lsb(Bm, 0)))
+                                          lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
+                                          lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))
                 split = None
             except SplitNeeded:
                 # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
@@ -972,9 +998,13 @@ def dgemm(
         ``None``: at least as accurate as float64 DGEMM, entry by entry: the
         result satisfies the classical bound ``|C~ - C| <= gamma_k |alpha|
         |A||B|`` (``gamma_k = k u / (1 - k u)``; complex ``sqrt(2)
-        gamma_{k+2}``), from the fewest moduli whose width keeps every row's
-        and column's relative encoding error below ``(k - 1) u``
-        (:func:`classical_moduli`, read from the exponent scan). Rows or
+        gamma_{k+2}``), from the fewest moduli whose width keeps every
+        entry's encoding error below ``(k - 1) u (|A||B|)_ij``
+        (:func:`classical_moduli`: from the rows' and columns' binade
+        spreads, else from one float32 GEMM of the scaled magnitudes,
+        :func:`magnitude_ratio`). Results then depend on the whole operands'
+        data through the width (``'fast'`` or an explicit ``moduli`` keep
+        rows and columns independent). Rows or
         columns spanning more binades than 49 moduli hold are split exactly
         into slices of bounded span, every pair of slices is one residue
         product, correctly rounded, and the pairs are summed in float64

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 import rnstensor as rt
 from rnstensor.arith import float_parts, round_scaled_int
+from rnstensor.errors import PlanError, RNSRangeError
+from rnstensor.program import ir
 
 contract_mod = importlib.import_module("rnstensor.contract")
 
@@ -138,12 +140,14 @@ def test_exact_decode_is_correctly_rounded_for_one_sum_of_products(eq, shapes):
     r = np.random.default_rng(3)
     # wide exponent range inside every operand: exact only with wide encodings
     ops = [r.uniform(-1, 1, s) * 2.0 ** r.integers(-40, 40, s) for s in shapes]
-    got = rt.einsum(eq, *ops, moduli=30, decode="exact")
+    with pytest.raises(RNSRangeError, match="needs 1[0-9][0-9] bits"):  # 30 moduli cannot encode them exactly
+        rt.einsum(eq, *ops, moduli=30, decode="exact")
+    got = rt.einsum(eq, *ops, moduli=40, decode="exact")
     re, _, e = _exact(eq, ops)
     assert np.array_equal(np.asarray(got), _round(re, e))
     # complex: both parts correctly rounded
     opsc = [o + 1j * r.uniform(-1, 1, o.shape) * 2.0 ** r.integers(-30, 30, o.shape) for o in ops]
-    gotc = np.asarray(rt.einsum(eq, *opsc, moduli=30, decode="exact"))
+    gotc = np.asarray(rt.einsum(eq, *opsc, moduli=40, decode="exact"))
     re, im, e = _exact(eq, opsc)
     assert np.array_equal(gotc.real, _round(re, e)) and np.array_equal(gotc.imag, _round(im, e))
 
@@ -217,11 +221,45 @@ def test_contract_expression_matches_mode_chain_and_is_reusable():
     assert "mode product" in text and "opt_einsum path" in text and "constant 1 encoded once" in text
 
 
+@pytest.mark.parametrize("eq,shapes,moduli", [
+    ("mi,mi,mi->m", [(5, 5)] * 3, 15),
+    ("ij,jk,kl->il", [(3, 5), (5, 4), (4, 2)], 30),
+    ("ij,jk,kl,lm->im", [(2, 3), (3, 4), (4, 3), (3, 2)], 40),
+    ("i,i,i->", [(7,)] * 3, 30),
+])
+def test_exact_decode_is_the_correctly_rounded_true_result(eq, shapes, moduli):
+    """decode='exact' plans no drops (a drop rounds) and the result is the true result rounded once."""
+    r = np.random.default_rng(len(eq))
+    ops = [np.ones(s) if moduli == 15 else r.uniform(-1, 1, s) for s in shapes]
+    expr = rt.contract_expression(eq, *shapes, moduli=moduli, decode="exact")
+    got = expr(*ops)
+    assert not any(isinstance(st, ir.Drop) for st in expr._plan(("input",) * len(ops), (False,) * len(ops), {}).steps)
+    re, _, e = _exact(eq, ops)
+    assert np.array_equal(np.asarray(got), _round(re, e))
+    # the former plan on 15 moduli dropped and gave 5.000000000000001 for the first case
+    assert np.array_equal(rt.einsum("mi,mi,mi->m", *[np.ones((5, 5))] * 3, decode="exact"), np.full(5, 5.0))
+
+
+def test_exact_decode_says_what_it_lacks():
+    r = np.random.default_rng(8)
+    a, b, c = r.standard_normal((3, 5)), r.standard_normal((5, 4)), r.standard_normal((4, 2))
+    # three full 53-bit operands on 15 moduli: no drop-free plan encodes them exactly
+    with pytest.raises(RNSRangeError, match=r"decode='exact'.*operand \d needs 5[0-9] bits.*encodes it at"):
+        rt.einsum("ij,jk,kl->il", a, b, c, decode="exact")
+    with pytest.raises(PlanError, match="method='composed'"):
+        rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", method="composed", moduli=30)
+    with pytest.raises(PlanError, match="drops no moduli"):
+        rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", moduli=1, min_bits=0)
+    # with enough moduli the same operands are correctly rounded
+    re, _, e = _exact("ij,jk,kl->il", [a, b, c])
+    assert np.array_equal(rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", moduli=30), _round(re, e))
+
+
 def test_composed_method_and_backends_agree_bitwise():
     r = np.random.default_rng(4)
     a, b, c = r.uniform(-1, 1, (3, 5)), r.uniform(-1, 1, (5, 4)), r.uniform(-1, 1, (4, 2))
-    x = rt.einsum("ij,jk,kl->il", a, b, c, decode="exact")
-    y = rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", backend="numpy")
+    x = rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", moduli=30)
+    y = rt.einsum("ij,jk,kl->il", a, b, c, decode="exact", moduli=30, backend="numpy")
     assert np.array_equal(x, y)
     z = rt.einsum("ij,jk,kl->il", a, b, c, method="composed")
     bound = rt.contract_expression("ij,jk,kl->il", a.shape, b.shape, c.shape, method="composed").error_bound(a, b, c)

@@ -119,11 +119,15 @@ def test_dgemm_bitwise_for_any_chunking(moduli, chunks):
 def test_dgemm_default_widens_like_in_memory_and_refuses_splits():
     rng = np.random.default_rng(6)
     A, B = rng.standard_normal((9, 40)), rng.standard_normal((40, 7))
-    A[0, :20] *= 2.0**-60  # a row whose spread asks for more moduli than the 53-bit width
+    A[0, :20] *= 2.0**-60  # a row whose small entries meet B's large ones: more moduli than the 53-bit width
+    B[:20] *= 2.0**30
     assert rt.gemm_moduli(A, B) > rt.gemm_moduli(A, B, "fast")
     got = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3))).compute()
     assert np.array_equal(got, rt.dgemm(A, B))
-    A[1, :20] *= 2.0**-1000  # beyond 49 moduli: in memory it is split exactly; Dask says so
+    A[1, :20] *= 2.0**-1000  # beyond 49 moduli, every product mattering: in memory split exactly; Dask says so
+    A[1, 20:] *= 2.0**900
+    B[:20] *= 2.0**870
+    B[20:] *= 2.0**-1000
     with pytest.raises(rt.RNSRangeError, match="in-memory dgemm splits"):
         rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)))
     fast = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)), moduli="fast").compute()

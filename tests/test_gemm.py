@@ -361,17 +361,22 @@ def _classical_violations(got, A, B, alpha, cplx: bool) -> list:
 @given(
     st.integers(1, 4), st.integers(1, 12), st.integers(1, 3),
     st.sampled_from([0, 8, 40, 120, 400, 2100]), st.sampled_from([0.0, 0.3]),
-    st.sampled_from([1.0, -0.75, 3 * 2.0**-40]), st.booleans(), st.integers(0, 2**32 - 1),
+    st.sampled_from([1.0, -0.75, 3 * 2.0**-40]), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1),
 )
-def test_property_default_keeps_the_classical_bound(m, k, n, spread, zeros, alpha, cplx, seed):
-    """Wide-exponent, cancelling and exactly representable products: |C~ - C| <= gamma_k |alpha| |A||B|."""
+def test_property_default_keeps_the_classical_bound(m, k, n, spread, zeros, alpha, cplx, paired, seed):
+    """Wide-exponent, cancelling, paired and exactly representable products: |C~ - C| <= gamma_k |alpha| |A||B|."""
     r = rng(seed)
     A, B = _wide(r, (m, k), spread, zeros, cplx), _wide(r, (k, n), spread, zeros, cplx)
+    if paired:  # B undoes row 0's magnitudes: its small entries meet B's large ones, every term matters
+        e = np.frexp(np.abs(A[0]))[1]
+        B = _wide(r, (k, n), 4, zeros, cplx) * (2.0 ** np.clip(-e, -1000, 1000))[:, None]
     # keep the exact product inside the float64 range (the classical bound assumes no overflow)
     A = _scale2(A, -int(np.frexp(np.abs(A).max() or 1.0)[1]) - 1)
     B = _scale2(B, -int(np.frexp(np.abs(B).max() or 1.0)[1]) + 1)
     if k > 1 and r.random() < 0.5:  # cancellation: the last column of B undoes the first terms
-        B[-1, -1] = -B[0, -1] * A[0, 0] / A[0, -1] if A[0, -1] != 0 else B[-1, -1]
+        with np.errstate(all="ignore"):
+            undo = -B[0, -1] * A[0, 0] / A[0, -1] if A[0, -1] != 0 else B[-1, -1]
+        B[-1, -1] = undo if np.isfinite(undo) and abs(undo) < 2.0 else B[-1, -1]
     f = rt.zgemm if cplx else rt.dgemm
     got = f(A, B, alpha=complex(alpha) if cplx else alpha)
     assert _classical_violations(got, A, B, alpha, cplx) == []
@@ -392,20 +397,30 @@ def test_default_on_the_issue_cases(cplx):
     assert _classical_violations(rt.dgemm(A, np.ones((3, 1))), A, np.ones((3, 1)), 1.0, False) == []
 
 
-def test_default_moduli_follow_the_spread():
+def test_default_moduli_follow_the_data():
     k = 256
+    s0 = rt.moduli_for_bits(k)
     U = unif((8, k), 3)  # random(): exact at 53 bits whatever the spread
-    assert rt.gemm_moduli(U, U.T) == rt.moduli_for_bits(k)
+    assert rt.gemm_moduli(U, U.T) == s0
     N = rng(4).standard_normal((8, k))
-    s = rt.gemm_moduli(N, N.T)
-    t = G.gemm_width(s, k)
-    assert s > rt.moduli_for_bits(k)
-    # the least s: one fewer breaks the criterion of classical_fits
-    spread = lambda X, ax: int((np.frexp(np.abs(X).max(ax))[1] - np.frexp(np.abs(X).min(ax))[1]).max())
-    rho = lambda t_: spread(N, 1) - t_
-    assert G.classical_fits(k, rho(t), rho(t))
-    assert not G.classical_fits(k, rho(G.gemm_width(s - 1, k)), rho(G.gemm_width(s - 1, k)))
-    assert rt.gemm_moduli(N, N.T, 9) == 9 and rt.gemm_moduli(N, N.T, "fast") == rt.moduli_for_bits(k)
+    sa, sb = G.group_stats(N, 1, False), G.group_stats(N.T, 0, False)
+    ga, gb = G._groups(sa[0], sa[1], sa[3], None), G._groups(sb[0], sb[1], sb[3], None)
+    t0 = G.gemm_width(s0, k)
+    # the spreads alone ask for more than the 53-bit width; the measured magnitudes do not
+    assert not G.classical_fits(k, G._inexact_rho(ga, t0, False), G._inexact_rho(gb, t0, False))
+    ratio = G.magnitude_ratio(N, sa[1], N.T, sb[1])
+    assert G._measured_fits(k, t0, False, ratio) and rt.gemm_moduli(N, N.T) == s0
+    # the ratio is a lower bound, and a close one
+    absAB = np.abs(N) @ np.abs(N.T)
+    den = np.abs(N).sum(1)[:, None] * 2.0 ** sb[1][None, :] + 2.0 ** sa[1][:, None] * np.abs(N.T).sum(0)[None, :]
+    assert 0.999 * (absAB / den).min() < ratio <= (absAB / den).min()
+    # phi = 4 rows mix magnitudes: more moduli, the least that fits
+    A, B = GA.gemm_dataset("phi4", 8, k, 6, seed=2)
+    s = rt.gemm_moduli(A, B)
+    ratio = G.magnitude_ratio(A, G.group_stats(A, 1, False)[1], B, G.group_stats(B, 0, False)[1])
+    assert s > s0 and G._measured_fits(k, G.gemm_width(s, k), False, ratio)
+    assert not G._measured_fits(k, G.gemm_width(s - 1, k), False, ratio)
+    assert rt.gemm_moduli(A, B, 9) == 9 and rt.gemm_moduli(A, B, "fast") == s0
 
 
 @pytest.mark.parametrize("cplx", [False, True])
@@ -551,7 +566,10 @@ def test_tiling_is_bitwise_identical(cplx):
     mb, nb = G._tiles(m, n, k, 16, cplx, ws)
     assert mb < m or nb < n  # really tiled
     assert_bitwise(f(A, B, workspace_bytes=ws), whole)
-    assert_bitwise(f(A[:6], B[:, :5], workspace_bytes=1), whole[:6, :5])  # 1 x 1 tiles; rows / columns independent
+    assert_bitwise(f(A, B, workspace_bytes=1), whole)  # 1 x 1 tiles
+    # at a fixed width rows and columns are independent (the default's width depends on all of them)
+    fixed = f(A, B, moduli="fast")
+    assert_bitwise(f(A[:6], B[:, :5], workspace_bytes=1, moduli="fast"), fixed[:6, :5])
 
 
 @pytest.mark.parametrize("cplx", [False, True])
@@ -575,8 +593,9 @@ def test_tiling_with_op_a_encoded_once_is_bitwise_identical(cplx):
         assert_bitwise(f(A, B, workspace_bytes=ws), whole)
     assert seen == {True, False}  # both paths exercised
     # one-row / one-column operands and transposed views through the cached path
-    assert_bitwise(f(A[:1], B, workspace_bytes=2 * peak + 1), whole[:1])
-    assert_bitwise(f(A, B[:, :1], workspace_bytes=2 * peak + 1), whole[:, :1])
+    fixed = f(A, B, moduli="fast")  # at a fixed width rows and columns are independent
+    assert_bitwise(f(A[:1], B, workspace_bytes=2 * peak + 1, moduli="fast"), fixed[:1])
+    assert_bitwise(f(A, B[:, :1], workspace_bytes=2 * peak + 1, moduli="fast"), fixed[:, :1])
     At = np.ascontiguousarray(A.T)
     assert_bitwise(f(At, B, trans_a="T", workspace_bytes=2 * peak + 1), whole)
     assert G._plan_tiles(m, n, k, 16, cplx, 1 << 40) == (m, n, False)  # untiled: nothing cached

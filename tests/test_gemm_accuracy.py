@@ -200,7 +200,8 @@ def test_gemm_thresholds_bad_arguments():
 
 def test_gemm_moduli_is_what_dgemm_uses():
     A, B = GA.gemm_dataset("spike", 3, 40, 2, seed=5)
-    assert G.gemm_moduli(A, B, "fast") == G.moduli_for_bits(40) < G.gemm_moduli(A, B)
+    assert G.gemm_moduli(A, B, "fast") == G.moduli_for_bits(40) <= G.gemm_moduli(A, B)
+    np.testing.assert_array_equal(rt.dgemm(A, B), rt.dgemm(A, B, moduli=G.gemm_moduli(A, B)))
     s = G.gemm_moduli(A, B, "auto")
     assert s == G._resolve_moduli("auto", A, B, 40, False) > G.moduli_for_bits(40)
     np.testing.assert_array_equal(rt.dgemm(A, B, moduli="auto"), rt.dgemm(A, B, moduli=s))

@@ -382,6 +382,28 @@ def test_optimal_rescale_be_divides_by_just_enough():
         B = fits(st_.dropped)
 
 
+def test_min_product_subset_is_exact_when_the_search_ends_and_feasible_when_it_is_cut():
+    import itertools
+
+    from rnstensor.planner.bounds import min_product_subset
+
+    r = np.random.default_rng(5)
+    pool = sorted(rt.Basis.int8(49).moduli)
+    for _ in range(30):
+        avail = sorted(r.choice(pool, int(r.integers(3, 9)), replace=False).tolist())
+        target = int(r.integers(2, math.prod(avail[1:]) + 1))
+        subsets = [c for n in range(1, len(avail)) for c in itertools.combinations(avail, n) if math.prod(c) >= target]
+        want = min(math.prod(c) for c in subsets)
+        assert math.prod(min_product_subset(avail, target)) == want
+    # 36 moduli, a target needing about a dozen: the search is cut, the answer still feasible and no worse than
+    # the first subset it reaches (the smallest moduli in order)
+    avail, target = pool[:36], 3**70
+    first = min_product_subset(avail, target, nodes=1)
+    got = min_product_subset(avail, target)
+    assert math.prod(got) >= target and len(got) < len(avail) and math.prod(got) <= math.prod(first)
+    assert list(first) == sorted(avail)[: len(first)] and math.prod(first) >= target
+
+
 @pytest.mark.parametrize("method", ["norescale", "composed"])
 def test_optimal_planner_is_a_no_op_without_drops(method):
     ops, axes = table2_ops(4), cycling(4)
