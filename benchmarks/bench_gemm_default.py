@@ -6,8 +6,9 @@ spreads, then one float32 GEMM of the magnitudes,
 :func:`rnstensor.gemm.classical_moduli`); rows wider than 49 moduli hold are
 split exactly (:func:`rnstensor.gemm.row_slices`). ``'fast'`` is the former default, the 53-bit width. For each data set and N
 (square N x N x N): the moduli count of each, the best wall time of
-``--repeat`` calls after a warm-up of ``a @ b`` (numpy float64), ``fast`` and
-the default, measured one after the other; then on a smaller k x k x k
+``--repeat`` calls after a warm-up of ``a @ b`` (numpy float64), ``fast``,
+the default and the default's moduli count given explicitly (``same-s``: the
+cost of the wider width apart from choosing it), measured one after the other; then on a smaller k x k x k
 product (``--accuracy-n``) the largest componentwise error relative to
 ``gamma_k |A||B|`` of numpy, ``fast`` and the default against the exact
 product (:mod:`rnstensor.gemm_accuracy`, Python integers).
@@ -19,7 +20,10 @@ Data: ``uniform`` U[-1, 1) (``random()``: 53-bit multiples, exact at the
 term of their product matters (the split path: one row and one column
 sliced).
 
-Usage: ``python benchmarks/bench_gemm_default.py [--sizes 256 512 1024] [--repeat 3] [--accuracy-n 96] [--json out.json]``
+Then ``moduli='auto'`` on the wide data (``--auto-sizes``): rows beyond 49
+moduli split exactly, each entry's slice products summed in Python integers.
+
+Usage: ``python benchmarks/bench_gemm_default.py [--sizes 256 512 1024] [--repeat 3] [--accuracy-n 96] [--auto-sizes 64 128 256] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -58,11 +62,12 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=list(DATA), choices=DATA)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--accuracy-n", type=int, default=96)
+    ap.add_argument("--auto-sizes", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
     print(f"{'data':8} {'N':>5} {'s fast':>6} {'s def':>6} {'numpy ms':>9} {'fast ms':>8} {'def ms':>8} "
-          f"{'def/fast':>8} {'def/numpy':>9}")
+          f"{'same-s':>8} {'def/fast':>8} {'def/same':>8} {'def/numpy':>9}")
     for name in args.data:
         for N in args.sizes:
             a, b = dataset(name, N)
@@ -70,12 +75,28 @@ def main() -> None:
             t_np = best_time(lambda: a @ b, args.repeat)
             t_fast = best_time(lambda: rt.dgemm(a, b, moduli="fast"), args.repeat)
             t_def = best_time(lambda: rt.dgemm(a, b), args.repeat)
+            # the same moduli given explicitly: what the wider width costs, apart from choosing it
+            t_same = best_time(lambda: rt.dgemm(a, b, moduli=s_def), args.repeat) if s_def != s_fast else t_fast
             row = dict(data=name, N=N, s_fast=s_fast, s_default=s_def, numpy_ms=1e3 * t_np, fast_ms=1e3 * t_fast,
-                       default_ms=1e3 * t_def, default_vs_fast=t_def / t_fast, default_vs_numpy=t_def / t_np,
-                       load=os.getloadavg()[0])
+                       default_ms=1e3 * t_def, same_s_ms=1e3 * t_same, default_vs_fast=t_def / t_fast,
+                       default_vs_same_s=t_def / t_same, default_vs_numpy=t_def / t_np, load=os.getloadavg()[0])
             rows.append(row)
             print(f"{name:8} {N:5d} {s_fast:6d} {s_def:6d} {row['numpy_ms']:9.1f} {row['fast_ms']:8.1f} "
-                  f"{row['default_ms']:8.1f} {row['default_vs_fast']:8.2f} {row['default_vs_numpy']:9.1f}")
+                  f"{row['default_ms']:8.1f} {row['same_s_ms']:8.1f} {row['default_vs_fast']:8.2f} "
+                  f"{row['default_vs_same_s']:8.2f} {row['default_vs_numpy']:9.1f}")
+    auto_rows = []
+    print(f"\nmoduli='auto' on the wide data (split beyond 49 moduli, exact sums in Python integers):")
+    print(f"{'N':>5} {'s':>4} {'numpy ms':>9} {'default ms':>11} {'auto ms':>9} {'auto/default':>12}")
+    for N in args.auto_sizes:
+        a, b = dataset("wide", N)
+        t_np = best_time(lambda: a @ b, args.repeat)
+        t_def = best_time(lambda: rt.dgemm(a, b), args.repeat)
+        t_auto = best_time(lambda: rt.dgemm(a, b, moduli="auto"), 1)
+        row = dict(N=N, s=rt.gemm_moduli(a, b, "auto"), numpy_ms=1e3 * t_np, default_ms=1e3 * t_def,
+                   auto_ms=1e3 * t_auto)
+        auto_rows.append(row)
+        print(f"{N:5d} {row['s']:4d} {row['numpy_ms']:9.2f} {row['default_ms']:11.1f} {row['auto_ms']:9.1f} "
+              f"{t_auto / t_def:12.1f}")
     acc = []
     n = args.accuracy_n
     print(f"\nmax componentwise error / (gamma_k |A||B|), {n} x {n} x {n} against the exact product:")
@@ -90,7 +111,7 @@ def main() -> None:
     if args.json:
         meta = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count())
         with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, speed=rows, accuracy=acc), f, indent=1)
+            json.dump(dict(meta=meta, speed=rows, auto=auto_rows, accuracy=acc), f, indent=1)
 
 
 def _componentwise(ref, C, A, B) -> float:

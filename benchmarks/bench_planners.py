@@ -22,6 +22,7 @@ from _timing import best_time
 
 import rnstensor as rt
 from rnstensor.accuracy import run_accuracy
+from rnstensor.planner import bounds
 
 
 def main() -> None:
@@ -51,6 +52,22 @@ def main() -> None:
         for p in plans:
             print(f"{n:>3} {p:>8} {plan_s[p]:>8.3f} {times[p] * 1e3:>9.2f} {str(plans[p].drops):>14} "
                   f"{times[p] / times['greedy']:>15.2f}")
+    print()
+    print("optimal planner's time on 30-49 moduli (d products n x n), bounded subset search vs unbounded:")
+    worst = {"bounded": 0.0, "unbounded": 0.0}
+    for d in (3, 5):
+        for s in range(30, 50, 3):
+            for n in (2, 3, 4):
+                ops = [np.random.default_rng(100 * d + 10 * s + n).uniform(-1, 1, (n, n)) for _ in range(d)]
+                for label, nodes in (("bounded", bounds.SUBSET_NODES), ("unbounded", 1 << 62)):
+                    saved, bounds.SUBSET_NODES = bounds.SUBSET_NODES, nodes
+                    try:
+                        t0 = time.perf_counter()
+                        rt.plan_chain(ops, list(range(1, d + 1)), moduli=s, planner="optimal")
+                        worst[label] = max(worst[label], time.perf_counter() - t0)
+                    finally:
+                        bounds.SUBSET_NODES = saved
+    print(f"  worst plan time: bounded {worst['bounded']:.2f} s, unbounded {worst['unbounded']:.2f} s")
     print()
     print(f"RescaleBE, max elementwise relative error over {args.count} tensors per dataset")
     res = {p: run_accuracy(depths=args.depths, count=args.count, methods=("rescale_be",), planner=p)

@@ -14,6 +14,7 @@ layout its tensor-core engines read (``op(b)`` K-contiguous).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ import numpy as np
 from .arrays import array_module, is_device_array
 from .backends import dispatch
 from .basis import Basis, int8_pool, moduli_count
+from .arith import round_scaled_int, to_int_ref
 from .encode import _NONE, entry_stats, exact_bits_needed
 from .errors import RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
@@ -50,6 +52,8 @@ __all__ = [
     "magnitude_ratio",
     "row_slices",
     "split_width",
+    "auto_split_width",
+    "exact_split_sums",
 ]
 
 #: Range factor ``c`` of the width rule ``c * k * 4**t < P`` (see :func:`gemm_width`).
@@ -482,10 +486,12 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     side (the spreads: nothing but the scan). Where that asks for more than
     the 53-bit width, either that or entry by entry with the measured
     magnitudes (:func:`_measured_fits` on ``magnitudes_of()``,
-    :func:`magnitude_ratio`: one float32 GEMM of ``|A|`` and ``|B|``), and
-    then with the lowest set bits
-    ``lsb_of()``: groups exact at a width need no more (``U[0, 1)`` data from
-    ``random()`` is exact at 53 bits whatever its spread). Every test only
+    :func:`magnitude_ratio`: one float32 GEMM of ``|A|`` and ``|B|``). Where
+    the magnitudes cannot decide (an ``|A||B|`` entry that is zero, as in
+    sparse matrices, or no float32 bound at this ``k``), the lowest set bits
+    ``lsb_of()`` refine the spreads: groups exact at a width need no more
+    (small integers, or ``U[0, 1)`` data from ``random()``, are exact at 53
+    bits whatever their spread). Every test only
     improves with ``s``, so a galloping search from the 53-bit count finds
     the least. Scalars only come back from the device.
 
@@ -527,7 +533,9 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     if s != s0 and magnitudes_of is not None:
         meas = magnitudes_of()
         s = least(ga, gb, meas) if meas is not None else s
-    if s != s0 and lsb_of is not None and (la is None or lb is None):
+    # the lowest bits cost a pass over every significand: only where the magnitudes could not decide (an
+    # |A||B| entry that is zero, or k too long for their float32 bound), e.g. sparse integer matrices
+    if s != s0 and lsb_of is not None and (la is None or lb is None) and not meas:
         got_a, got_b = lsb_of()
         ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
         s = least(ga, gb, meas)
@@ -580,12 +588,11 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
         try:
             s = moduli_for_bits(k, need, kind=kind)
         except RNSRangeError:
-            # never a result that is silently not correctly rounded: say what does not fit
-            raise RNSRangeError(
+            # the in-memory GEMM splits such rows / columns exactly and sums the slice products exactly
+            raise SplitNeeded(
                 f"{fn}: moduli='auto' needs a width of {need} bits to encode every row of op(a) and column of op(b) "
                 f"exactly (from the largest entry's leading bit to the smallest nonzero one's lowest), but "
-                f"{_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}: the correctly rounded "
-                f"product of operands this wide is not available yet; moduli=None keeps the classical float64 bound"
+                f"{_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}"
             ) from None
     t = gemm_width(s, k, kind)
     if t < 1:
@@ -613,7 +620,7 @@ def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
         return gemm_scale(moduli, k, cplx, sa, sb, min_bits=0, lsb_of=lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
                           magnitudes_of=lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))[0]
     except SplitNeeded:
-        return split_width(k, cplx, A, Bm)
+        return auto_split_width(k, cplx, A, Bm) if auto else split_width(k, cplx, A, Bm)
 
 
 # ----- exact slices of wide rows / columns (moduli=None beyond 49 moduli) -------------------------
@@ -697,6 +704,95 @@ def split_width(k: int, cplx: bool, A, Bm) -> int:
         if best is None or cost < best[0]:
             best = (cost, s)
     return best[1]
+
+
+def _auto_operands(A, Bm, cplx: bool):
+    """The real products whose exact sums give ``op(a) @ op(b)``: itself, or (Re, Im) of the complex one.
+
+    ``Re = [Ar, -Ai] [Br; Bi]`` and ``Im = [Ar, Ai] [Bi; Br]``: real slices
+    encode every part exactly (a complex entry's two parts may be far apart).
+    """
+    if not cplx:
+        return [(A, Bm)]
+    xp = array_module(A, Bm)
+    re = (xp.hstack([A.real, -A.imag]), xp.vstack([Bm.real, Bm.imag]))
+    im = (xp.hstack([A.real, A.imag]), xp.vstack([Bm.imag, Bm.real]))
+    return [re, im]
+
+
+def auto_split_width(k: int, cplx: bool, A, Bm) -> int:
+    """The moduli count of ``moduli='auto'``'s exact split product (:func:`split_width` of its real products)."""
+    real = _auto_operands(A, Bm, cplx)
+    return split_width(real[0][0].shape[1], False, *real[0])
+
+
+def exact_split_sums(A, Bm, s: int, be, backend_name) -> tuple[np.ndarray, np.ndarray]:
+    """``(S, e)``: the exact real ``A @ Bm`` as Python ints ``S_ij * 2**e_ij``, from exact slices of each row / column.
+
+    Every row of ``A`` and column of ``Bm`` is cut into slices of at most
+    ``t - 53`` binades (:func:`row_slices`, each encoded exactly at width
+    ``t``), all slice pairs are one residue product, and each output's pair
+    integers, shifted to their common exponent, are summed as Python ints:
+    nothing rounds. Host arrays (the sums are Python ints).
+    """
+    xp = array_module(A, Bm)
+    k = A.shape[1]
+    t = gemm_width(s, k)
+    xa, own_a, _ = row_slices(A, t)
+    xbt, own_b, _ = row_slices(Bm.T, t)
+    basis = Basis.int8(s)
+    enc_a, enc_b, product, _ = gemm_program(basis, t, k, False, 1.0).steps
+    Ea, Eb = _slice_exponent(xa, 1, xp), _slice_exponent(xbt, 1, xp)
+    vals = {0: _encoded(xa, (t - Ea)[:, None], enc_a, basis, be), 1: _encoded(xbt.T, (t - Eb)[None, :], enc_b, basis, be)}
+    run_step(product, vals, basis, be, backend_name)
+    N = to_int_ref(np.asarray(vals[product.out].planes), basis.moduli)
+    ex = (Ea[:, None] + Eb[None, :] - 2 * t).astype(np.int64)  # pair (r, c) is N_rc * 2**ex_rc
+    m, n = A.shape[0], Bm.shape[1]
+    rows = [np.flatnonzero(own_a == i) for i in range(m)]
+    cols = [np.flatnonzero(own_b == j) for j in range(n)]
+    S = np.zeros((m, n), dtype=object)
+    e = np.zeros((m, n), dtype=np.int64)
+    for i in range(m):
+        for j in range(n):
+            pairs = [(N[r, c], int(ex[r, c])) for r in rows[i] for c in cols[j] if N[r, c] != 0]
+            if pairs:
+                lo = min(x for _, x in pairs)
+                S[i, j] = sum(v << (x - lo) for v, x in pairs)
+                e[i, j] = lo
+    return S, e
+
+
+def _exact_auto(A, Bm, cplx: bool, alpha, s: int, be, backend_name) -> np.ndarray:
+    """``alpha * A @ Bm`` correctly rounded (each part) from :func:`exact_split_sums`."""
+    sums = [exact_split_sums(x, y, s, be, backend_name) for x, y in _auto_operands(A, Bm, cplx)]
+    shape = sums[0][0].shape
+    if not cplx:
+        ma, ka = _exact_parts(float(alpha))
+        (S, e), = sums
+        return np.array([round_scaled_int(ma * v, ka + x) for v, x in zip(S.ravel(), e.ravel())]).reshape(shape)
+    (Sr, er), (Si, ei) = sums
+    (mr, kr), (mi, ki) = _exact_parts(complex(alpha).real), _exact_parts(complex(alpha).imag)
+    out = np.empty(shape, np.complex128)
+    for idx in np.ndindex(*shape):
+        re, im = (int(Sr[idx]), int(er[idx])), (int(Si[idx]), int(ei[idx]))
+        # (mr 2^kr + i mi 2^ki)(re + i im), each part one exact sum of two products, rounded once
+        out[idx] = complex(_round_sum((mr * re[0], kr + re[1]), (-mi * im[0], ki + im[1])),
+                           _round_sum((mr * im[0], kr + im[1]), (mi * re[0], ki + re[1])))
+    return out
+
+
+def _exact_parts(x: float) -> tuple[int, int]:
+    """``x == m * 2**k`` exactly (Python ints)."""
+    if x == 0:
+        return 0, 0
+    mant, ex = math.frexp(x)
+    return int(mant * (1 << 53)), ex - 53
+
+
+def _round_sum(a: tuple[int, int], b: tuple[int, int]) -> float:
+    """``a0 2**a1 + b0 2**b1`` rounded once."""
+    lo = min(a[1], b[1])
+    return round_scaled_int((a[0] << (a[1] - lo)) + (b[0] << (b[1] - lo)), lo)
 
 
 # ----- the program ------------------------------------------------------------------------------
@@ -813,7 +909,8 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     :func:`split_width`); ``'fast'`` gives ``moduli_for_bits(k, 53)``
     (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
     encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly (at
-    most 49; ``RNSRangeError`` beyond). Complex input (either operand)
+    most 49; beyond, the count of the exact split product,
+    :func:`auto_split_width`). Complex input (either operand)
     selects the complex rule. NumPy or CuPy operands (the scan runs where
     they live).
 
@@ -907,28 +1004,42 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
                 s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits,
                                           lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
                                           lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))
-                split = None
+                mode = "whole"
             except SplitNeeded:
+                mode = "exact" if auto else "pairs"
+            if mode == "exact":  # exact slices, exact sums of their products, one rounding
+                if xp is not np:
+                    raise RNSRangeError(
+                        f"{fn}: moduli='auto' on rows / columns wider than 49 moduli hold sums its slice products "
+                        f"exactly in Python integers, on the host: pass NumPy arrays, or moduli=None (the "
+                        f"classical float64 bound, split on the device)"
+                    )
+                s = auto_split_width(k, cplx, A, Bm)
+            elif mode == "pairs":
                 # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
                 s = split_width(k, cplx, A, Bm)
                 t = gemm_width(s, k, "complex" if cplx else "real")
                 xa, own_a, rank_a = row_slices(A, t)
                 xbt, own_b, rank_b = row_slices(Bm.T, t)
-                A, Bm, split = xa, xbt.T, (own_a, rank_a, own_b, rank_b)
+                A, Bm, slices = xa, xbt.T, (own_a, rank_a, own_b, rank_b)
                 ea = t - _slice_exponent(A, 1, xp)
                 eb = t - _slice_exponent(Bm, 0, xp)
-            prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
-        if split is None:
+            if mode != "exact":
+                prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
+        if mode == "whole":
             with _phase("other"):
                 mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
             _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+        elif mode == "exact":
+            with _phase("products"):
+                term[...] = _exact_auto(A, Bm, cplx, alpha, s, be, backend_name)
         else:
             ms, ns = A.shape[0], Bm.shape[1]
             pairs = xp.zeros((ms, ns), dtype)
             with _phase("other"):
                 mb, nb, cache_a = _plan_tiles(ms, ns, k, s, cplx, workspace)
             _run_tiles(pairs, prog, A, Bm, ea, eb, ms, ns, mb, nb, cache_a, be, xp, backend_name, transposed)
-            own_a, rank_a, own_b, rank_b = split
+            own_a, rank_a, own_b, rank_b = slices
             with _phase("decode"):  # each pair correctly rounded, summed in float64 slice by slice
                 by_row = _sum_slices(pairs, own_a, rank_a, m)
                 term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
@@ -1016,8 +1127,13 @@ def dgemm(
         (:func:`exact_bits_needed`: per row / column, from the leading bit of
         the largest magnitude to the lowest set bit of the smallest nonzero
         one), so the integer product is the exact product and the result is
-        correctly rounded; ``RNSRangeError`` where 49 moduli cannot hold that width
-        (never a result that is not correctly rounded).
+        correctly rounded. Where 49 moduli cannot hold that width, every row
+        and column is split exactly into slices of bounded span, the slice
+        pairs are residue products, and each entry's pair integers are summed
+        exactly (Python integers, :func:`exact_split_sums`) before its one
+        rounding: correctly rounded on any exponent range, subnormal results
+        and overflow included (NumPy operands; CuPy ones raise
+        ``RNSRangeError`` there).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional
@@ -1098,14 +1214,10 @@ def zgemm(
         ``'C'`` is the conjugate transpose.
     moduli : None, 'fast', 'auto' or int in 1..49
         As :func:`dgemm` (``None``: the classical complex bound ``sqrt(2)
-        gamma_{k+2} |alpha| |A||B|``; ``'fast'``: the 53-bit width).
-        ``'auto'``: the smallest ``s`` whose width ``t``
-        encodes every entry of ``op(a)`` and ``op(b)`` exactly
-        (:func:`exact_bits_needed`: per row / column, from the leading bit of
-        the largest magnitude to the lowest set bit of the smallest nonzero
-        one), so the integer product is the exact product and the result is
-        correctly rounded; ``RNSRangeError`` where 49 moduli cannot hold that width
-        (never a result that is not correctly rounded).
+        gamma_{k+2} |alpha| |A||B|``; ``'fast'``: the 53-bit width;
+        ``'auto'``: both parts correctly rounded on any exponent range, the
+        split product working on the real products ``[Ar, -Ai] [Br; Bi]``
+        and ``[Ar, Ai] [Bi; Br]`` so that every part is encoded exactly).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional

@@ -837,13 +837,41 @@ def test_blas_semantics_match_scipy(cplx):
             assert_bitwise(f(a, b, cn, beta=0.0, trans_a=ta, trans_b=tb) + 0.0, np.asarray(want) + 0.0)
 
 
-def test_auto_moduli_refuse_what_49_moduli_cannot_round_correctly():
+def test_auto_moduli_beyond_49_moduli_split_exactly():
     """[[1, 2^-53, 2^-300]] @ ones: 'auto' returned 1.0 (capped at 49 moduli); the correctly rounded value is 1 + 2^-52."""
     a = np.array([[1.0, 2.0**-53, 2.0**-300]])
     b = np.ones((3, 1))
-    with pytest.raises(RNSRangeError, match=r"moduli='auto' needs a width of [0-9]+ bits.*49 INT8 moduli hold t="):
-        rt.dgemm(a, b, moduli="auto")
-    with pytest.raises(RNSRangeError, match="moduli='auto'"):
-        rt.zgemm(a + 0j, b + 0j, moduli="auto")
-    a[0, 2] = 2.0**-100  # a spread 49 moduli hold: correctly rounded
+    with pytest.raises(G.SplitNeeded, match=r"moduli='auto' needs a width of [0-9]+ bits.*49 INT8 moduli hold t="):
+        G.gemm_scale("auto", 3, False, G.group_stats(a, 1, True), G.group_stats(b, 0, True))
     assert rt.dgemm(a, b, moduli="auto")[0, 0] == 1.0 + 2.0**-52
+    assert rt.zgemm(a + 0j, b + 0j, moduli="auto")[0, 0] == 1.0 + 2.0**-52
+    z = a * (1 + 1j) + 2.0**-900j
+    assert_bitwise(rt.zgemm(z, b - 1j, moduli="auto"), ref_zgemm(z, b - 1j))
+    a[0, 2] = 2.0**-100  # a spread 49 moduli hold: one product
+    assert rt.dgemm(a, b, moduli="auto")[0, 0] == 1.0 + 2.0**-52
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 3), st.sampled_from([400, 1200, 2100]),
+       st.sampled_from([1.0, -0.75, 3 * 2.0**-40]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_property_auto_correctly_rounded_on_any_spread(m, k, n, spread, alpha, cplx, seed):
+    """Exponents over the whole float64 range, subnormal results included: every part correctly rounded."""
+    r = rng(seed)
+    A, B = _wide(r, (m, k), spread, 0.2, cplx), _wide(r, (k, n), spread, 0.2, cplx)
+    A = _scale2(A, -int(np.frexp(np.abs(A).max() or 1.0)[1]) - 1)
+    B = _scale2(B, -int(np.frexp(np.abs(B).max() or 1.0)[1]) + 1)
+    if cplx:
+        assert_bitwise(rt.zgemm(A, B, moduli="auto"), ref_zgemm(A, B))
+        # a general complex alpha: each part one exact sum, rounded once
+        got = rt.zgemm(A, B, moduli="auto", alpha=alpha - 0.5j)
+        Ai, Bi = _ints(A.real), _ints(B.real.T)
+        Aj, Bj = _ints(A.imag), _ints(B.imag.T)
+        ar, ai = _xint(alpha), _xint(-0.5)
+        for i in range(m):
+            for j in range(n):
+                re = sum(x * y for x, y in zip(Ai[i], Bi[j])) - sum(x * y for x, y in zip(Aj[i], Bj[j]))
+                im = sum(x * y for x, y in zip(Ai[i], Bj[j])) + sum(x * y for x, y in zip(Aj[i], Bi[j]))
+                assert got[i, j].real == _round(ar * re - ai * im, -3 * _SHIFT)
+                assert got[i, j].imag == _round(ar * im + ai * re, -3 * _SHIFT)
+    else:
+        assert_bitwise(rt.dgemm(A, B, moduli="auto", alpha=alpha), ref_dgemm(A, B, alpha))

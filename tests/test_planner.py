@@ -24,7 +24,10 @@ from chain_oracle import alg2, alg2_trace, effective_rhos, encode_rows, dyadic, 
 
 
 # the papers' methods at any width: these tests check plans that keep fewer than min_bits bits
-plan_any = functools.partial(rt.plan_chain, min_bits=0)
+# this module reproduces [2610.05059] Alg. 2 and Table 2: its plans are the greedy planner's unless a test asks
+# for another (a later keyword wins over a partial's)
+plan_greedy = functools.partial(rt.plan_chain, planner="greedy")
+plan_any = functools.partial(rt.plan_chain, min_bits=0, planner="greedy")
 
 S15 = rt.Basis.int8(15)
 
@@ -215,7 +218,7 @@ def test_table2_drop_count_depends_on_draw_at_depth_8():
     ops = table2_ops(8, 3)
     rhos = effective_rhos(ops, cycling(8), 53)
     assert alg2(53, rhos, S15.moduli, 1) == (7,) * 7 + (0,)
-    assert rt.plan_chain(ops, cycling(8)).drops == (7,) * 7 + (0,)
+    assert plan_greedy(ops, cycling(8)).drops == (7,) * 7 + (0,)
 
 
 @pytest.mark.parametrize("moduli", [rt.Basis.int8(3), rt.Basis.int8(5), rt.Basis((13, 11, 7, 5, 3, 2)), 8])
@@ -288,7 +291,7 @@ def test_describe_rectangular_shapes_and_file():
 
     rng = np.random.default_rng(0)
     ops = [rng.uniform(-1, 1, (5, 8)), rng.uniform(-1, 1, (8, 5)), rng.uniform(-1, 1, (3, 4))]
-    plan = rt.plan_chain(ops, [0, 0, 1])
+    plan = plan_greedy(ops, [0, 0, 1])
     buf = io.StringIO()
     text = plan.describe(file=buf)
     assert buf.getvalue().strip() == text.strip()
@@ -298,7 +301,7 @@ def test_describe_rectangular_shapes_and_file():
 def test_schedule_steps_follow_alg2():
     d = 8
     ops, axes = table2_ops(d), cycling(d)
-    plan = rt.plan_chain(ops, axes)
+    plan = plan_greedy(ops, axes)
     trace = alg2_trace(53, effective_rhos(ops, axes, 53), S15.moduli, 1)
     steps = plan.schedule.steps
     assert len(steps) == d
@@ -311,8 +314,8 @@ def test_schedule_steps_follow_alg2():
 
 def test_plan_depends_only_on_operators():
     ops, axes = table2_ops(5, 1), cycling(5)
-    p1 = rt.plan_chain(ops, axes)
-    p2 = rt.plan_chain([A.copy() for A in ops], tuple(axes))
+    p1 = plan_greedy(ops, axes)
+    p2 = plan_greedy([A.copy() for A in ops], tuple(axes))
     assert (p1.bits, p1.drops) == (p2.bits, p2.drops)
 
 
@@ -358,7 +361,7 @@ def test_optimal_rescale_be_divides_by_just_enough():
     import itertools
 
     ops, axes = table2_ops(3), cycling(3)
-    opt = rt.plan_chain(ops, axes, planner="optimal")
+    opt = plan_greedy(ops, axes, planner="optimal")
     rhos = effective_rhos(ops, axes, opt.bits)
     P, full = S15.product, sorted(S15.moduli)
     B = 1 << opt.bits
@@ -417,13 +420,13 @@ def test_optimal_planner_is_a_no_op_without_drops(method):
 
 def test_input_bits_wider_than_bits():
     ops, axes = table2_ops(3), cycling(3)
-    plan = rt.plan_chain(ops, axes, input_bits=60)
+    plan = plan_greedy(ops, axes, input_bits=60)
     assert plan.input_bits == 60 and plan.bits == 53
     rhos = effective_rhos(ops, axes, 53)
     assert plan.drops == alg2(53, rhos, S15.moduli, 1, start=1 << 60)
     assert plan.schedule.steps[0].before == 1 << 60
     # the paper's threshold stays 2**b: the first product drops more than with 53-bit input
-    assert plan.drops[0] >= rt.plan_chain(ops, axes).drops[0]
+    assert plan.drops[0] >= plan_greedy(ops, axes).drops[0]
 
 
 def test_input_bits_beyond_the_range_raise():
@@ -431,21 +434,21 @@ def test_input_bits_beyond_the_range_raise():
     P = S15.product
     too_wide = P.bit_length()  # 2 * 2**too_wide >= P: not even the encoding fits
     with pytest.raises(rt.PlanError, match="encoding"):
-        rt.plan_chain(ops, axes, input_bits=too_wide)
+        plan_greedy(ops, axes, input_bits=too_wide)
     # with b forced to 53 the first product cannot hold a 63-bit input: 2 * 2**63 * rho_1 >= P
     rho1 = effective_rhos(ops, axes, 53)[0]
     assert 2 * (1 << 63) * rho1 >= P
     with pytest.raises(rt.PlanError, match=r"product 1"):
-        rt.plan_chain(ops, axes, bits=53, input_bits=63)
+        plan_greedy(ops, axes, bits=53, input_bits=63)
 
 
 def test_forced_bits():
     ops, axes = table2_ops(3), cycling(3)
-    plan = rt.plan_chain(ops, axes, method="rescale", bits=20)
+    plan = plan_greedy(ops, axes, method="rescale", bits=20)
     assert plan.bits == 20
     assert plan.drops == alg2(20, effective_rhos(ops, axes, 20), S15.moduli, 0)
     with pytest.raises(rt.PlanError):
-        rt.plan_chain(ops, axes, method="norescale", bits=53)
+        plan_greedy(ops, axes, method="norescale", bits=53)
 
 
 # ----- infeasible plans and bad arguments ------------------------------------------------------------
@@ -467,7 +470,7 @@ def test_plan_error_names_the_step_and_the_missing_bits(s):
     have = math.log2(basis.product)
     assert 54 < have < need
     with pytest.raises(rt.PlanError) as exc:
-        rt.plan_chain(ops, axes, moduli=s, bits=53)
+        plan_greedy(ops, axes, moduli=s, bits=53)
     msg = str(exc.value)
     assert "product 1" in msg and "axis 0" in msg
     assert abs(_missing_bits(msg) - (need - have)) < 0.006
@@ -480,7 +483,7 @@ def test_plan_error_when_the_encoding_does_not_fit(s):
     ops, axes = table2_ops(3), cycling(3)
     have = math.log2(rt.Basis.int8(s).product)
     with pytest.raises(rt.PlanError) as exc:
-        rt.plan_chain(ops, axes, moduli=s, bits=53)
+        plan_greedy(ops, axes, moduli=s, bits=53)
     msg = str(exc.value)
     assert "encoding" in msg
     assert abs(_missing_bits(msg) - (54 - have)) < 0.006
@@ -492,7 +495,7 @@ def test_plan_error_when_no_width_fits():
     for method in ("rescale_be", "rescale", "norescale"):
         assert hand_plan(method, ops, axes, (256,)) is None
         with pytest.raises(rt.PlanError) as exc:
-            rt.plan_chain(ops, axes, moduli=1, method=method)
+            plan_greedy(ops, axes, moduli=1, method=method)
         msg = str(exc.value)
         rhos = effective_rhos(ops, axes, 1)
         need = math.log2(2 * 2 * rhos[0] * rhos[1])
@@ -515,26 +518,26 @@ def test_plans_that_keep_too_few_bits_are_refused(method):
     """einsum's min_bits rule: a plan below 32 kept bits is a PlanError that says how to get more."""
     ops, axes = table2_ops(3), cycling(3)
     with pytest.raises(rt.PlanError, match=r"keeps only [0-9.]+ bits .*min_bits=32.*use more moduli"):
-        rt.plan_chain(ops, axes, moduli=2, method=method)
+        plan_greedy(ops, axes, moduli=2, method=method)
     with pytest.raises(rt.PlanError, match="min_bits"):
         rt.mode_chain(np.ones((8, 8, 8)), ops, axes, moduli=2, method=method)
     hand = hand_plan(method, ops, axes, rt.Basis.int8(2).moduli)
-    assert rt.plan_chain(ops, axes, moduli=2, method=method, min_bits=hand[0]).bits == hand[0]
+    assert plan_greedy(ops, axes, moduli=2, method=method, min_bits=hand[0]).bits == hand[0]
     with pytest.raises(rt.PlanError, match=f"min_bits={hand[0] + 1}"):
-        rt.plan_chain(ops, axes, moduli=2, method=method, min_bits=hand[0] + 1)
+        plan_greedy(ops, axes, moduli=2, method=method, min_bits=hand[0] + 1)
     # a width the caller asks for is no loss: bits=b needs only b kept bits
-    assert rt.plan_chain(ops, axes, moduli=2, method=method, bits=hand[0]).bits == hand[0]
+    assert plan_greedy(ops, axes, moduli=2, method=method, bits=hand[0]).bits == hand[0]
     with pytest.raises(ValueError, match="min_bits must be a non-negative integer"):
-        rt.plan_chain(ops, axes, method=method, min_bits=-1)
+        plan_greedy(ops, axes, method=method, min_bits=-1)
 
 
 def test_default_plans_keep_at_least_min_bits():
     ops, axes = table2_ops(3), cycling(3)
-    assert rt.plan_chain(ops, axes).bits == 53
-    plan = rt.plan_chain(ops, axes, moduli=15, method="norescale", min_bits=0)
+    assert plan_greedy(ops, axes).bits == 53
+    plan = plan_greedy(ops, axes, moduli=15, method="norescale", min_bits=0)
     assert plan.bits < 32  # NoRescale at depth 3 keeps fewer than 32 bits on 15 moduli: refused by default
     with pytest.raises(rt.PlanError):
-        rt.plan_chain(ops, axes, moduli=15, method="norescale")
+        plan_greedy(ops, axes, moduli=15, method="norescale")
 
 
 @pytest.mark.parametrize(
@@ -550,5 +553,5 @@ def test_default_plans_keep_at_least_min_bits():
 def test_bad_plan_arguments(kwargs, match):
     ops, axes = table2_ops(3), cycling(3)
     with pytest.raises(ValueError, match=match) as exc:
-        rt.plan_chain(ops, axes, **kwargs)
+        plan_greedy(ops, axes, **kwargs)
     assert not isinstance(exc.value, rt.PlanError)

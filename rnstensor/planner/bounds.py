@@ -64,13 +64,14 @@ __all__ = [
 SUBSET_NODES = 20000
 
 
-def min_product_subset(avail: Sequence[int], target: int, nodes: int = SUBSET_NODES) -> Optional[tuple[int, ...]]:
+def min_product_subset(avail: Sequence[int], target: int, nodes: Optional[int] = None) -> Optional[tuple[int, ...]]:
     """The subset of ``avail`` (leaving one modulus) with the smallest product ``>= target`` found, ascending.
 
     Branch and bound over the sorted moduli: the drops that divide a bound by
     just enough (the error-optimal planners of chains and FEM programs). The
     first subset reached is the smallest moduli taken in order; the search
-    then improves on it for at most ``nodes`` nodes (exact whenever it ends
+    then improves on it for at most ``nodes`` nodes (default
+    :data:`SUBSET_NODES`, read at each call; exact whenever it ends
     sooner, as it does for a few moduli), so every answer is a feasible
     subset and the planners' time stays bounded on 30 to 49 moduli.
 
@@ -85,7 +86,7 @@ def min_product_subset(avail: Sequence[int], target: int, nodes: int = SUBSET_NO
     for j in range(m - 1, -1, -1):
         suffix[j] = suffix[j + 1] * a[j]
     best: list = [None, None]
-    left = [int(nodes)]
+    left = [int(SUBSET_NODES if nodes is None else nodes)]
 
     def dfs(idx: int, prod: int, chosen: list):
         left[0] -= 1

@@ -122,7 +122,7 @@ def plan_schedule(
     axes: Sequence[int],
     basis: Basis,
     method: str = "rescale_be",
-    planner: str = "greedy",
+    planner: str = "optimal",
     bits: Optional[int] = None,
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
@@ -132,8 +132,8 @@ def plan_schedule(
 
     With ``bits`` given, that width is checked and used (it may exceed 53
     where the basis holds it). ``input_bits`` encodes the tensor wider (or
-    narrower) than the operators; ``'max'`` takes the widest that passes. ``planner='optimal'`` chooses the drops to
-    minimise the a-priori error bound instead of Alg. 2's greedy rule. Raises
+    narrower) than the operators; ``'max'`` takes the widest that passes. ``planner='optimal'`` (the default) chooses the drops to
+    minimise the a-priori error bound instead of Alg. 2's greedy rule (``'greedy'``). Raises
     :class:`PlanError` naming the failing step and the missing bits when no
     width passes, and when the plan found keeps fewer than ``min_bits`` bits
     (:func:`check_kept_bits`).
