@@ -296,25 +296,28 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None, backend: Optional[str]
 def _group_stats(da, x, axis: int, need_lsb: bool):
     """:func:`rnstensor.gemm.group_stats` of a Dask matrix, as small Dask vectors (reduced where the chunks live).
 
-    ``Emax`` comes from one reduction of ``|x|`` (frexp is monotone); the
-    lowest set bits (``moduli='auto'`` only) from every entry's significand.
+    ``Emax`` comes from one reduction of ``|x|`` (frexp is monotone),
+    ``Emin`` from one of its nonzero parts; the lowest set bits
+    (``moduli='auto'`` only) from every entry's significand.
     """
     mag = abs(x) if x.dtype != np.complex128 else da.maximum(abs(x.real), abs(x.imag))
     finite = da.isfinite(x)
     amax = da.where(finite, mag, 0.0).max(axis=axis)
     fin = finite.all(axis=axis)
     Emax = amax.map_blocks(frexp_exponent, dtype=np.int64, meta=_meta(x, 1, np.int64))
-    parts = (abs(x),) if x.dtype != np.complex128 else (abs(x.real), abs(x.imag))
+    parts = (mag,) if x.dtype != np.complex128 else (abs(x.real), abs(x.imag))
     amin = None
     for p in parts:
         low = da.where((p != 0) & da.isfinite(p), p, np.inf).min(axis=axis)
         amin = low if amin is None else da.minimum(amin, low)
     Emin = da.where(da.isfinite(amin), amin, 0.0).map_blocks(frexp_exponent, dtype=np.int64,
                                                               meta=_meta(x, 1, np.int64))
-    if not need_lsb:
-        return fin, Emax, None, Emin
-    lsb = x.map_blocks(lambda b: entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=axis)
-    return fin, Emax, lsb, Emin
+    return fin, Emax, (_group_lsb(x, axis) if need_lsb else None), Emin
+
+
+def _group_lsb(x, axis: int):
+    """:func:`rnstensor.gemm.group_lsb` of a Dask matrix: every significand's lowest set bit, reduced per group."""
+    return x.map_blocks(lambda b: entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=axis)
 
 
 def _encoder(prog, axis: int, backend):
@@ -456,9 +459,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     la, lb = got[6:] if auto else (None, None)
 
     def lsb_of():  # only when the spreads alone ask for more than the 53-bit width
-        low = [x.map_blocks(lambda b: entry_stats(b)[2], dtype=np.int64, meta=_meta(x, 2, np.int64)).min(axis=ax)
-               for x, ax in ((opa, 1), (opb, 0))]
-        return [_host(v) for v in dask.compute(*low)]
+        return [_host(v) for v in dask.compute(_group_lsb(opa, 1), _group_lsb(opb, 0))]
 
     def magnitudes_of():  # the in-memory criterion, reduced where the chunks live (one scalar comes back)
         xp = _namespace(opa)  # the vectors in the chunks' array type (NumPy or CuPy)

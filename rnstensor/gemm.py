@@ -14,7 +14,6 @@ layout its tensor-core engines read (``op(b)`` K-contiguous).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ import numpy as np
 from .arrays import array_module, is_device_array
 from .backends import dispatch
 from .basis import Basis, int8_pool, moduli_count
-from .arith import round_scaled_int, to_int_ref
+from .arith import float_parts, round_scaled_int, to_int_ref
 from .encode import _NONE, entry_stats, exact_bits_needed
 from .errors import RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
@@ -317,6 +316,12 @@ def _phase(name: str) -> Iterator[None]:
 
 # ----- the exponent scan (in memory and Dask alike) -----------------------------------------------
 
+def _magnitude(x):
+    """``|x|``, or ``max(|re|, |im|)`` of complex entries: the magnitude an exponent per group is read from."""
+    xp = array_module(x)
+    return xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
+
+
 def frexp_exponent(a):
     """The frexp exponent of every positive entry, ``NONE`` for zeros (int64), where ``a`` lives."""
     xp = array_module(a)
@@ -335,7 +340,7 @@ def group_stats(x, axis: int, need_lsb: bool):
     exponents; the lowest bits need every significand.
     """
     xp = array_module(x)
-    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
+    mag = _magnitude(x)
     finite = xp.isfinite(x)
     fin = finite.all(axis=axis)
     all_finite = bool(fin.all())
@@ -346,7 +351,7 @@ def group_stats(x, axis: int, need_lsb: bool):
         keep = p != 0 if all_finite else (p != 0) & xp.isfinite(p)
         low = xp.where(keep, p, np.inf).min(axis=axis)
         amin = low if amin is None else xp.minimum(amin, low)
-    lsb = entry_stats(x)[2].min(axis=axis) if need_lsb else None
+    lsb = group_lsb(x, axis) if need_lsb else None
     return fin, frexp_exponent(amax), lsb, frexp_exponent(xp.where(xp.isfinite(amin), amin, 0.0))
 
 
@@ -434,15 +439,15 @@ def magnitude_ratio(A, Ea, Bm, Eb, xp=None) -> Optional[float]:
         e = -xp.where(e == _NONE, 0, e)
         # 2**-e as two factors within the float range (|e| <= 1075) where one would overflow: exact products,
         # or an underflow below 2**-1074 that the float32 step down and the sums' slack cover
-        h = e // 2 if int(abs(e).max()) > 1000 else e * 0
-        factors = [xp.ldexp(1.0, (e - h).astype(np.int32)), xp.ldexp(1.0, h.astype(np.int32))]
+        halves = [e - e // 2, e // 2] if int(abs(e).max()) > 1000 else [e]
+        factors = [xp.ldexp(1.0, h.astype(np.int32)) for h in halves]
         factors = [f[:, None] if axis == 1 else f[None, :] for f in factors]
         if x.dtype.kind == "c":
             re, im = xp.abs(x.real), xp.abs(x.imag)
             low, up = xp.maximum(re, im), re + im
         else:
             low = up = xp.abs(x)
-        for f in factors[: 2 if int(abs(h).max()) else 1]:
+        for f in factors:
             low *= f  # in place: a fresh temporary per step costs page faults as large as the product
             if up is not low:
                 up *= f
@@ -511,34 +516,34 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
             return True
         return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx))
 
-    def least(ga, gb, meas):
+    def least(ga, gb, ratio):
         lo, step = s0, 1  # galloping from s0 (the usual answer is near it), then a bisection
-        if fits(s0, ga, gb, meas):
+        if fits(s0, ga, gb, ratio):
             return s0
         while True:
             hi = min(lo + step, _MAX_MODULI)
-            if fits(hi, ga, gb, meas):
+            if fits(hi, ga, gb, ratio):
                 break
             if hi == _MAX_MODULI:
                 return None
             lo, step = hi, 2 * step
         while hi - lo > 1:  # fits(lo) is false, fits(hi) true
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fits(mid, ga, gb, meas) else (mid, hi)
+            lo, hi = (lo, mid) if fits(mid, ga, gb, ratio) else (mid, hi)
         return hi
 
     ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
-    meas = None
-    s = least(ga, gb, meas)
+    ratio = None
+    s = least(ga, gb, ratio)
     if s != s0 and magnitudes_of is not None:
-        meas = magnitudes_of()
-        s = least(ga, gb, meas) if meas is not None else s
+        ratio = magnitudes_of()
+        s = least(ga, gb, ratio) if ratio is not None else s
     # the lowest bits cost a pass over every significand: only where the magnitudes could not decide (an
     # |A||B| entry that is zero, or k too long for their float32 bound), e.g. sparse integer matrices
-    if s != s0 and lsb_of is not None and (la is None or lb is None) and not meas:
+    if s != s0 and lsb_of is not None and (la is None or lb is None) and not ratio:
         got_a, got_b = lsb_of()
         ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
-        s = least(ga, gb, meas)
+        s = least(ga, gb, ratio)
     if s is None:
         raise SplitNeeded(
             f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
@@ -552,18 +557,18 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
 
     From the :func:`group_stats` of both operands (host or device vectors;
-    the moduli choice reads the small per-group vectors back).
-    ``moduli=None``: :func:`classical_moduli` (the classical componentwise
-    bound); ``'fast'``: ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest
-    ``s`` whose width holds every finite row and column exactly (at most 49;
-    beyond, ``RNSRangeError``). ``ea = t - Emax`` for finite nonzero rows, 0
-    for the rest (their results come from float64).
+    the moduli choice reads scalars back). ``moduli=None``:
+    :func:`classical_moduli` (the classical componentwise bound; ``lsb_of``
+    and ``magnitudes_of`` supply its refinements on demand); ``'fast'``:
+    ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest ``s`` whose width
+    holds every finite row and column exactly. ``ea = t - Emax`` for finite
+    nonzero rows, 0 for the rest (their results come from float64).
 
     Raises
     ------
     SplitNeeded
-        ``moduli=None`` on a row / column wider than 49 moduli hold (the
-        in-memory GEMM then splits it, see :func:`dgemm`).
+        ``moduli=None`` or ``'auto'`` on a row / column wider than 49 moduli
+        hold (the in-memory GEMM then splits it, see :func:`dgemm`).
     RNSRangeError
         ``s`` moduli cannot hold a product of length ``k`` (no width ``t >= 1``).
     PlanError
@@ -609,28 +614,39 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     return s, t, ea, eb
 
 
-def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
-    """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
+def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS):
+    """The scan and moduli choice of one in-memory GEMM: ``(mode, s, t, ea, eb, A, Bm, fa, fb)``.
+
+    ``A`` / ``Bm`` are ``op(a)`` / ``op(b)`` with their non-finite rows /
+    columns zeroed (``fa`` / ``fb`` mark the finite ones). ``mode``:
+    ``'whole'`` (one product at ``s`` moduli, width ``t``, exponents ``ea``,
+    ``eb``), ``'pairs'`` (``moduli=None`` beyond 49 moduli: :func:`row_slices`
+    at :func:`split_width`'s ``s``) or ``'exact'`` (``'auto'`` beyond:
+    :func:`exact_split_sums` at :func:`auto_split_width`'s ``s``); the split
+    modes leave ``t``, ``ea``, ``eb`` to their slicing.
+    """
     xp = array_module(opa, opb)
     auto = moduli == "auto"
     sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
-    A = xp.where(sa[0][:, None], opa, 0)
-    Bm = xp.where(sb[0][None, :], opb, 0)
+    fa, fb = sa[0], sb[0]
+    A = opa if bool(fa.all()) else xp.where(fa[:, None], opa, 0)
+    Bm = opb if bool(fb.all()) else xp.where(fb[None, :], opb, 0)
     try:
-        return gemm_scale(moduli, k, cplx, sa, sb, min_bits=0, lsb_of=lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
-                          magnitudes_of=lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))[0]
+        s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits, lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
+                                  lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))
+        return "whole", s, t, ea, eb, A, Bm, fa, fb
     except SplitNeeded:
-        return auto_split_width(k, cplx, A, Bm) if auto else split_width(k, cplx, A, Bm)
+        if auto:
+            return "exact", auto_split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
+        return "pairs", split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
+
+
+def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
+    """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
+    return _choose(moduli, opa, opb, k, cplx, min_bits=0)[1]
 
 
 # ----- exact slices of wide rows / columns (moduli=None beyond 49 moduli) -------------------------
-
-
-def _entry_exponent(x):
-    """frexp exponent of every entry's magnitude (``max(|re|, |im|)``), ``NONE`` for zeros, where ``x`` lives."""
-    xp = array_module(x)
-    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
-    return frexp_exponent(mag)
 
 
 def row_slices(x, t: int):
@@ -667,7 +683,7 @@ def _slice_keys(x, t: int):
     """``(q, keys, span)``: every entry's slice (``-1`` for zeros) and the sorted ``row * span + slice`` in use."""
     xp = array_module(x)
     m, k = x.shape
-    E = _entry_exponent(x)
+    E = frexp_exponent(_magnitude(x))
     nz = E != _NONE
     Emax = xp.max(xp.where(nz, E, _NONE), axis=1) if k else xp.full(m, _NONE, np.int64)
     q = xp.where(nz, (Emax[:, None] - E) // (t - 52), -1)
@@ -686,10 +702,9 @@ def _sum_slices(part, owner, rank, rows: int):
     return out
 
 
-def _slice_exponent(x, axis: int, xp):
+def _slice_exponent(x, axis: int):
     """frexp exponent of each slice's largest magnitude (every slice is nonempty)."""
-    mag = xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
-    return frexp_exponent(mag.max(axis=axis))
+    return frexp_exponent(_magnitude(x).max(axis=axis))
 
 
 def split_width(k: int, cplx: bool, A, Bm) -> int:
@@ -735,14 +750,13 @@ def exact_split_sums(A, Bm, s: int, be, backend_name) -> tuple[np.ndarray, np.nd
     integers, shifted to their common exponent, are summed as Python ints:
     nothing rounds. Host arrays (the sums are Python ints).
     """
-    xp = array_module(A, Bm)
     k = A.shape[1]
     t = gemm_width(s, k)
     xa, own_a, _ = row_slices(A, t)
     xbt, own_b, _ = row_slices(Bm.T, t)
     basis = Basis.int8(s)
     enc_a, enc_b, product, _ = gemm_program(basis, t, k, False, 1.0).steps
-    Ea, Eb = _slice_exponent(xa, 1, xp), _slice_exponent(xbt, 1, xp)
+    Ea, Eb = _slice_exponent(xa, 1), _slice_exponent(xbt, 1)
     vals = {0: _encoded(xa, (t - Ea)[:, None], enc_a, basis, be), 1: _encoded(xbt.T, (t - Eb)[None, :], enc_b, basis, be)}
     run_step(product, vals, basis, be, backend_name)
     N = to_int_ref(np.asarray(vals[product.out].planes), basis.moduli)
@@ -782,11 +796,9 @@ def _exact_auto(A, Bm, cplx: bool, alpha, s: int, be, backend_name) -> np.ndarra
 
 
 def _exact_parts(x: float) -> tuple[int, int]:
-    """``x == m * 2**k`` exactly (Python ints)."""
-    if x == 0:
-        return 0, 0
-    mant, ex = math.frexp(x)
-    return int(mant * (1 << 53)), ex - 53
+    """``x == m * 2**k`` exactly, as Python ints (:func:`rnstensor.arith.float_parts` of one value)."""
+    m, k = float_parts(np.float64(x))
+    return int(m), int(k)
 
 
 def _round_sum(a: tuple[int, int], b: tuple[int, int]) -> float:
@@ -993,37 +1005,23 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     term = xp.zeros((m, n), dtype)
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
-            auto = moduli == "auto"
-            sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
-            fa, fb = sa[0], sb[0]
+            mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits)
             finite_a, finite_b = bool(fa.all()), bool(fb.all())
-            A = opa if finite_a else xp.where(fa[:, None], opa, 0)
-            Bm = opb if finite_b else xp.where(fb[None, :], opb, 0)
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
-            try:
-                s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits,
-                                          lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
-                                          lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))
-                mode = "whole"
-            except SplitNeeded:
-                mode = "exact" if auto else "pairs"
-            if mode == "exact":  # exact slices, exact sums of their products, one rounding
-                if xp is not np:
-                    raise RNSRangeError(
-                        f"{fn}: moduli='auto' on rows / columns wider than 49 moduli hold sums its slice products "
-                        f"exactly in Python integers, on the host: pass NumPy arrays, or moduli=None (the "
-                        f"classical float64 bound, split on the device)"
-                    )
-                s = auto_split_width(k, cplx, A, Bm)
-            elif mode == "pairs":
+            if mode == "exact" and xp is not np:  # exact slices, exact sums of their products, one rounding
+                raise RNSRangeError(
+                    f"{fn}: moduli='auto' on rows / columns wider than 49 moduli hold sums its slice products "
+                    f"exactly in Python integers, on the host: pass NumPy arrays, or moduli=None (the "
+                    f"classical float64 bound, split on the device)"
+                )
+            if mode == "pairs":
                 # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
-                s = split_width(k, cplx, A, Bm)
                 t = gemm_width(s, k, "complex" if cplx else "real")
                 xa, own_a, rank_a = row_slices(A, t)
                 xbt, own_b, rank_b = row_slices(Bm.T, t)
                 A, Bm, slices = xa, xbt.T, (own_a, rank_a, own_b, rank_b)
-                ea = t - _slice_exponent(A, 1, xp)
-                eb = t - _slice_exponent(Bm, 0, xp)
+                ea = t - _slice_exponent(A, 1)
+                eb = t - _slice_exponent(Bm, 0)
             if mode != "exact":
                 prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
         if mode == "whole":
