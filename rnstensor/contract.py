@@ -19,7 +19,8 @@ from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
 from .primitives import decode as decode_tensor
 from .program import ir
-from .program.errors import EntrywiseErrors, decoded
+from .program.classical import ClassicalErrors, classical_terms, gamma
+from .program.errors import EntrywiseErrors, decoded, inflate
 from .program.execute import Value, execute, moved, permuted, tensor_of, value_of
 from .tensor import RNSTensor, Scale
 
@@ -437,7 +438,7 @@ class ContractExpression:
     """
 
     def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=MIN_BITS,
-                 nonfinite="propagate"):
+                 nonfinite="propagate", classical=False):
         self.terms, self.output = list(terms), output
         self.subscripts = ",".join(terms) + "->" + output
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
@@ -445,12 +446,14 @@ class ContractExpression:
         self.basis, self.method, self.decode, self.backend = basis, method, decode, backend
         self.bits, self.min_bits = bits, min_bits
         self.nonfinite = check_nonfinite(nonfinite)
+        self.classical = bool(classical)
         self.sizes = _label_sizes(terms, self.shapes)
         self.path, self._info = opt_einsum.contract_path(
             self.subscripts, *self.shapes, shapes=True, optimize=optimize
         )
         self._plans: dict = {}
         self._const_cache: dict = {}
+        self._rungs: dict = {}
 
     def with_shapes(self, *shapes) -> "ContractExpression":
         """The same expression for other operand shapes (one per non-constant), sharing the encoded constants.
@@ -464,7 +467,7 @@ class ContractExpression:
         other = ContractExpression(
             # the same path: the same plan, so each batch entry gets the same integers however it is split
             self.terms, self.output, full, self.constants, self.basis, self.method, [tuple(p) for p in self.path],
-            self.decode, self.bits, self.backend, self.min_bits, self.nonfinite,
+            self.decode, self.bits, self.backend, self.min_bits, self.nonfinite, self.classical,
         )
         const_labels = {c for i in self.constants for c in self.terms[i]}
         if all(other.sizes[c] == self.sizes[c] for c in const_labels):
@@ -584,6 +587,8 @@ class ContractExpression:
         CuPy results on the CUDA backend (constants may be either: they are
         encoded once per device).
         """
+        if self._certifies(arrays):
+            return self._classical(arrays, backend, bound=False)
         out = self._run(arrays, backend, track=False)
         if not isinstance(out, tuple):
             return out
@@ -592,9 +597,107 @@ class ContractExpression:
             if nonfinite:
                 raise ValueError("einsum: decode=None cannot carry inf or NaN operands (residues are finite)")
             return T
-        y = decode_tensor(T, self.decode, backend=be_name)
+        return self._finish(T, plan, be_name, nonfinite, arrays, self.decode)
+
+    def _finish(self, T, plan, be_name, nonfinite, arrays, mode: str):
+        y = decode_tensor(T, mode, backend=be_name)
         if plan.complex:
             y = y[0] + 1j * y[1]
+        if nonfinite:
+            y = self._numpy_where_nonfinite(y, arrays)
+        return y[()] if y.ndim == 0 and not is_device_array(y) else y
+
+    # ----- the classical default ------------------------------------------------------------------
+
+    #: The widest input encoding the escalation tries before the composed evaluation.
+    _WIDEST = 160
+
+    def _certifies(self, arrays) -> bool:
+        """Whether this call is held to the classical bound (the default: ``moduli=None``, real float operands)."""
+        if not (self.classical and self.decode == "fp64" and self.bits is None and self.method == "rescale_be"):
+            return False
+        it = iter(arrays)
+        for i in range(len(self.terms)):
+            x = self.constants[i] if i in self.constants else next(it, None)
+            if isinstance(x, RNSTensor) or np.iscomplexobj(x):
+                return False
+        return True
+
+    def _rung(self, cap: int, kinds: tuple, cplx: tuple) -> Optional["ContractExpression"]:
+        """This expression with operands encoded at ``cap`` bits, on the fewest INT8 moduli its plan fits (cached)."""
+        if cap == 53:
+            return self
+        key = (cap, kinds, cplx)
+        if key not in self._rungs:
+            self._rungs[key] = None
+            for s in range(max(len(self.basis), (2 * cap + 15) // 8), 50):
+                expr = ContractExpression(self.terms, self.output, self.shapes, self.constants, as_basis(moduli_count(s), "moduli"),
+                                          self.method, [tuple(p) for p in self.path], "fp64", cap, self.backend,
+                                          self.min_bits, self.nonfinite)
+                try:
+                    expr._plan(kinds, cplx, {})
+                except PlanError:
+                    continue
+                self._rungs[key] = expr
+                break
+        return self._rungs[key]
+
+    def _classical(self, arrays, backend, bound: bool):
+        """The default evaluation: the residue program at the narrowest width whose result is certified to meet the
+        classical float64 bound (:mod:`rnstensor.program.classical`), else the composed classical evaluation."""
+        cap = 53
+        while cap <= self._WIDEST:
+            _, kinds, cplx, _, _ = self._operands(arrays)
+            expr = self._rung(cap, kinds, cplx)
+            if expr is None:
+                break
+            out = expr._run(arrays, backend, track="classical")
+            if not isinstance(out, tuple):
+                return out
+            T, plan, obs, be_name, nonfinite = out
+            if obs.certified(classical_terms(plan, self.sizes)):
+                mode = "exact" if obs.exact else "fp64"
+                if bound:
+                    return expr._bound(arrays, backend, mode)
+                return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
+            if obs.excess is None:  # refused: wider encodings do not help
+                break
+            cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
+        return self._composed_classical(arrays, bound)
+
+    def _composed_classical(self, arrays, bound: bool):
+        """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.
+
+        Steps meeting ``γ_k |X||Y|`` compose to ``γ_(k1 + k2 + ...)`` of the
+        magnitudes: the fallback for operands the residue certification
+        refuses (slices spanning hundreds of binades) or that would need more
+        than 49 moduli.
+        """
+        ops, kinds, cplx, _, nonfinite = self._operands(arrays)
+        xp = array_module(*ops)
+        vals = [(self._const_array(i, False, xp) if kinds[i] == "const" else _leaf_array(t, self.sizes, x, False),
+                 _unique(t)) for i, (t, x) in enumerate(zip(self.terms, ops))]
+        if bound:
+            m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
+            terms = math.prod(self.sizes.values())  # every product of the whole contraction, for the underflows
+            with np.errstate(over="ignore", under="ignore"):
+                mag = opt_einsum.contract(self.subscripts, *[xp.abs(x) for x in ops],
+                                          optimize=[tuple(p) for p in self.path])
+                D = inflate(inflate(mag, m + len(self.terms)) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
+                            + terms * 2.0**-1073, 4)
+            if nonfinite:
+                ref = self._float64_reference(arrays)
+                D = xp.where(xp.isfinite(ref), D, np.inf)
+            return D
+        for inds, _, einsum_str, _, _ in self._info.contraction_list:
+            out = einsum_str.split("->")[1]
+            group = [vals.pop(i) for i in inds]
+            while len(group) > 1:
+                keep = out + "".join(lab for _, lab in group[2:])
+                group = [_classical_pair(*group[0], *group[1], keep)] + group[2:]
+            vals.append(_classical_single(*group[0], out))
+        (y, lab), = vals
+        y = _arranged(y, lab, self.output)
         if nonfinite:
             y = self._numpy_where_nonfinite(y, arrays)
         return y[()] if y.ndim == 0 and not is_device_array(y) else y
@@ -640,11 +743,16 @@ class ContractExpression:
         """
         if self.decode is None:
             raise ValueError("error_bound: this expression returns RNSTensors (decode=None); nothing is rounded")
+        if self._certifies(arrays):
+            return self._classical(arrays, backend, bound=True)
+        return self._bound(arrays, backend, self.decode)
+
+    def _bound(self, arrays, backend, mode: str):
         out = self._run(arrays, backend, track=True)
         if not isinstance(out, tuple):
             return array_module(out).zeros(np.shape(out))
         T, plan, (M, D), _, nonfinite = out
-        D = decoded(M, D, T, self.decode)
+        D = decoded(M, D, T, mode)
         if plan.complex:
             D = D[0] + D[1]
         if nonfinite:  # an inf or NaN result is reported with an infinite bound
@@ -693,15 +801,16 @@ class ContractExpression:
                 v = self._const_cache[dkey]
             return Value(v.planes, v.exp, v.factor, v.bound, labels)
 
-        observer = EntrywiseErrors(self.basis, leaf) if track else None
+        observer = (None if not track else ClassicalErrors(leaf) if track == "classical"
+                    else EntrywiseErrors(self.basis, leaf))
         vals = execute(plan, be, be_name, encoded=encoded, operand=lambda st: ops[st.source],
                        tables=getattr(be, "constants", None), observer=observer)
         Z = vals[plan.out]
         planes, exp = permuted(Z, plan.out_labels)
         W = Value(xp.ascontiguousarray(planes), exp.total().astype(np.int64, order="C", copy=False), Z.factor, Z.bound,
                   plan.out_labels)
-        MD = None
-        if track:
+        MD = observer
+        if track is True:
             perm = [Z.labels.index(c) for c in plan.out_labels]
             MD = tuple(xp.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in observer.err[plan.out])
         return tensor_of(W, self.basis), plan, MD, be_name, nonfinite
@@ -747,6 +856,48 @@ class ContractExpression:
         return f"ContractExpression({self.subscripts!r}, method={self.method!r}, s={len(self.basis)})"
 
 
+def _arranged(x, labels: str, order: str, sizes: Optional[dict] = None):
+    """``x`` (axes ``labels``) with its axes in ``order``; labels it lacks are broadcast to ``sizes``."""
+    xp = array_module(x)
+    present = [c for c in order if c in labels]
+    x = x.transpose([labels.index(c) for c in present]) if present != list(labels) else x
+    if len(present) == len(order):
+        return x
+    dims = iter(x.shape)
+    x = x.reshape([next(dims) if c in labels else 1 for c in order])
+    return xp.broadcast_to(x, [sizes[c] for c in order])
+
+
+def _classical_pair(x, xl: str, y, yl: str, keep: str):
+    """``x`` and ``y`` (real float64) summed over their labels absent from ``keep``, as batched classical GEMMs."""
+    from .gemm import matmul  # noqa: PLC0415 - the fallback of the classical default only
+
+    sizes = dict(zip(xl, x.shape)) | dict(zip(yl, y.shape))
+    batch = "".join(c for c in xl if c in yl and c in keep)
+    xk = "".join(c for c in xl if c not in yl and c in keep)
+    yk = "".join(c for c in yl if c not in xl and c in keep)
+    summed = "".join(c for c in dict.fromkeys(xl + yl) if c not in keep)
+    n = lambda labels: math.prod(sizes[c] for c in labels)  # noqa: E731
+    X = _arranged(x, xl, batch + xk + summed, sizes).reshape(n(batch), n(xk), n(summed))
+    Y = _arranged(y, yl, batch + summed + yk, sizes).reshape(n(batch), n(summed), n(yk))
+    Z = matmul(X, Y)
+    return Z.reshape([sizes[c] for c in batch + xk + yk]), batch + xk + yk
+
+
+def _classical_single(x, xl: str, out: str):
+    """``x`` summed over its labels absent from ``out`` (a classical GEMM with a column of ones), axes as ``out``."""
+    from .gemm import matmul  # noqa: PLC0415
+
+    summed = "".join(c for c in xl if c not in out)
+    kept = "".join(c for c in xl if c in out)
+    if summed:
+        sizes = dict(zip(xl, x.shape))
+        X = _arranged(x, xl, kept + summed).reshape(-1, math.prod(sizes[c] for c in summed))
+        ones = array_module(x).ones(X.shape[1])
+        x = matmul(X, ones).reshape([sizes[c] for c in kept])
+    return _arranged(x, kept, out), out
+
+
 def _leaf_array(term: str, sizes: dict, x, cplx: bool):
     """An operand as encoded: diagonals taken, broadcast to the full sizes, complex parts stacked first (where it lives)."""
     xp = array_module(x)
@@ -779,7 +930,7 @@ def contract_expression(
     subscripts: str,
     *shapes_or_arrays,
     constants: Sequence[int] = (),
-    moduli: Union[int, Basis, Sequence[int]] = 15,
+    moduli: Union[None, int, Basis, Sequence[int]] = None,
     method: str = "rescale_be",
     optimize: Any = "auto",
     decode: Optional[str] = "fp64",
@@ -804,8 +955,22 @@ def contract_expression(
         One shape per operand; arrays at the ``constants`` positions.
     constants : sequence of int
         Operand positions whose arrays are fixed.
-    moduli : int, Basis or sequence of int
+    moduli : None, int, Basis or sequence of int
         The residue basis (an int ``s``: the first ``s`` INT8 moduli).
+        ``None`` (default): every call on real float operands meets the
+        classical float64 bound of the same contractions along the same path,
+        ``|ŷ - y| <= γ_m (|A| |B| ...)`` entrywise with ``γ_m = m u / (1 - m u)``
+        and ``m`` the terms the path's steps sum (``k`` per contraction of
+        ``k`` terms, 1 per elementwise product): the 15-moduli plan runs with
+        a certification beside it (:mod:`rnstensor.program.classical`), then
+        wider encodings on more moduli where that fails, then each pairwise
+        step as a classical :func:`rnstensor.matmul` (operands whose slices
+        span hundreds of binades). Results that are exact integers decode
+        correctly rounded. Where the result or an intermediate of that last
+        path is subnormal, float64's absolute rounding there adds to the
+        bound, as it does for numpy. Complex and RNSTensor operands run the
+        15-moduli plan uncertified. An explicit basis is the fast opt-out:
+        that plan, as planned.
     method : {'rescale_be', 'composed'}
     optimize : str, bool or path
         Passed to :func:`opt_einsum.contract_path`.
@@ -848,7 +1013,8 @@ def contract_expression(
     array([[ 5.  , -1.5 ],
            [-1.5 ,  1.25]])
     """
-    basis = _check_options(method, decode, moduli, bits)
+    classical = moduli is None
+    basis = _check_options(method, decode, 15 if classical else moduli, bits)
     constants = tuple(sorted({int(c) for c in constants}))
     n = len(shapes_or_arrays)
     bad = [c for c in constants if not 0 <= c < n]
@@ -873,7 +1039,7 @@ def contract_expression(
                 ) from None
     terms, output, _ = _parse((subscripts, *shapes), shapes=True)
     return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend, min_bits,
-                              nonfinite)
+                              nonfinite, classical)
 
 
 def einsum(
@@ -906,7 +1072,8 @@ def einsum(
         (real, on the same basis) are contracted without re-encoding.
     moduli : int, Basis or sequence of int, optional
         The residue basis; an int ``s`` means the first ``s`` INT8 moduli.
-        Default: 15, or the basis of the RNSTensor operands.
+        Default: the classical float64 bound on real float operands (see
+        :func:`contract_expression`), or the basis of the RNSTensor operands.
     method : {'rescale_be', 'composed'}
     optimize : str, bool or path
         Passed to :func:`opt_einsum.contract_path` (default ``'auto'``).
@@ -934,13 +1101,14 @@ def einsum(
 
     Notes
     -----
-    Error: each operand is encoded with one exponent per slice along the
-    output indices (shared along every summed index), so encoding and every
-    drop perturb a value by at most ``2**-k`` of its slice's largest magnitude,
-    where ``k`` is the kept width shown by :meth:`ContractExpression.explain`
-    (53 bits in the default on 15 moduli). The result error is therefore at
-    most about ``(number of operands + drops) * 2**-k`` times the same
-    expression evaluated on those slice maxima, plus the final rounding.
+    Error: by default, the classical float64 bound (see
+    :func:`contract_expression`). On an explicit basis each operand is
+    encoded with one exponent per slice along the output indices (shared
+    along every summed index), so encoding and every drop perturb a value by
+    at most ``2**-k`` of its slice's largest magnitude, where ``k`` is the
+    kept width shown by :meth:`ContractExpression.explain`; the result error
+    is then at most about ``(number of operands + drops) * 2**-k`` times the
+    same expression evaluated on those slice maxima, plus the final rounding.
 
     Examples
     --------
@@ -961,6 +1129,7 @@ def einsum(
         arrays = list(body[0::2])
         shaped = [_shape_of(x) if k % 2 == 0 and k < len(body) else x for k, x in enumerate(operands)]
     tensors = [x for x in arrays if isinstance(x, RNSTensor)]
+    classical = moduli is None and not tensors
     if moduli is None:
         moduli = tensors[0].basis if tensors else 15
     if decode == "auto":
@@ -972,7 +1141,7 @@ def einsum(
     key_opt = _hashable(optimize)
     expr = _cached_expression(
         tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits,
-        check_nonfinite(nonfinite),
+        check_nonfinite(nonfinite), classical,
     )
     res = expr(*arrays)
     if out is None:
@@ -1031,13 +1200,13 @@ _EXPR_CACHE: dict = {}
 
 
 def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits,
-                       nonfinite) -> ContractExpression:
-    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits, nonfinite)
+                       nonfinite, classical=False) -> ContractExpression:
+    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits, nonfinite, classical)
     expr = _EXPR_CACHE.get(key)
     if expr is None:
         opt = [tuple(p) for p in optimize] if isinstance(optimize, tuple) else optimize
         expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend, min_bits,
-                                  nonfinite)
+                                  nonfinite, classical)
         if len(_EXPR_CACHE) > 256:
             _EXPR_CACHE.clear()
         _EXPR_CACHE[key] = expr

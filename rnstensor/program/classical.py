@@ -1,0 +1,251 @@
+"""The classical float64 bound of a residue program's result, certified per call beside its execution.
+
+A float64 evaluation of the same contractions in the same order obeys
+``|ŷ - y| <= γ_m (|A| |B| ...)`` entrywise, ``γ_m = m u / (1 - m u)``,
+where ``m`` counts the terms along the path (``k`` for a contraction of
+``k`` terms, ``n`` for a sum of ``n``: at least the roundings a term meets). :class:`ClassicalErrors`
+follows a real program's steps and proves, for the operands at hand, that the
+residue result meets that bound; the caller escalates (more moduli, wider
+encodings) or evaluates otherwise where it cannot.
+
+Per value it holds, in units of the value's own integer step:
+
+* ``c``, a float64 array with ``c (1 - g) <= |A||B|... <= c (1 + g)`` (the
+  exact magnitude product in those units; one scalar ``g`` per value);
+* scalars ``r`` and ``a`` with ``|x̂ - x| <= r |A||B|... + a`` on every
+  entry whose magnitude product is nonzero; every other entry is exactly
+  zero, computed and true (zeros encode exactly, and products, sums and
+  drops of zeros are zero).
+
+A product of ``x`` and ``y`` over ``k`` terms gives
+``r = r_x + r_y + r_x r_y`` (relative errors of magnitude products add) plus,
+for the absolute parts, ``max (a_y (1 + r_x) Σ|x| + a_x (1 + r_y) Σ|y| + k a_x a_y) / c``
+over the entries: one reduction per operand instead of a second contraction.
+A drop divides ``c`` and ``a`` by its modulus product and adds one unit to
+``a``; an encoding sets ``a = 1/2`` (0 where every entry is encoded
+exactly). ``c`` is a plain float64 contraction of nonnegative numbers: its
+rounding is a relative ``(k + 2) 2**-52`` at most, folded into ``g``. So that
+``c = 0`` means an exactly zero magnitude, every positive entry must stay
+above ``2**-1000`` (in units, where the numbers are the integers' size, this
+fails only for operands spanning about a thousand binades in one slice, which
+the certification then refuses).
+
+The final fp64 decode adds at most ``u (1 + 2**-40)`` of the decoded value
+(:func:`~rnstensor.program.errors.decode_factor`); a result with ``r = a = 0``
+is the exact integer, decoded ``'exact'`` (correctly rounded: ``u |y|``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..arrays import array_module
+from .errors import _exponents, _letters, _result_letters
+from .ir import Contract, Drop, Encode, Sum
+
+__all__ = ["ClassicalErrors", "classical_terms", "gamma", "TINY_UNIT"]
+
+#: The smallest positive magnitude (in units) the certification accepts: products of two such stay normal.
+TINY_UNIT = 2.0**-500
+_U = 2.0**-53
+_DECODE = _U * (1 + 2.0**-40)
+
+
+def gamma(m: int) -> float:
+    """``γ_m = m u / (1 - m u)`` rounded down (0 for ``m = 0``)."""
+    if m <= 0:
+        return 0.0
+    mu = m * _U
+    return mu / (1 - mu) * (1 - 2.0**-50)
+
+
+def _up(x: float, ops: int = 4) -> float:
+    """``x`` inflated past the rounding of ``ops`` float64 operations that made it."""
+    return x * (1 + ops * 2.0**-52) + 2.0**-1070
+
+
+class _Refused(Exception):
+    """The program or its operands fall outside what the certification handles."""
+
+
+class ClassicalErrors:
+    """An observer for :func:`~rnstensor.program.execute.execute`: certifies the classical bound of a real program.
+
+    ``leaf(step)`` gives an :class:`Encode` step's float operand as encoded
+    (the constant for constants). After the run, :meth:`certified` says
+    whether the result meets ``γ_m (|A||B|...)`` with the fp64 decode,
+    :attr:`exact` whether it is the exact integer (decode it ``'exact'``).
+    Steps it has no rule for (complex parts, RNSTensor operands,
+    re-encodings) make it refuse (:attr:`reason`).
+    """
+
+    def __init__(self, leaf: Callable):
+        self.leaf = leaf
+        self.state: dict = {}
+        self.reason: Optional[str] = None
+        #: After a failed :meth:`certified`: how many times ``γ_m`` the bound came out (None where refused).
+        self.excess: Optional[float] = None
+        self.out: Optional[int] = None
+
+    # ----- per step -------------------------------------------------------------------------------
+
+    def __call__(self, st, before: dict, v, vals: dict) -> None:
+        if self.reason is not None:
+            return
+        for k in [k for k in self.state if k not in vals]:  # slots the executor has freed
+            del self.state[k]
+        try:
+            self.state[st.out] = self._rule(st, before, v)
+            self.out = st.out
+        except _Refused as e:
+            self.reason = str(e)
+            self.state.clear()
+
+    def _rule(self, st, before: dict, v) -> tuple:
+        if isinstance(st, Encode):
+            return self._encode(st, v)
+        if isinstance(st, Drop):
+            c, g, r, a, lo = self.state[st.x]
+            q = int(v.factor) // int(before[st.x].factor)
+            qf = float(q)
+            c = c / qf
+            lo = lo / qf * (1 - 2.0**-50)
+            if lo < TINY_UNIT:
+                raise _Refused("a magnitude falls below the certified range after a drop")
+            return c, _up(g + 3 * _U, 2), r, _up(a / qf + 1.0), lo
+        if isinstance(st, Sum):
+            c, g, r, a, lo = self.state[st.x]
+            x = before[st.x]
+            axes = tuple(st.x_labels.index(ch) for ch in st.over)
+            n = math.prod(x.planes.shape[ax + 1] for ax in axes)
+            xp = array_module(c)
+            c = xp.sum(xp.broadcast_to(c, x.planes.shape[1:]), axis=axes)
+            h = (n + 2) * 2.0**-52
+            return c, _up((g + h) / (1 - h)), r, _up(n * a), lo
+        if isinstance(st, Contract):
+            return self._contract(st, before)
+        raise _Refused(f"no classical rule for step {type(st).__name__}")
+
+    def _encode(self, st: Encode, v) -> tuple:
+        if st.complex:
+            raise _Refused("complex operands")
+        x = self.leaf(st)
+        xp = array_module(x)
+        if int(v.factor) != 1:
+            raise _Refused("an encoding with a non-unit factor")
+        with np.errstate(under="ignore", over="ignore"):
+            c = xp.ldexp(xp.abs(x), -_exponents(v))  # exact while the result is normal (checked below)
+        # the smallest units of a nonzero entry (0 where one underflows)
+        if not c.size:
+            lo = math.inf
+        elif int(xp.count_nonzero(x)) == x.size:
+            lo = float(c.min())
+        else:
+            lo = float(xp.min(xp.where(x != 0, c, np.inf)))
+        if lo < TINY_UNIT:
+            raise _Refused("an operand spans too many binades within one exponent slice")
+        head = c.reshape(-1)[:64]
+        exact = bool(xp.all(head == xp.rint(head))) and bool(xp.all(c == xp.rint(c)))
+        return c, 0.0, 0.0, 0.0 if exact else 0.5, lo
+
+    def _contract(self, st: Contract, before: dict) -> tuple:
+        X, Y = before[st.x], before[st.y]
+        cx, gx, rx, ax, lox = self.state[st.x]
+        cy, gy, ry, ay, loy = self.state[st.y]
+        xp = array_module(cx)
+        cx = xp.broadcast_to(cx, X.planes.shape[1:])
+        cy = xp.broadcast_to(cy, Y.planes.shape[1:])
+        size = lambda V, labels: math.prod(V.planes.shape[1 + V.labels.index(ch)] for ch in labels)  # noqa: E731
+        kx, kc, ky = size(X, st.x_sum), size(X, st.contracted), size(Y, st.y_sum)
+        k = kx * kc * ky
+        if lox * loy < TINY_UNIT:
+            raise _Refused("a product of magnitudes falls below the certified range")
+        out_labels = _result_letters(st)
+        c = xp.einsum(_letters(st.x_labels, st.y_labels, out_labels), cx, cy, optimize=True)
+        h = (k + 2) * 2.0**-52
+        g = _up((gx + gy + gx * gy + h) / (1 - h))
+        r = _up(rx + ry + rx * ry)
+        lo = _min_positive(c)
+        if ax or ay:
+            # the absolute parts, per entry: a_y (1 + r_x) Σ|x| + a_x (1 + r_y) Σ|y| + k a_x a_y, over c
+            A = k * ax * ay
+            if ay:
+                sx = _summed(cx, X.labels, st.x_sum + st.contracted, out_labels) * (ky * (1 + gx))
+                A = A + _up(ay * (1 + rx)) * sx
+            if ax:
+                sy = _summed(cy, Y.labels, st.y_sum + st.contracted, out_labels) * (kx * (1 + gy))
+                A = A + _up(ax * (1 + ry)) * sy
+            A = xp.array(xp.broadcast_to(A, c.shape), dtype=np.float64)  # one full-size temporary, divided in place
+            if not c.size:
+                ratio = 0.0
+            elif float(c.min()) > 0:
+                ratio = float(xp.divide(A, c, out=A).max())
+            else:
+                ratio = float(xp.where(c > 0, A / xp.where(c > 0, c, 1.0), 0.0).max())
+            r = _up(r + _up(ratio, 8 + k.bit_length()) / (1 - g))
+        return c, g, r, 0.0, lo
+
+    # ----- the verdict ------------------------------------------------------------------------------
+
+    @property
+    def exact(self) -> bool:
+        """Whether the result is the exact integer (no rounding anywhere before the decode)."""
+        if self.reason is not None or self.out is None:
+            return False
+        _, _, r, a, _ = self.state[self.out]
+        return r == 0.0 and a == 0.0
+
+    def certified(self, m: int) -> bool:
+        """Whether the result meets ``γ_m (|A||B|...)`` on every entry (with the fp64 decode, or exactly decoded
+        where :attr:`exact`); ``m`` from :func:`classical_terms`."""
+        if self.reason is not None or self.out is None:
+            return False
+        if self.exact:
+            return True
+        c, g, r, a, lo = self.state[self.out]
+        rho = (1 + g) / (1 - g)
+        total = (r + _DECODE * (1 + r)) * rho + a * (1 + _DECODE) / (lo * (1 - g))
+        target = gamma(m)
+        if _up(total, 16) <= target:
+            return True
+        self.excess = _up(total, 16) / target if target > 0 else None
+        self.reason = f"the residue error bound is {self.excess} x gamma_{m} of the magnitudes"
+        return False
+
+
+def classical_terms(program, sizes: dict) -> int:
+    """``m`` of the classical bound along a program's path: the terms of every contraction (``k`` summed products,
+    1 for an elementwise product) and of every sum, added up."""
+    m = 0
+    for st in program.steps:
+        if isinstance(st, Contract):
+            m += math.prod(sizes.get(ch, 1) for ch in st.x_sum + st.contracted + st.y_sum)
+        elif isinstance(st, Sum):
+            m += math.prod(sizes.get(ch, 1) for ch in st.over)
+    return m
+
+
+def _min_positive(c) -> float:
+    """The smallest positive entry of ``c`` (``inf`` if none)."""
+    xp = array_module(c)
+    if c.size == 0:
+        return math.inf
+    least = float(c.min())
+    return least if least > 0 else float(xp.min(xp.where(c > 0, c, np.inf)))
+
+
+def _summed(c, labels: str, over: str, out_labels: str):
+    """``c`` summed over the labels ``over`` (rounded up), its other axes placed as in ``out_labels`` (size 1 where
+    absent), so that it broadcasts against the result."""
+    xp = array_module(c)
+    axes = tuple(labels.index(ch) for ch in over)
+    s = xp.sum(c, axis=axes) if axes else c
+    n = math.prod(c.shape[ax] for ax in axes) if axes else 1
+    s = s * (1 + (n + 2) * 2.0**-52)
+    kept = [ch for ch in labels if ch not in over]
+    s = s.transpose([kept.index(ch) for ch in out_labels if ch in kept])
+    sizes = iter(s.shape)
+    return s.reshape([next(sizes) if ch in kept else 1 for ch in out_labels])
