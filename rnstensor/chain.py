@@ -17,7 +17,8 @@ from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
 from .planner.drops import axis_labels as _axis_labels
-from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
+from .program.classical import ClassicalErrors, gamma
+from .program.errors import composed_bound, fraction_up, inflate, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
 from .program.execute import Value, encode_value, moved, run_step, value_of
@@ -74,6 +75,10 @@ class ChainPlan:
         self._op_values: dict = {}
         #: the plan as a residue program (:mod:`rnstensor.program`), as the planner wrote and planned it
         self.program = schedule.program
+        #: Held to the classical float64 bound (``plan_chain(moduli=None)``, the default): see :meth:`run`.
+        self.classical = False
+        #: How the last classical call ran: ``'residues'`` (certified) or ``'composed classical GEMMs'``.
+        self.last_evaluation: Optional[str] = None
 
     @property
     def encoded_operators(self) -> tuple[RNSTensor, ...]:
@@ -182,9 +187,62 @@ class ChainPlan:
         lead = tuple(x.shape[:batch])
         xb = x.reshape((math.prod(lead),) + tuple(x.shape[batch:]))
         name = be.name if on_device else backend
-        vals = self._execute({}, be, xp, name, xb)
+        obs = self._observer(xb) if self._certifies(decode) else None
+        vals = self._execute({}, be, xp, name, xb, observer=obs)
+        if obs is not None:
+            if not obs.certified(self.classical_terms):
+                self.last_evaluation = "composed classical GEMMs"
+                return self.classical_chain(x)
+            self.last_evaluation = "residues"
+            decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
         y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
         return y.reshape(lead + tuple(y.shape[1:]))
+
+    # ----- the classical default ----------------------------------------------------------
+
+    @property
+    def classical_terms(self) -> int:
+        """``m`` of the classical bound ``γ_m |A_n| ... |A_1| |X|``: the columns of every operator, added up."""
+        return sum(int(A.shape[1]) for A in self.operators)
+
+    def _certifies(self, decode: str) -> bool:
+        """Whether a call is held to the classical bound: the default plan, fp64 decode, the program's own
+        operators (no folded columns)."""
+        if not (self.classical and decode == "fp64" and self.method == "rescale_be"):
+            return False
+        if not hasattr(self, "_plain"):
+            self._plain = not any(isinstance(st, ir.Fold) for st in self.program.steps) and all(
+                np.array_equal(op.effective, A) for op, A in zip(self._schedule.operators, self.operators))
+        return self._plain
+
+    def _observer(self, xb) -> ClassicalErrors:
+        xp = array_module(xb)
+        key = ("float", xp.__name__)
+        if key not in self._op_values:  # the operators where the input lives, copied to a device once
+            self._op_values[key] = [to_module(np.asarray(A, dtype=np.float64), xp) for A in self.operators]
+        ops = self._op_values[key]
+        return ClassicalErrors(lambda st: ops[st.source] if st.constant else xb)
+
+    def classical_chain(self, X):
+        """The chain as classical GEMMs (:func:`rnstensor.matmul`), one per product, decoded in between.
+
+        Each product meets ``γ_n |A| |Y|`` (``n`` its operator's columns), so
+        the chain meets ``γ_m |A_n| ... |A_1| |X|`` with ``m`` the columns
+        added up (:attr:`classical_terms`): the default's path where the
+        certification of the residue run fails (operators or tensors whose
+        entries span many binades).
+        """
+        from .gemm import matmul  # noqa: PLC0415 - the classical fallback only
+
+        xp = array_module(X)
+        y = X
+        batch = y.ndim - self.ndim
+        for A, ax in zip(self.operators, self.axes):
+            moved_y = xp.moveaxis(y, batch + ax, 0)
+            rest = moved_y.shape[1:]
+            prod = matmul(to_module(np.asarray(A, dtype=np.float64), xp), moved_y.reshape(moved_y.shape[0], -1))
+            y = xp.moveaxis(prod.reshape((A.shape[0],) + rest), 0, batch + ax)
+        return y
 
     def program_constants(self, xp=np) -> list:
         """The constants of :attr:`program` (the encoded operators) as values on ``xp``, in ``Encode.source`` order."""
@@ -197,7 +255,7 @@ class ChainPlan:
             self._op_values[key] = moved(value_of(self._encoded[k], _ROW + "?", self._encoded[k].bound), xp)
         return self._op_values[key]
 
-    def _execute(self, vals: dict, be, xp, backend_name, x=None, start: int = 0) -> dict:
+    def _execute(self, vals: dict, be, xp, backend_name, x=None, start: int = 0, observer=None) -> dict:
         """Run the program's steps from ``start`` (the input encode: ``x``, ``(B, *tensor)``) on ``vals``."""
 
         def encoded(st):
@@ -206,7 +264,11 @@ class ChainPlan:
             return encode_value(x, st, self.basis, backend_name)
 
         for st in self.program.steps[start:]:
-            run_step(st, vals, self.basis, be, backend_name, encoded=encoded)
+            before = {k: vals[k] for k in (getattr(st, "x", None), getattr(st, "y", None)) if k in vals} \
+                if observer is not None else None
+            v = run_step(st, vals, self.basis, be, backend_name, encoded=encoded)
+            if observer is not None:
+                observer(st, before, v, vals)
         return vals
 
     def _run_fused(self, X, decode: str, be, on_device: bool, required: bool):
@@ -321,6 +383,15 @@ class ChainPlan:
         x = self._check_input(self._finite_part(X, "propagate")[0])
         xp = array_module(x)
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
+        if self._certifies(decode) and x.size:
+            # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
+            be, _ = dispatch(x, names=("X",), fn="ChainPlan.error_bound")
+            xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
+            obs = self._observer(xb)
+            self._execute({}, be, xp, be.name if xp is not np else None, xb, observer=obs)
+            if not obs.certified(self.classical_terms):
+                return self._classical_bound(x, xnorm)
+            decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
         if self.method == "composed":
             rhos = [op.rho for op in self._schedule.operators]
             return self._reported(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode), xnorm)
@@ -350,6 +421,20 @@ class ChainPlan:
             enc = Fraction(float(xp.where(sel, enc_err, 0.0).max())) * unit
             worst = max(worst, coef.evaluate(enc, Fraction(float(xp.where(sel, amax, 0.0).max())), unit))
         return self._reported(worst, xnorm)
+
+    def _classical_bound(self, x, xnorm: Fraction) -> float:
+        """``γ_m max |A_n| ... |A_1| |X|`` rounded up (the classical GEMMs' bound), plus their subnormal roundings."""
+        xp = array_module(x)
+        m = self.classical_terms
+        with np.errstate(over="ignore", under="ignore"):
+            y = xp.abs(x)
+            batch = y.ndim - self.ndim
+            for A, ax in zip(self.operators, self.axes):
+                y = xp.moveaxis(xp.tensordot(to_module(np.abs(A), xp), y, axes=([1], [batch + ax])), 0, batch + ax)
+            mag = float(y.max())
+        bound = inflate(mag, m + len(self.operators) + 2) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
+        bound += 2.0**-1073 * math.prod(max(1, int(A.shape[1])) for A in self.operators) * len(self.operators)
+        return self._reported(Fraction(inflate(bound, 4)), xnorm)
 
     def _reported(self, bound: Fraction, xnorm: Fraction) -> float:
         """``bound`` rounded up, or ``inf`` where a result may overflow (``|y| <= |X| prod ||A_i|| + bound``)."""
@@ -453,7 +538,7 @@ def plan_chain(
     operators: Sequence[np.ndarray],
     axes: Sequence[int],
     *,
-    moduli: Union[int, Basis, Sequence[int]] = 15,
+    moduli: Union[None, int, Basis, Sequence[int]] = None,
     method: str = "rescale_be",
     planner: str = "optimal",
     bits: Optional[int] = None,
@@ -469,8 +554,16 @@ def plan_chain(
         ``A_i`` (``n_out × n_in``, rectangular allowed), applied in order.
     axes : sequence of int
         The tensor axis each operator contracts; repeats revisit a mode.
-    moduli : int, Basis or tuple
-        The working basis (``15`` = ``Basis.int8(15)``).
+    moduli : None, int, Basis or tuple
+        The working basis (``15`` = ``Basis.int8(15)``). ``None`` (default):
+        15 moduli, and every ``fp64`` call of the plan meets the classical
+        float64 bound ``|Ŷ - Y| <= γ_m |A_n| ... |A_1| |X|`` entrywise
+        (``m``: the operators' columns added up): the residue run is certified
+        beside its execution (:mod:`rnstensor.program.classical`) and, where
+        that fails, the chain runs as classical GEMMs
+        (:meth:`ChainPlan.classical_chain`). An explicit basis runs the plan
+        as planned, the fast opt-out. The fused CUDA kernel runs the plan as
+        planned too (pass ``fused=False`` for the certified run).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
         [2610.05059] Alg. 7, 10, 8, 6.
     planner : {'optimal', 'greedy'}
@@ -519,9 +612,11 @@ def plan_chain(
     """
     ops, axes, nd = _normalize_chain(operators, axes, ndim)
     _axis_lengths(ops, axes, nd)
-    basis = as_basis(moduli, "moduli")
+    basis = as_basis(15 if moduli is None else moduli, "moduli")
     sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits, nd, min_bits)
-    return ChainPlan(sched, ops, axes, nd, planner)
+    plan = ChainPlan(sched, ops, axes, nd, planner)
+    plan.classical = moduli is None and bits is None and input_bits is None
+    return plan
 
 
 def mode_chain(
@@ -529,7 +624,7 @@ def mode_chain(
     operators: Sequence[np.ndarray],
     axes: Sequence[int],
     *,
-    moduli: Union[int, Basis, Sequence[int]] = 15,
+    moduli: Union[None, int, Basis, Sequence[int]] = None,
     method: str = "rescale_be",
     decode: str = "fp64",
     planner: str = "optimal",

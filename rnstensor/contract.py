@@ -454,6 +454,9 @@ class ContractExpression:
         self._plans: dict = {}
         self._const_cache: dict = {}
         self._rungs: dict = {}
+        #: How the last default (classical) call was evaluated: ``'15 moduli, 53 bits'`` (certified residues) or
+        #: ``'composed classical GEMMs'``; None before one.
+        self.last_evaluation: Optional[str] = None
 
     def with_shapes(self, *shapes) -> "ContractExpression":
         """The same expression for other operand shapes (one per non-constant), sharing the encoded constants.
@@ -655,14 +658,17 @@ class ContractExpression:
             if not isinstance(out, tuple):
                 return out
             T, plan, obs, be_name, nonfinite = out
-            if obs.certified(classical_terms(plan, self.sizes)):
-                mode = "exact" if obs.exact else "fp64"
+            m = classical_terms(plan, self.sizes)
+            if obs.certified(m):
+                mode = "exact" if obs.exact and m <= 1 else "fp64"
+                self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
                     return expr._bound(arrays, backend, mode)
                 return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
             if obs.excess is None:  # refused: wider encodings do not help
                 break
             cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
+        self.last_evaluation = "composed classical GEMMs"
         return self._composed_classical(arrays, bound)
 
     def _composed_classical(self, arrays, bound: bool):
@@ -965,8 +971,8 @@ def contract_expression(
         a certification beside it (:mod:`rnstensor.program.classical`), then
         wider encodings on more moduli where that fails, then each pairwise
         step as a classical :func:`rnstensor.matmul` (operands whose slices
-        span hundreds of binades). Results that are exact integers decode
-        correctly rounded. Where the result or an intermediate of that last
+        span hundreds of binades). An elementwise product (``m = 1``, one
+        rounding) decodes correctly rounded. Where the result or an intermediate of that last
         path is subnormal, float64's absolute rounding there adds to the
         bound, as it does for numpy. Complex and RNSTensor operands run the
         15-moduli plan uncertified. An explicit basis is the fast opt-out:
