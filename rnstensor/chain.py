@@ -187,14 +187,14 @@ class ChainPlan:
         lead = tuple(x.shape[:batch])
         xb = x.reshape((math.prod(lead),) + tuple(x.shape[batch:]))
         name = be.name if on_device else backend
-        obs = self._observer(xb) if self._certifies(decode) else None
-        vals = self._execute({}, be, xp, name, xb, observer=obs)
-        if obs is not None:
+        if self._certifies(decode):
+            obs = self._certificate(xb)
             if not obs.certified(self.classical_terms):
                 self.last_evaluation = "composed classical GEMMs"
                 return self.classical_chain(x)
             self.last_evaluation = "residues"
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
+        vals = self._execute({}, be, xp, name, xb)
         y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
         return y.reshape(lead + tuple(y.shape[1:]))
 
@@ -215,13 +215,20 @@ class ChainPlan:
                 np.array_equal(op.effective, A) for op, A in zip(self._schedule.operators, self.operators))
         return self._plain
 
-    def _observer(self, xb) -> ClassicalErrors:
+    def _certificate(self, xb) -> ClassicalErrors:
+        """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs."""
         xp = array_module(xb)
         key = ("float", xp.__name__)
         if key not in self._op_values:  # the operators where the input lives, copied to a device once
             self._op_values[key] = [to_module(np.asarray(A, dtype=np.float64), xp) for A in self.operators]
         ops = self._op_values[key]
-        return ClassicalErrors(lambda st: ops[st.source] if st.constant else xb)
+
+        def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
+            if st.constant:
+                return self._operator_value(st.source, xp).exp.total()
+            return -group_exponents(xb, st.bits, st.shared)
+
+        return ClassicalErrors(lambda st: ops[st.source] if st.constant else xb, exponents).run(self.program)
 
     def classical_chain(self, X):
         """The chain as classical GEMMs (:func:`rnstensor.matmul`), one per product, decoded in between.
@@ -255,7 +262,7 @@ class ChainPlan:
             self._op_values[key] = moved(value_of(self._encoded[k], _ROW + "?", self._encoded[k].bound), xp)
         return self._op_values[key]
 
-    def _execute(self, vals: dict, be, xp, backend_name, x=None, start: int = 0, observer=None) -> dict:
+    def _execute(self, vals: dict, be, xp, backend_name, x=None, start: int = 0) -> dict:
         """Run the program's steps from ``start`` (the input encode: ``x``, ``(B, *tensor)``) on ``vals``."""
 
         def encoded(st):
@@ -264,11 +271,7 @@ class ChainPlan:
             return encode_value(x, st, self.basis, backend_name)
 
         for st in self.program.steps[start:]:
-            before = {k: vals[k] for k in (getattr(st, "x", None), getattr(st, "y", None)) if k in vals} \
-                if observer is not None else None
-            v = run_step(st, vals, self.basis, be, backend_name, encoded=encoded)
-            if observer is not None:
-                observer(st, before, v, vals)
+            run_step(st, vals, self.basis, be, backend_name, encoded=encoded)
         return vals
 
     def _run_fused(self, X, decode: str, be, on_device: bool, required: bool):
@@ -385,10 +388,7 @@ class ChainPlan:
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
         if self._certifies(decode) and x.size:
             # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
-            be, _ = dispatch(x, names=("X",), fn="ChainPlan.error_bound")
-            xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
-            obs = self._observer(xb)
-            self._execute({}, be, xp, be.name if xp is not np else None, xb, observer=obs)
+            obs = self._certificate(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
             if not obs.certified(self.classical_terms):
                 return self._classical_bound(x, xnorm)
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode

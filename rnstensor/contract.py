@@ -13,7 +13,7 @@ from opt_einsum import parser as oe_parser
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, log2_int, moduli_count
-from .encode import as_basis, check_nonfinite, encode, encode_integers, exact_bits_needed, finite_part
+from .encode import as_basis, check_nonfinite, encode, encode_integers, exact_bits_needed, finite_part, group_exponents
 from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
@@ -647,23 +647,38 @@ class ContractExpression:
 
     def _classical(self, arrays, backend, bound: bool):
         """The default evaluation: the residue program at the narrowest width whose result is certified to meet the
-        classical float64 bound (:mod:`rnstensor.program.classical`), else the composed classical evaluation."""
+        classical float64 bound (:mod:`rnstensor.program.classical`, before it runs), else the composed classical
+        evaluation."""
+        if any(n == 0 for n in self.sizes.values()):  # nothing to certify: the zeros of an empty contraction
+            return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
+        ops, kinds, cplx, _, _ = self._operands(arrays)
+        _, xp, _ = self._backend(ops, kinds, backend)  # where the non-constant operands live
+        leaves: dict = {}
+
+        def leaf(st):
+            if st.source not in leaves:
+                i = st.source
+                leaves[i] = (self._const_array(i, False, xp) if kinds[i] == "const"
+                             else _leaf_array(self.terms[i], self.sizes, ops[i], False))
+            return leaves[st.source]
+
+        def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
+            return -group_exponents(leaf(st), st.bits, st.shared)
+
         cap = 53
         while cap <= self._WIDEST:
-            _, kinds, cplx, _, _ = self._operands(arrays)
             expr = self._rung(cap, kinds, cplx)
             if expr is None:
                 break
-            out = expr._run(arrays, backend, track="classical")
-            if not isinstance(out, tuple):
-                return out
-            T, plan, obs, be_name, nonfinite = out
+            plan = expr._plan(kinds, cplx, {})
             m = classical_terms(plan, self.sizes)
+            obs = ClassicalErrors(leaf, exponents).run(plan)
             if obs.certified(m):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
                     return expr._bound(arrays, backend, mode)
+                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, track=False)
                 return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
             if obs.excess is None:  # refused: wider encodings do not help
                 break
@@ -680,14 +695,15 @@ class ContractExpression:
         than 49 moduli.
         """
         ops, kinds, cplx, _, nonfinite = self._operands(arrays)
-        xp = array_module(*ops)
+        _, xp, _ = self._backend(ops, kinds, None)
         vals = [(self._const_array(i, False, xp) if kinds[i] == "const" else _leaf_array(t, self.sizes, x, False),
                  _unique(t)) for i, (t, x) in enumerate(zip(self.terms, ops))]
         if bound:
             m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
             terms = math.prod(self.sizes.values())  # every product of the whole contraction, for the underflows
             with np.errstate(over="ignore", under="ignore"):
-                mag = opt_einsum.contract(self.subscripts, *[xp.abs(x) for x in ops],
+                mag = opt_einsum.contract(",".join(lab for _, lab in vals) + "->" + self.output,
+                                          *[xp.abs(v) for v, _ in vals],
                                           optimize=[tuple(p) for p in self.path])
                 D = inflate(inflate(mag, m + len(self.terms)) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
                             + terms * 2.0**-1073, 4)
@@ -807,16 +823,15 @@ class ContractExpression:
                 v = self._const_cache[dkey]
             return Value(v.planes, v.exp, v.factor, v.bound, labels)
 
-        observer = (None if not track else ClassicalErrors(leaf) if track == "classical"
-                    else EntrywiseErrors(self.basis, leaf))
+        observer = EntrywiseErrors(self.basis, leaf) if track else None
         vals = execute(plan, be, be_name, encoded=encoded, operand=lambda st: ops[st.source],
                        tables=getattr(be, "constants", None), observer=observer)
         Z = vals[plan.out]
         planes, exp = permuted(Z, plan.out_labels)
         W = Value(xp.ascontiguousarray(planes), exp.total().astype(np.int64, order="C", copy=False), Z.factor, Z.bound,
                   plan.out_labels)
-        MD = observer
-        if track is True:
+        MD = None
+        if track:
             perm = [Z.labels.index(c) for c in plan.out_labels]
             MD = tuple(xp.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in observer.err[plan.out])
         return tensor_of(W, self.basis), plan, MD, be_name, nonfinite

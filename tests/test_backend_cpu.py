@@ -521,3 +521,32 @@ def test_matmul_matches_the_reference(moduli, sa, sb, edge):
     rng = np.random.default_rng(len(moduli) + sa[-1])
     a, b = _random_planes(rng, moduli, sa, edge), _random_planes(rng, moduli, sb, edge)
     assert np.array_equal(CpuBackend().matmul(a, b, moduli), NumpyBackend().matmul(a, b, moduli))
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 20), (5, 3, 2), (7, 2, 1), (0, 3, 4)])
+def test_mode_magnitudes(shape):
+    # the classical certification's fused pass: the magnitudes within (K + 1) 2**-53 of exact, the smallest
+    # positive one, and the largest (alpha colsum + beta rowsum + kappa) / magnitude over the positive entries
+    from fractions import Fraction
+
+    from rnstensor.backends.cpu import mode_magnitudes
+
+    rng = np.random.default_rng(sum(shape))
+    B, K, R = shape
+    X = np.abs(rng.standard_normal(shape)) * (rng.random(shape) < 0.7)
+    A = np.abs(rng.standard_normal((4, K))) * (rng.random((4, K)) < 0.7)
+    out, least, worst = mode_magnitudes(X, A, 0.5, 0.25, 0.125)
+    assert out.shape == (B, 4, R)
+    if B == 0:
+        assert least == np.inf and worst == 0.0
+        return
+    exact = np.empty(out.shape, dtype=object)
+    for b, j, r in np.ndindex(*out.shape):
+        exact[b, j, r] = sum(Fraction(float(A[j, k])) * Fraction(float(X[b, k, r])) for k in range(K))
+        assert abs(Fraction(float(out[b, j, r])) - exact[b, j, r]) <= (K + 1) * Fraction(1, 2**53) * exact[b, j, r]
+    pos = out > 0
+    assert (pos == (exact > 0)).all()  # a zero magnitude is exactly zero, a positive one positive
+    assert least == (out[pos].min() if pos.any() else np.inf)
+    num = 0.5 * X.sum(axis=1)[:, None, :] + 0.25 * A.sum(axis=1)[None, :, None] + 0.125
+    want = (num[pos] / out[pos]).max() if pos.any() else 0.0
+    assert worst == pytest.approx(want, rel=1e-14)

@@ -211,3 +211,16 @@ def test_chain_plan_default_and_opt_out():
     want = Fraction(X[0, 0, 0, 0]) * math.prod(Fraction(float(D[0, 0])) for D in diag)
     assert abs(Fraction(y[0, 0, 0, 0]) - want) <= Fraction(gamma(18)) * want
     assert fast(X)[0, 0, 0, 0] == 0  # the planned basis rounds it away (one exponent per tensor)
+
+
+@pytest.mark.parametrize("shared", [(), (1,), (0, 2), None])
+def test_certificate_reads_the_encodes_exponents(shared):
+    # the certification runs before the residues: its exponents must be the ones encode() gives
+    from rnstensor.encode import group_exponents
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 4, 5)) * 2.0 ** rng.integers(-30, 30, (3, 4, 5))
+    x[1] = 0.0
+    axes = tuple(range(3)) if shared is None else shared
+    T = rt.encode(x, 15, 53, shared_axes=shared)
+    assert np.array_equal(np.broadcast_to(T.exponent(), x.shape), np.broadcast_to(-group_exponents(x, 53, axes), x.shape))

@@ -45,7 +45,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..arrays import array_module
-from .errors import _exponents, _letters, _result_letters
+from ..backends.cpu import mode_magnitudes
+from .errors import _letters, _result_letters
 from .ir import Contract, Drop, Encode, Sum
 
 __all__ = ["ClassicalErrors", "classical_terms", "gamma", "TINY_UNIT"]
@@ -75,75 +76,73 @@ class _Refused(Exception):
 
 
 class ClassicalErrors:
-    """An observer for :func:`~rnstensor.program.execute.execute`: certifies the classical bound of a real program.
+    """Certifies, before a real program runs, that its result will meet ``γ_m (|A||B|...)`` on these operands.
 
-    ``leaf(step)`` gives an :class:`Encode` step's float operand as encoded
-    (the constant for constants). After the run, :meth:`certified` says
-    whether the result meets ``γ_m (|A||B|...)`` with the fp64 decode,
-    :attr:`exact` whether it is the exact integer (decode it ``'exact'``).
+    An interpreter of the program in its own right: it needs no residues,
+    only each :class:`Encode` step's float operand as the builder prepared it
+    (``leaf(step)``, the constant for constants) and the exponents the encode
+    gives it (``exponents(step)``, broadcastable to the operand). After
+    :meth:`run`, :meth:`certified` says whether the result meets the bound
+    with the fp64 decode, :attr:`exact` whether it is the exact integer.
     Steps it has no rule for (complex parts, RNSTensor operands,
-    re-encodings) make it refuse (:attr:`reason`).
+    re-encodings, folds) make it refuse (:attr:`reason`).
     """
 
-    def __init__(self, leaf: Callable):
-        self.leaf = leaf
+    def __init__(self, leaf: Callable, exponents: Callable):
+        self.leaf, self.exponents = leaf, exponents
         self.state: dict = {}
         self.reason: Optional[str] = None
         #: After a failed :meth:`certified`: how many times ``γ_m`` the bound came out (None where refused).
         self.excess: Optional[float] = None
         self.out: Optional[int] = None
 
-    # ----- per step -------------------------------------------------------------------------------
-
-    def __call__(self, st, before: dict, v, vals: dict) -> None:
-        if self.reason is not None:
-            return
-        for k in [k for k in self.state if k not in vals]:  # slots the executor has freed
-            del self.state[k]
+    def run(self, program) -> "ClassicalErrors":
+        """Follow every step of ``program``; returns ``self``."""
         try:
-            self.state[st.out] = self._rule(st, before, v)
-            self.out = st.out
+            for st in program.steps:
+                self.state[st.out] = self._rule(st)
+            self.out = program.out
         except _Refused as e:
             self.reason = str(e)
             self.state.clear()
+        return self
 
-    def _rule(self, st, before: dict, v) -> tuple:
+    # ----- per step -------------------------------------------------------------------------------
+
+    def _rule(self, st) -> tuple:
         if isinstance(st, Encode):
-            return self._encode(st, v)
+            return self._encode(st)
         if isinstance(st, Drop):
             # the quotient's units: the array stays, its scale shrinks (a scalar, no pass over the data)
             c, sc, g, r, a, lo = self.state[st.x]
-            qf = float(int(v.factor) // int(before[st.x].factor))
+            qf = float(math.prod(st.moduli))
             lo = lo / qf * (1 - 2.0**-50)
             if lo < TINY_UNIT:
                 raise _Refused("a magnitude falls below the certified range after a drop")
-            return _normalized(c, sc / qf, v.bound) + (_up(g + 3 * _U, 2), r, _up(a / qf + 1.0), lo)
+            return _normalized(c, sc / qf, st.bound) + (_up(g + 3 * _U, 2), r, _up(a / qf + 1.0), lo)
         if isinstance(st, Sum):
             c, sc, g, r, a, lo = self.state[st.x]
-            x = before[st.x]
             axes = tuple(st.x_labels.index(ch) for ch in st.over)
-            n = math.prod(x.planes.shape[ax + 1] for ax in axes)
-            xp = array_module(c)
-            c = xp.sum(xp.broadcast_to(c, x.planes.shape[1:]), axis=axes)
+            n = math.prod(c.shape[ax] for ax in axes)
+            c = array_module(c).sum(c, axis=axes)
             h = (n + 2) * 2.0**-52
             return c, sc, _up((g + h) / (1 - h)), r, _up(n * a), _min_positive(c) * sc * (1 - 2.0**-50)
         if isinstance(st, Contract):
-            return self._contract(st, before)
+            return self._contract(st)
         raise _Refused(f"no classical rule for step {type(st).__name__}")
 
-    def _encode(self, st: Encode, v) -> tuple:
+    def _encode(self, st: Encode) -> tuple:
         if st.complex:
             raise _Refused("complex operands")
         x = self.leaf(st)
         xp = array_module(x)
-        if int(v.factor) != 1:
-            raise _Refused("an encoding with a non-unit factor")
-        e = v.exp.total()
+        e = self.exponents(st)
         with np.errstate(under="ignore", over="ignore"):
             if e.size and -1000 < int(e.min()) and int(e.max()) < 1000:
                 c = xp.abs(x) * xp.ldexp(1.0, -e)  # a power of two per slice: exact while normal
-            else:
-                c = xp.ldexp(xp.abs(x), -_exponents(v))  # exact while the result is normal (checked below)
+            else:  # exact while the result is normal (checked below)
+                c = xp.ldexp(xp.abs(x), -xp.clip(e, -(1 << 20), 1 << 20).astype(np.int32))
+        c = xp.broadcast_to(c, x.shape)
         # the smallest units of a nonzero entry (0 where one underflows)
         lo = float(c.min()) if c.size else math.inf
         if lo == 0:
@@ -154,24 +153,39 @@ class ClassicalErrors:
         exact = bool(xp.all(head == xp.rint(head))) and bool(xp.all(c == xp.rint(c)))
         return c, 1.0, 0.0, 0.0, 0.0 if exact else 0.5, lo
 
-    def _contract(self, st: Contract, before: dict) -> tuple:
-        X, Y = before[st.x], before[st.y]
+    def _contract(self, st: Contract) -> tuple:
         cx, scx, gx, rx, ax, lox = self.state[st.x]
         cy, scy, gy, ry, ay, loy = self.state[st.y]
         xp = array_module(cx)
-        cx = xp.broadcast_to(cx, X.planes.shape[1:])
-        cy = xp.broadcast_to(cy, Y.planes.shape[1:])
         size = lambda c, labels, of: math.prod(c.shape[labels.index(ch)] for ch in of)  # noqa: E731
         kx, kc, ky = size(cx, st.x_labels, st.x_sum), size(cx, st.x_labels, st.contracted), size(cy, st.y_labels, st.y_sum)
         k = kx * kc * ky
         if lox * loy < TINY_UNIT:
             raise _Refused("a product of magnitudes falls below the certified range")
         out_labels = _result_letters(st)
-        c = xp.einsum(_letters(st.x_labels, st.y_labels, out_labels), cx, cy, optimize=True)
         sc = scx * scy  # the product's scale (its rounding is one more 2**-53 in g)
         h = (k + 3) * 2.0**-52
         g = _up((gx + gy + gx * gy + h) / (1 - h))
         r = _up(rx + ry + rx * ry)
+        if xp is np and st.kind in ("mode", "mode_rev") and not (st.x_sum or st.y_sum) and cx.size and cy.size:
+            # one fused pass on the CPU: the magnitudes, their minimum and the absolute parts' ratio together
+            T, O, tl, ol = (cx, cy, st.x_labels, st.y_labels) if st.kind == "mode" else (cy, cx, st.y_labels, st.x_labels)
+            t_sc, t_g, o_sc, o_g = (scx, gx, scy, gy) if st.kind == "mode" else (scy, gy, scx, gx)
+            a_t, r_t, a_o, r_o = (ax, rx, ay, ry) if st.kind == "mode" else (ay, ry, ax, rx)
+            ax_t = tl.index(st.contracted)
+            O2 = O if ol.index(st.contracted) == 1 else O.T
+            K = T.shape[ax_t]
+            sums = 1 + (K + 2) * 2.0**-52  # the kernel's column and row sums, rounded up
+            alpha = _up(a_o * (1 + r_t)) * (1 + t_g) * t_sc * sums if a_o else 0.0
+            beta = _up(a_t * (1 + r_o)) * (1 + o_g) * o_sc * sums if a_t else 0.0
+            lead, tail = math.prod(T.shape[:ax_t]), math.prod(T.shape[ax_t + 1:])
+            c, lo_c, ratio = mode_magnitudes(T.reshape(lead, K, tail), O2, alpha, beta, k * ax * ay)
+            c = c.reshape(T.shape[:ax_t] + (O2.shape[0],) + T.shape[ax_t + 1:])
+            lo = lo_c * sc * (1 - 2.0**-50)
+            if ax or ay:
+                r = _up(r + _up(ratio / sc, 12 + k.bit_length()) / (1 - g))
+            return _normalized(c, sc, st.bound) + (g, r, 0.0, lo)
+        c = xp.einsum(_letters(st.x_labels, st.y_labels, out_labels), cx, cy, optimize=True)
         lo_c = float(c.min()) if c.size else math.inf
         lo = (lo_c if lo_c > 0 else _min_positive(c)) * sc * (1 - 2.0**-50)
         if ax or ay:
