@@ -11,7 +11,8 @@ import numpy as np
 
 from .arrays import array_module, to_host, to_module
 from .backends import dispatch
-from .basis import Basis, log2_int
+from .basis import Basis, int8_pool, log2_int
+from .errors import PlanError, RNSRangeError
 from .encode import as_basis, check_float_array, check_nonfinite, encode, finite_part, group_exponents
 from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
@@ -77,7 +78,8 @@ class ChainPlan:
         self.program = schedule.program
         #: Held to the classical float64 bound (``plan_chain(moduli=None)``, the default): see :meth:`run`.
         self.classical = False
-        #: How the last classical call ran: ``'residues'`` (certified) or ``'composed classical GEMMs'``.
+        #: How the last classical call ran: ``'residues on 15 moduli'`` (certified; more moduli where this plan's run
+        #: is not) or ``'composed classical GEMMs'``.
         self.last_evaluation: Optional[str] = None
 
     @property
@@ -188,12 +190,14 @@ class ChainPlan:
         xb = x.reshape((math.prod(lead),) + tuple(x.shape[batch:]))
         name = be.name if on_device else backend
         if self._certifies(decode):
-            obs = self._certificate(xb)
-            if not obs.certified(self.classical_terms):
+            plan, obs = self._classical_path(xb)
+            if plan is None:
                 self.last_evaluation = "composed classical GEMMs"
                 return self.classical_chain(x)
-            self.last_evaluation = "residues"
+            self.last_evaluation = f"residues on {len(plan.basis)} moduli"
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
+            if plan is not self:
+                return plan.run(x, decode, backend=backend, fused=False)
         vals = self._execute({}, be, xp, name, xb)
         y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
         return y.reshape(lead + tuple(y.shape[1:]))
@@ -207,13 +211,47 @@ class ChainPlan:
 
     def _certifies(self, decode: str) -> bool:
         """Whether a call is held to the classical bound: the default plan, fp64 decode, the program's own
-        operators (no folded columns)."""
-        if not (self.classical and decode == "fp64" and self.method == "rescale_be"):
-            return False
-        if not hasattr(self, "_plain"):
-            self._plain = not any(isinstance(st, ir.Fold) for st in self.program.steps) and all(
+        operators (a plan that folds exponents into operator columns, revisiting a mode, runs as planned)."""
+        return self.classical and decode == "fp64" and self.method == "rescale_be" and self._plain
+
+    @property
+    def _plain(self) -> bool:
+        """The program's own operators, no folded columns: what the certification reads."""
+        if not hasattr(self, "_is_plain"):
+            self._is_plain = not any(isinstance(st, ir.Fold) for st in self.program.steps) and all(
                 np.array_equal(op.effective, A) for op, A in zip(self._schedule.operators, self.operators))
-        return self._plain
+        return self._is_plain
+
+    def _classical_path(self, xb) -> tuple:
+        """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
+        whose run on ``xb`` is certified to meet the classical bound; ``(None, None)`` for the classical GEMMs."""
+        m = self.classical_terms
+        plan, s = self, len(self.basis)
+        while True:
+            obs = plan._certificate(xb) if plan._plain else None
+            if obs is not None and obs.certified(m):
+                return plan, obs
+            if obs is None or obs.excess is None:
+                return None, None
+            s += max(2, 2 * math.ceil((math.log2(obs.excess) + 2) / 8))  # both factors of a product widen
+            plan = None
+            while plan is None and s <= len(int8_pool()):
+                plan = self._wider(s)
+                s += plan is None
+            if plan is None:
+                return None, None
+
+    def _wider(self, s: int) -> Optional["ChainPlan"]:
+        """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""
+        if not hasattr(self, "_rungs"):
+            self._rungs = {}
+        if s not in self._rungs:
+            try:
+                self._rungs[s] = plan_chain(self.operators, self.axes, moduli=s, method=self.method,
+                                            planner=self.planner, input_bits="max", ndim=self.ndim)
+            except (PlanError, RNSRangeError):
+                self._rungs[s] = None
+        return self._rungs[s]
 
     def _certificate(self, xb) -> ClassicalErrors:
         """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs."""
@@ -388,10 +426,12 @@ class ChainPlan:
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
         if self._certifies(decode) and x.size:
             # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
-            obs = self._certificate(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
-            if not obs.certified(self.classical_terms):
+            plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
+            if plan is None:
                 return self._classical_bound(x, xnorm)
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
+            if plan is not self:
+                return plan.error_bound(X, decode)
         if self.method == "composed":
             rhos = [op.rho for op in self._schedule.operators]
             return self._reported(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode), xnorm)
@@ -559,11 +599,14 @@ def plan_chain(
         15 moduli, and every ``fp64`` call of the plan meets the classical
         float64 bound ``|Ŷ - Y| <= γ_m |A_n| ... |A_1| |X|`` entrywise
         (``m``: the operators' columns added up): the residue run is certified
-        beside its execution (:mod:`rnstensor.program.classical`) and, where
-        that fails, the chain runs as classical GEMMs
-        (:meth:`ChainPlan.classical_chain`). An explicit basis runs the plan
-        as planned, the fast opt-out. The fused CUDA kernel runs the plan as
-        planned too (pass ``fused=False`` for the certified run).
+        before it runs (:mod:`rnstensor.program.classical`); where that
+        fails, the same chain planned on more moduli with the widest input
+        encoding, and where none certifies, classical GEMMs
+        (:meth:`ChainPlan.classical_chain`). ``plan.last_evaluation`` says
+        which. An explicit basis runs the plan as planned, the fast opt-out.
+        The fused CUDA kernel runs the plan as planned too (pass
+        ``fused=False`` for the certified run), and so does a plan that
+        revisits a mode (its exponents folded into operator columns).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
         [2610.05059] Alg. 7, 10, 8, 6.
     planner : {'optimal', 'greedy'}

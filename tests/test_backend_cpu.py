@@ -523,7 +523,7 @@ def test_matmul_matches_the_reference(moduli, sa, sb, edge):
     assert np.array_equal(CpuBackend().matmul(a, b, moduli), NumpyBackend().matmul(a, b, moduli))
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 20), (5, 3, 2), (7, 2, 1), (0, 3, 4)])
+@pytest.mark.parametrize("shape", [(3, 4, 20), (5, 3, 2), (7, 2, 1), (0, 3, 4), (70, 3, 2), (66, 2, 17)])
 def test_mode_magnitudes(shape):
     # the classical certification's fused pass: the magnitudes within (K + 1) 2**-53 of exact, the smallest
     # positive one, and the largest (alpha colsum + beta rowsum + kappa) / magnitude over the positive entries

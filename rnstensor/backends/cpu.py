@@ -1374,24 +1374,31 @@ class CpuBackend:
 
 
 @njit(cache=True, nogil=True)
-def _mode_magnitudes_kernel(X, A, rowsum, alpha, beta, kappa, out, stats, t0, t1):
-    # out[b, j, r] = sum_k A[j, k] X[b, k, r] (nonnegative; each product and sum rounded once), and per b the
-    # smallest positive out and the largest (alpha colsum[r] + beta rowsum[j] + kappa) / out over out > 0
+def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stats, t0, t1):
+    # task t = (b, a block of nj-th of the rows j): out[b, j, r] = sum_k A[j, k] X[b, k, r] (nonnegative; each
+    # product and sum rounded once), its smallest positive entry and its largest
+    # (alpha col[b, r] + beta rowsum[j] + kappa) / out over out > 0
     B, K, R = X.shape
     J = A.shape[0]
-    col = np.empty(R, np.float64)
-    for b in range(t0, t1):
-        least = np.inf
-        worst = 0.0
-        if alpha != 0.0:
+    own = col.shape[0] == 0 and alpha != 0.0  # one task per b: its column sums here, while X[b] is in cache
+    colb = np.zeros(R, np.float64)
+    for t in range(t0, t1):
+        b, jb = t // nj, t % nj
+        if own:
             for r in range(R):
-                col[r] = 0.0
+                colb[r] = 0.0
             for k in range(K):
                 for r in range(R):
-                    col[r] += X[b, k, r]
-        if R >= 16:  # long rows: vectorize along r
-            for j in range(J):
-                o = out[b, j]
+                    colb[r] += X[b, k, r]
+        elif col.shape[0]:
+            for r in range(R):
+                colb[r] = col[b, r]
+        least = np.inf
+        worst = 0.0
+        for j in range(jb * J // nj, (jb + 1) * J // nj):
+            o = out[b, j]
+            base = beta * rowsum[j] + kappa
+            if R >= 16:  # long rows: vectorize along r
                 for r in range(R):
                     o[r] = 0.0
                 for k in range(K):
@@ -1399,50 +1406,46 @@ def _mode_magnitudes_kernel(X, A, rowsum, alpha, beta, kappa, out, stats, t0, t1
                     if a != 0.0:
                         for r in range(R):
                             o[r] += a * X[b, k, r]
-        else:  # short rows (the last axis): one dot product over k per entry, its statistics at once
-            for j in range(J):
-                base = beta * rowsum[j] + kappa
+                for r in range(R):
+                    v = o[r]
+                    if v > 0.0:
+                        least = min(least, v)
+                        worst = max(worst, (alpha * colb[r] + base) / v)
+            else:  # short rows (the last axis): one dot product over k per entry, its statistics at once
                 for r in range(R):
                     acc = 0.0
                     for k in range(K):
                         acc += A[j, k] * X[b, k, r]
-                    out[b, j, r] = acc
+                    o[r] = acc
                     if acc > 0.0:
                         least = min(least, acc)
-                        worst = max(worst, (alpha * col[r] + base) / acc)
-            stats[b, 0] = least
-            stats[b, 1] = worst
-            continue
-        for j in range(J):
-            o = out[b, j]
-            base = beta * rowsum[j] + kappa
-            for r in range(R):
-                v = o[r]
-                if v > 0.0:
-                    least = min(least, v)
-                    worst = max(worst, (alpha * col[r] + base) / v)
-        stats[b, 0] = least
-        stats[b, 1] = worst
+                        worst = max(worst, (alpha * colb[r] + base) / acc)
+        stats[t, 0] = least
+        stats[t, 1] = worst
 
 
 def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kappa: float):
     """``A`` (``J x K``, nonnegative) applied along axis 1 of ``X`` (``B x K x R``, nonnegative), with the
     certification's two reductions fused into the same pass: ``(out, smallest positive out, largest
-    (alpha colsum + beta rowsum + kappa) / out over the positive entries)``; threads over ``B``.
+    (alpha colsum + beta rowsum + kappa) / out over the positive entries)``; threads over ``(b, j)``.
 
-    Every product and sum is rounded once (no fused multiply-add, no
-    reassociation): each entry is within a relative ``(K + 1) 2**-53`` of the
-    exact sum; the colsums (over ``k``) and rowsums likewise.
+    Every product and sum is rounded once (no reassociation; a fused
+    multiply-add only rounds less): each entry is within a relative
+    ``(K + 1) 2**-53`` of the exact sum, and so are the column and row sums.
+    Meant for short contractions (sum factorization, ``K`` up to a few
+    dozen); long ones are BLAS's.
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     A = np.ascontiguousarray(A, dtype=np.float64)
     B, K, R = X.shape
-    out = np.empty((B, A.shape[0], R), np.float64)
-    stats = np.empty((B, 2), np.float64)
+    J = A.shape[0]
+    out = np.empty((B, J, R), np.float64)
+    nj = 1 if B >= 64 else max(J, 1)  # few tensors: the threads share out the rows instead
+    stats = np.empty((B * nj, 2), np.float64)
+    col = X.sum(axis=1) if alpha and nj > 1 else np.zeros((0, R))  # else each task sums its own b
     rowsum = A.sum(axis=1)
-    _launch(_mode_magnitudes_kernel, B, X.size + out.size, X, A, rowsum, float(alpha), float(beta), float(kappa), out,
-            stats)
-    if B == 0:
+    _launch(_mode_magnitudes_kernel, B * nj, X.size * J + out.size, X, A, col, rowsum, float(alpha), float(beta),
+            float(kappa), nj, out, stats)
+    if B * J == 0:
         return out, np.inf, 0.0
     return out, float(stats[:, 0].min()), float(stats[:, 1].max())
-

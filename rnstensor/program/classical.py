@@ -51,6 +51,8 @@ from .ir import Contract, Drop, Encode, Sum
 
 __all__ = ["ClassicalErrors", "classical_terms", "gamma", "TINY_UNIT"]
 
+#: The longest contraction whose magnitudes the fused CPU pass computes (longer ones: BLAS, through einsum).
+_FUSED_TERMS = 64
 #: The smallest positive magnitude (in units) the certification accepts: products of two such stay normal.
 TINY_UNIT = 2.0**-500
 _U = 2.0**-53
@@ -167,7 +169,8 @@ class ClassicalErrors:
         h = (k + 3) * 2.0**-52
         g = _up((gx + gy + gx * gy + h) / (1 - h))
         r = _up(rx + ry + rx * ry)
-        if xp is np and st.kind in ("mode", "mode_rev") and not (st.x_sum or st.y_sum) and cx.size and cy.size:
+        if xp is np and st.kind in ("mode", "mode_rev") and not (st.x_sum or st.y_sum) and cx.size and cy.size \
+                and 0 < kc <= _FUSED_TERMS:
             # one fused pass on the CPU: the magnitudes, their minimum and the absolute parts' ratio together
             T, O, tl, ol = (cx, cy, st.x_labels, st.y_labels) if st.kind == "mode" else (cy, cx, st.y_labels, st.x_labels)
             t_sc, t_g, o_sc, o_g = (scx, gx, scy, gy) if st.kind == "mode" else (scy, gy, scx, gx)
