@@ -616,13 +616,13 @@ class ContractExpression:
     _WIDEST = 160
 
     def _certifies(self, arrays) -> bool:
-        """Whether this call is held to the classical bound (the default: ``moduli=None``, real float operands)."""
+        """Whether this call is held to the classical bound (the default: ``moduli=None``, float operands)."""
         if not (self.classical and self.decode == "fp64" and self.bits is None and self.method == "rescale_be"):
             return False
         it = iter(arrays)
         for i in range(len(self.terms)):
             x = self.constants[i] if i in self.constants else next(it, None)
-            if isinstance(x, RNSTensor) or np.iscomplexobj(x):
+            if isinstance(x, RNSTensor):
                 return False
         return True
 
@@ -658,8 +658,8 @@ class ContractExpression:
         def leaf(st):
             if st.source not in leaves:
                 i = st.source
-                leaves[i] = (self._const_array(i, False, xp) if kinds[i] == "const"
-                             else _leaf_array(self.terms[i], self.sizes, ops[i], False))
+                leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
+                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
             return leaves[st.source]
 
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
@@ -696,17 +696,19 @@ class ContractExpression:
         """
         ops, kinds, cplx, _, nonfinite = self._operands(arrays)
         _, xp, _ = self._backend(ops, kinds, None)
-        vals = [(self._const_array(i, False, xp) if kinds[i] == "const" else _leaf_array(t, self.sizes, x, False),
-                 _unique(t)) for i, (t, x) in enumerate(zip(self.terms, ops))]
+        vals = [(_prepared(t, self.sizes, self.constants[i] if kinds[i] == "const" else x, xp), _unique(t))
+                for i, (t, x) in enumerate(zip(self.terms, ops))]
         if bound:
             m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
             terms = math.prod(self.sizes.values())  # every product of the whole contraction, for the underflows
+            # complex: each step's ZGEMM meets sqrt(2) γ_(k+2) |X||Y|, and |Re err| + |Im err| <= sqrt(2) |err|
+            factor = 2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)
             with np.errstate(over="ignore", under="ignore"):
                 mag = opt_einsum.contract(",".join(lab for _, lab in vals) + "->" + self.output,
                                           *[xp.abs(v) for v, _ in vals],
                                           optimize=[tuple(p) for p in self.path])
-                D = inflate(inflate(mag, m + len(self.terms)) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
-                            + terms * 2.0**-1073, 4)
+                D = inflate(inflate(mag, m + len(self.terms)) * (factor * (1 + 2.0**-40) + 2.0**-70)
+                            + terms * 2.0**-1072, 4)
             if nonfinite:
                 ref = self._float64_reference(arrays)
                 D = xp.where(xp.isfinite(ref), D, np.inf)
@@ -890,7 +892,7 @@ def _arranged(x, labels: str, order: str, sizes: Optional[dict] = None):
 
 
 def _classical_pair(x, xl: str, y, yl: str, keep: str):
-    """``x`` and ``y`` (real float64) summed over their labels absent from ``keep``, as batched classical GEMMs."""
+    """``x`` and ``y`` (float64 or complex128) summed over their labels absent from ``keep``, as batched classical GEMMs."""
     from .gemm import matmul  # noqa: PLC0415 - the fallback of the classical default only
 
     sizes = dict(zip(xl, x.shape)) | dict(zip(yl, y.shape))
@@ -917,6 +919,16 @@ def _classical_single(x, xl: str, out: str):
         ones = array_module(x).ones(X.shape[1])
         x = matmul(X, ones).reshape([sizes[c] for c in kept])
     return _arranged(x, kept, out), out
+
+
+def _prepared(term: str, sizes: dict, x, xp):
+    """An operand with its diagonals taken and broadcast to the full sizes, float64 or complex128, on ``xp``."""
+    x = to_module(x, xp) if array_module(x) is not xp else xp.asarray(x)
+    labels = _unique(term)
+    if labels != term:
+        x = xp.einsum(f"{term}->{labels}", x)  # a diagonal is a selection: exact
+    x = xp.broadcast_to(x, tuple(sizes[c] for c in labels))
+    return x.astype(np.complex128 if xp.iscomplexobj(x) else np.float64, copy=False)
 
 
 def _leaf_array(term: str, sizes: dict, x, cplx: bool):
@@ -978,7 +990,7 @@ def contract_expression(
         Operand positions whose arrays are fixed.
     moduli : None, int, Basis or sequence of int
         The residue basis (an int ``s``: the first ``s`` INT8 moduli).
-        ``None`` (default): every call on real float operands meets the
+        ``None`` (default): every call on float operands meets the
         classical float64 bound of the same contractions along the same path,
         ``|ŷ - y| <= γ_m (|A| |B| ...)`` entrywise with ``γ_m = m u / (1 - m u)``
         and ``m`` the terms the path's steps sum (``k`` per contraction of
@@ -989,9 +1001,11 @@ def contract_expression(
         span hundreds of binades). An elementwise product (``m = 1``, one
         rounding) decodes correctly rounded. Where the result or an intermediate of that last
         path is subnormal, float64's absolute rounding there adds to the
-        bound, as it does for numpy. Complex and RNSTensor operands run the
-        15-moduli plan uncertified. An explicit basis is the fast opt-out:
-        that plan, as planned.
+        bound, as it does for numpy. Complex results meet ``sqrt(2) γ_m`` of
+        the complex magnitudes (``sqrt(2) γ_(m + 2)`` per step on the
+        composed path, ZGEMM's bound). RNSTensor operands run the 15-moduli
+        plan uncertified. An explicit basis is the fast opt-out: that plan,
+        as planned.
     method : {'rescale_be', 'composed'}
     optimize : str, bool or path
         Passed to :func:`opt_einsum.contract_path`.
@@ -1093,7 +1107,7 @@ def einsum(
         (real, on the same basis) are contracted without re-encoding.
     moduli : int, Basis or sequence of int, optional
         The residue basis; an int ``s`` means the first ``s`` INT8 moduli.
-        Default: the classical float64 bound on real float operands (see
+        Default: the classical float64 bound on float operands (see
         :func:`contract_expression`), or the basis of the RNSTensor operands.
     method : {'rescale_be', 'composed'}
     optimize : str, bool or path

@@ -113,10 +113,57 @@ def test_zeros_and_exact_results():
     assert np.array_equal(rt.einsum("ij->ji", B), B.T)
 
 
-def test_complex_and_tensors_keep_their_paths():
-    # complex operands and RNSTensor operands are not certified (yet): the planned basis, as before
-    z = np.array([1 + 2j, 3 - 1j])
-    assert rt.einsum("i,i->", z, z) == pytest.approx(np.dot(z, z), rel=1e-15)
+def _cexact(subscripts: str, ops):
+    """The complex einsum over pairs of Fractions, and a lower bound of its magnitudes (|z| >= max |parts|)."""
+    ins, out = subscripts.split("->")
+    terms = ins.split(",")
+    sizes = {}
+    for t, x in zip(terms, ops):
+        sizes.update(zip(t, np.shape(x)))
+    labels = sorted(sizes)
+    val, low = {}, {}
+    for assign in itertools.product(*[range(sizes[c]) for c in labels]):
+        env = dict(zip(labels, assign))
+        re, im, mag = Fraction(1), Fraction(0), Fraction(1)
+        for t, x in zip(terms, ops):
+            z = complex(np.asarray(x)[tuple(env[c] for c in t)])
+            zr, zi = Fraction(z.real), Fraction(z.imag)
+            re, im = re * zr - im * zi, re * zi + im * zr
+            mag *= max(abs(zr), abs(zi))
+        key = tuple(env[c] for c in out)
+        r0, i0 = val.get(key, (0, 0))
+        val[key] = (r0 + re, i0 + im)
+        low[key] = low.get(key, 0) + mag
+    return val, low
+
+
+@pytest.mark.parametrize("sub", ["ij,jk->ik", "i,i->", "ai,bj,eij->eab", "i,i->i"])
+def test_complex_classical_bound(sub):
+    # |err| <= sqrt(2) γ_m |A||B|...: checked as err² <= 2 γ_m² (a lower bound of the magnitudes)²
+    rng = np.random.default_rng(len(sub))
+    terms = sub.split("->")[0].split(",")
+    sizes = {c: 3 for c in set("".join(terms))}
+    for spread in (0, 30, 400):
+        ops = []
+        for t in terms:
+            shape = tuple(sizes[c] for c in t)
+            z = rng.standard_normal(shape) * 2.0 ** rng.integers(-spread, 1, shape) + 1j * rng.standard_normal(shape)
+            ops.append(z)
+        expr = rt.contract_expression(sub, *[z.shape for z in ops])
+        y = np.asarray(expr(*ops))
+        bound = np.asarray(expr.error_bound(*ops))
+        val, low = _cexact(sub, ops)
+        # the residue path meets sqrt(2) γ_m; the composed ZGEMMs (spread 400) their own sqrt(2) γ_(k+2) per step
+        m = _terms(expr) + (2 * len(expr._info.contraction_list) if expr.last_evaluation.startswith("composed") else 0)
+        g = Fraction(gamma(m)) * (1 + Fraction(1, 2**40))
+        for key, (re, im) in val.items():
+            er, ei = Fraction(y[key].real) - re, Fraction(y[key].imag) - im
+            assert er**2 + ei**2 <= 2 * (g * low[key] + TINY) ** 2, (sub, spread, key, expr.last_evaluation)
+            assert abs(er) + abs(ei) <= Fraction(float(bound[key])), (sub, spread, key)
+
+
+def test_tensors_keep_their_path():
+    # RNSTensor operands are not certified (yet): their basis, as before
     T = rt.encode(np.ones((2, 3)), 15)
     assert np.array_equal(rt.decode(rt.einsum("ij,ij->ij", T, T)), np.ones((2, 3)))
 

@@ -1,10 +1,10 @@
-"""The classical float64 bound of a residue program's result, certified per call beside its execution.
+"""The classical float64 bound of a residue program's result, certified per call before it runs.
 
 A float64 evaluation of the same contractions in the same order obeys
 ``|ŷ - y| <= γ_m (|A| |B| ...)`` entrywise, ``γ_m = m u / (1 - m u)``,
 where ``m`` counts the terms along the path (``k`` for a contraction of
 ``k`` terms, ``n`` for a sum of ``n``: at least the roundings a term meets). :class:`ClassicalErrors`
-follows a real program's steps and proves, for the operands at hand, that the
+follows a program's steps and proves, for the operands at hand, that the
 residue result meets that bound; the caller escalates (more moduli, wider
 encodings) or evaluates otherwise where it cannot.
 
@@ -47,7 +47,8 @@ import numpy as np
 from ..arrays import array_module
 from ..backends.cpu import mode_magnitudes
 from .errors import _letters, _result_letters
-from .ir import Contract, Drop, Encode, Sum
+from .execute import combine_parts
+from .ir import Combine, Contract, Drop, Encode, Sum
 
 __all__ = ["ClassicalErrors", "classical_terms", "gamma", "TINY_UNIT"]
 
@@ -78,7 +79,7 @@ class _Refused(Exception):
 
 
 class ClassicalErrors:
-    """Certifies, before a real program runs, that its result will meet ``γ_m (|A||B|...)`` on these operands.
+    """Certifies, before a program runs, that its result will meet ``γ_m (|A||B|...)`` on these operands.
 
     An interpreter of the program in its own right: it needs no residues,
     only each :class:`Encode` step's float operand as the builder prepared it
@@ -86,13 +87,16 @@ class ClassicalErrors:
     gives it (``exponents(step)``, broadcastable to the operand). After
     :meth:`run`, :meth:`certified` says whether the result meets the bound
     with the fp64 decode, :attr:`exact` whether it is the exact integer.
-    Steps it has no rule for (complex parts, RNSTensor operands,
-    re-encodings, folds) make it refuse (:attr:`reason`).
+    Complex programs are followed part by part (the 4M products' parts
+    combined by :class:`Combine`), each part certified against the complex
+    magnitudes. Steps it has no rule for (RNSTensor operands, re-encodings,
+    folds, 3M products) make it refuse (:attr:`reason`).
     """
 
     def __init__(self, leaf: Callable, exponents: Callable):
         self.leaf, self.exponents = leaf, exponents
         self.state: dict = {}
+        self.labels: dict = {}  # the axes of each slot's magnitudes
         self.reason: Optional[str] = None
         #: After a failed :meth:`certified`: how many times ``γ_m`` the bound came out (None where refused).
         self.excess: Optional[float] = None
@@ -100,9 +104,11 @@ class ClassicalErrors:
 
     def run(self, program) -> "ClassicalErrors":
         """Follow every step of ``program``; returns ``self``."""
+        self.complex = bool(program.complex)
         try:
             for st in program.steps:
                 self.state[st.out] = self._rule(st)
+                self.labels[st.out] = _labels_after(st, self.labels)
             self.out = program.out
         except _Refused as e:
             self.reason = str(e)
@@ -131,12 +137,19 @@ class ClassicalErrors:
             return c, sc, _up((g + h) / (1 - h)), r, _up(n * a), _min_positive(c) * sc * (1 - 2.0**-50)
         if isinstance(st, Contract):
             return self._contract(st)
+        if isinstance(st, Combine):
+            # (re, im) x (re, im), the parts' exact integer products combined: Re = P00 - P11, Im = P01 + P10; each
+            # part's magnitude is the sum of its two products' (the relative error stays, the absolute doubles)
+            c, sc, g, r, a, lo = self.state[st.x]
+            lab = self.labels[st.x]
+            part = combine_parts(c, lab.index(st.re_x), lab.index(st.re_y))
+            xp = array_module(c)
+            c = xp.stack([part(0, 0) + part(1, 1), part(1, 0) + part(0, 1)])
+            return c, sc, _up(g + 2 * _U, 2), r, _up(2 * a), _min_positive(c) * sc * (1 - 2.0**-50)
         raise _Refused(f"no classical rule for step {type(st).__name__}")
 
     def _encode(self, st: Encode) -> tuple:
-        if st.complex:
-            raise _Refused("complex operands")
-        x = self.leaf(st)
+        x = self.leaf(st)  # complex operands: the parts stacked along the first axis, one exponent for both
         xp = array_module(x)
         e = self.exponents(st)
         with np.errstate(under="ignore", over="ignore"):
@@ -227,7 +240,11 @@ class ClassicalErrors:
             return False
         if self.exact and m <= 1:
             return True
-        c, _, g, r, a, lo = self.state[self.out]
+        c, sc, g, r, a, lo = self.state[self.out]
+        if self.complex:
+            # each part within γ_m |x||y| (complex moduli) makes |err| <= sqrt(2) γ_m |x||y|, and |x||y| is at
+            # least either part's magnitude sum (|xr||yr| + |xi||yi|, |xr||yi| + |xi||yr|)
+            lo = _min_positive(array_module(c).maximum(c[0], c[1])) * sc * (1 - 2.0**-50)
         rho = (1 + g) / (1 - g)
         total = (r + _DECODE * (1 + r)) * rho + a * (1 + _DECODE) / (lo * (1 - g))
         target = gamma(m)
@@ -236,6 +253,19 @@ class ClassicalErrors:
         self.excess = _up(total, 16) / target if target > 0 else None
         self.reason = f"the residue error bound is {self.excess} x gamma_{m} of the magnitudes"
         return False
+
+
+def _labels_after(st, labels: dict) -> str:
+    """The axes of a step's result, in the order the rules above hold its magnitudes."""
+    if isinstance(st, Encode):
+        return st.labels
+    if isinstance(st, Contract):
+        return st.labels  # the executor's names for its result's axes (_result_letters' order)
+    if isinstance(st, Sum):
+        return "".join(ch for ch in labels[st.x] if ch not in st.over)
+    if isinstance(st, Combine):
+        return st.labels
+    return labels[st.x]
 
 
 def classical_terms(program, sizes: dict) -> int:
