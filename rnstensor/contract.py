@@ -873,6 +873,10 @@ class ContractExpression:
                 line = f"{k}. {line}"
             body.append(line)
         tail = [f"fewest bits kept by any operand or intermediate: {plan.kept_bits:.1f}"]
+        if self.classical and self.decode == "fp64" and self.method == "rescale_be":
+            tail.append(f"moduli=None: every call is certified to meet gamma_{classical_terms(plan, self.sizes)} "
+                        f"|A||B|... before it runs (wider plans, else classical GEMMs, where not); last call: "
+                        f"{self.last_evaluation or 'none yet'}")
         return "\n".join(head + body + tail)
 
     def __repr__(self) -> str:
