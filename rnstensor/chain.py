@@ -180,6 +180,16 @@ class ChainPlan:
         can_fuse = callable(getattr(be, "chain", None))  # a backend with the fused chain kernel
         if fused and not can_fuse:
             raise ValueError(f"fused=True runs on the 'cuda' backend (the fused chain kernel); backend is {be.name!r}")
+        if self._certifies(decode):  # the default: the plan that is certified on X, fused or not, else GEMMs
+            x = self._check_input(X)
+            plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
+            if plan is None:
+                self.last_evaluation = "composed classical GEMMs"
+                return self.classical_chain(x)
+            self.last_evaluation = f"residues on {len(plan.basis)} moduli"
+            decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
+            if plan is not self:
+                return plan.run(x, decode, backend=backend, fused=fused)
         if can_fuse and fused is not False and self.method != "composed":
             done = self._run_fused(X, decode, be, on_device, required=bool(fused))
             if done is not None:
@@ -189,15 +199,6 @@ class ChainPlan:
         lead = tuple(x.shape[:batch])
         xb = x.reshape((math.prod(lead),) + tuple(x.shape[batch:]))
         name = be.name if on_device else backend
-        if self._certifies(decode):
-            plan, obs = self._classical_path(xb)
-            if plan is None:
-                self.last_evaluation = "composed classical GEMMs"
-                return self.classical_chain(x)
-            self.last_evaluation = f"residues on {len(plan.basis)} moduli"
-            decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
-            if plan is not self:
-                return plan.run(x, decode, backend=backend, fused=False)
         vals = self._execute({}, be, xp, name, xb)
         y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
         return y.reshape(lead + tuple(y.shape[1:]))
@@ -603,10 +604,10 @@ def plan_chain(
         fails, the same chain planned on more moduli with the widest input
         encoding, and where none certifies, classical GEMMs
         (:meth:`ChainPlan.classical_chain`). ``plan.last_evaluation`` says
-        which. An explicit basis runs the plan as planned, the fast opt-out.
-        The fused CUDA kernel runs the plan as planned too (pass
-        ``fused=False`` for the certified run), and so does a plan that
-        revisits a mode (its exponents folded into operator columns).
+        which (the certified plan runs fused on the GPU where it can). An
+        explicit basis runs the plan as planned, the fast opt-out; so does a
+        plan that revisits a mode (its exponents folded into operator
+        columns).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
         [2610.05059] Alg. 7, 10, 8, 6.
     planner : {'optimal', 'greedy'}

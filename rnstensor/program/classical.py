@@ -21,20 +21,25 @@ Per value it holds, in units of the value's own integer step:
 A product of ``x`` and ``y`` over ``k`` terms gives
 ``r = r_x + r_y + r_x r_y`` (relative errors of magnitude products add) plus,
 for the absolute parts, ``max (a_y (1 + r_x) Σ|x| + a_x (1 + r_y) Σ|y| + k a_x a_y) / c``
-over the entries: one reduction per operand instead of a second contraction.
-A drop divides ``c`` and ``a`` by its modulus product and adds one unit to
-``a``; an encoding sets ``a = 1/2`` (0 where every entry is encoded
-exactly). ``c`` is a plain float64 contraction of nonnegative numbers: its
-rounding is a relative ``(k + 2) 2**-52`` at most, folded into ``g``. So that
-``c = 0`` means an exactly zero magnitude, every positive entry must stay
-above ``2**-1000`` (in units, where the numbers are the integers' size, this
-fails only for operands spanning about a thousand binades in one slice, which
-the certification then refuses).
+over the entries: one reduction per operand instead of a second contraction
+(on the CPU a mode product's magnitudes, their minimum and this ratio come
+from one fused pass, :func:`rnstensor.backends.cpu.mode_magnitudes`). A drop
+divides ``sc`` and ``a`` by its modulus product and adds one unit to ``a``;
+an encoding sets ``a = 1/2`` (0 where every entry is encoded exactly); a
+complex product's parts combine (:class:`~.ir.Combine`) by adding their
+magnitudes. ``c`` is a plain float64 contraction of nonnegative numbers: its
+rounding, a relative ``(k + 3) 2**-52`` at most with the scale's, is folded
+into ``g``. So that ``c = 0`` means an exactly zero magnitude, every positive
+entry must stay above :data:`TINY_UNIT` (in units, where the numbers are the
+integers' size, this fails only for operands spanning about 550 binades in
+one exponent slice, which the certification then refuses).
 
 The final fp64 decode adds at most ``u (1 + 2**-40)`` of the decoded value
 (:func:`~rnstensor.program.errors.decode_factor`); a result with ``r = a = 0``
 is the exact integer, decoded ``'exact'`` (correctly rounded: ``u |y|``) where
-the bound allows one rounding only (``m <= 1``).
+the bound allows one rounding only (``m <= 1``). A complex result's parts are
+each held to ``γ_m`` of the complex magnitudes, at least either part's
+magnitude sum, so that ``|ŷ - y| <= sqrt(2) γ_m (|A| |B| ...)``.
 """
 
 from __future__ import annotations
