@@ -92,6 +92,32 @@ def _label_sizes(terms: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dic
     return sizes
 
 
+_EXACT = 2**53  # every integer up to this magnitude is a float64
+
+
+def _as_float(x, i: int, what: str = "operand"):
+    """``x`` as float64 (or complex128) where that holds it exactly: bool, integers up to ``2**53``, float16/32,
+    complex64; anything else as it is (refused by :func:`_operand_kind`)."""
+    if isinstance(x, RNSTensor):
+        return x
+    xp = array_module(x)
+    x = x if xp is not np else np.asarray(x)
+    kind = x.dtype.kind
+    if kind == "b" or (kind == "f" and x.dtype.itemsize < 8):
+        return x.astype(np.float64)
+    if kind == "c" and x.dtype.itemsize < 16:
+        return x.astype(np.complex128)
+    if kind in "iu":
+        big = max(abs(int(x.min())), abs(int(x.max()))) if x.size else 0  # Python ints: exact, no overflow
+        if big > _EXACT:
+            raise ValueError(
+                f"einsum: {what} {i} holds integers up to {big:.3e} in magnitude; float64 (and so the residue "
+                f"encoding) holds integers exactly only up to 2^53; split them or pass float64 if rounding is fine"
+            )
+        return x.astype(np.float64)
+    return x
+
+
 def _operand_kind(x, i: int) -> tuple[str, bool]:
     """``('tensor', False)`` for an RNSTensor, else ``('input', is_complex)``; other dtypes rejected."""
     if isinstance(x, RNSTensor):
@@ -105,8 +131,8 @@ def _operand_kind(x, i: int) -> tuple[str, bool]:
     if dt == np.complex128:
         return "input", True
     raise TypeError(
-        f"einsum: operand {i} has dtype {dt}; rnstensor.einsum takes float64 or complex128 arrays "
-        f"(convert with .astype(np.float64) or .astype(np.complex128))"
+        f"einsum: operand {i} has dtype {dt}; rnstensor.einsum takes what float64 or complex128 holds exactly "
+        f"(bool, integers up to 2^53, float16/32/64, complex64/128); convert it with .astype(np.float64)"
     )
 
 
@@ -553,7 +579,7 @@ class ContractExpression:
                 kinds.append("const")
                 cplx.append(c)
                 continue
-            x = next(it)
+            x = _as_float(next(it), i)
             k, c = _operand_kind(x, i)
             shape = x.shape if isinstance(x, RNSTensor) else np.shape(x)
             if tuple(shape) != self.shapes[i]:
@@ -1064,7 +1090,7 @@ def contract_expression(
         if i in constants:
             if isinstance(x, RNSTensor):
                 raise TypeError(f"constant {i} must be a float64 or complex128 array, not an RNSTensor")
-            x = x if is_device_array(x) else np.asarray(x)  # a CuPy constant stays on the device
+            x = _as_float(x, i, "constant")  # a CuPy constant stays on the device
             _operand_kind(x, i)
             _check_finite(x, i, "constant")
             consts[i] = x
@@ -1098,8 +1124,10 @@ def einsum(
     Accepts what :func:`numpy.einsum` accepts — explicit or implicit output,
     ``...`` broadcasting, repeated indices (diagonals, traces), sums over an
     index, outer products, 0-d operands, the interleaved ``(a, [0, 1], b, [1,
-    2])`` form — on float64 and complex128 arrays, and returns what numpy
-    returns (shape, index order, dtype). The contraction order comes from
+    2])`` form — on float64 and complex128 arrays (and what they hold
+    exactly: bool, integers up to ``2**53``, float16/32, complex64, converted
+    first), and returns what numpy returns for float64 / complex128 (shape,
+    index order, dtype). The contraction order comes from
     opt_einsum; each pairwise step runs as a residue operation (a mode
     product, a batched GEMM, a Hadamard/outer product, or a sum), with drops
     and base extensions wherever a bound would leave the range.

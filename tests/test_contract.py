@@ -356,7 +356,8 @@ def test_tensordot_and_transpose():
         (("ij,jk->ik", np.ones((2, 3, 1)), np.ones((3, 2))), {}, ValueError, "dimensions"),
         (("i1,jk->ik", np.ones((2, 3)), np.ones((3, 2))), {}, ValueError, "invalid subscript"),
         (("ij,jk->ix", np.ones((2, 3)), np.ones((3, 2))), {}, ValueError, "'x'"),
-        (("ij,jk->ik", np.ones((2, 3), np.float32), np.ones((3, 2))), {}, TypeError, "float64 or complex128"),
+        (("ij,jk->ik", np.ones((2, 3), np.longdouble), np.ones((3, 2))), {}, TypeError, "float64 or complex128"),
+        (("ij,jk->ik", np.array([[2**53 + 1, 0, 0]] * 2), np.ones((3, 2))), {}, ValueError, r"only up to 2\^53"),
         (("ij->ij", np.array([[1.0, np.nan]])), {"nonfinite": "raise"}, ValueError, "inf or NaN"),
         (("ij->ij", np.ones((2, 2))), {"nonfinite": "ignore"}, ValueError, "nonfinite must be one of"),
         (("ij->ij", np.ones((2, 2))), {"method": "rescale"}, ValueError, "method must be one of"),
@@ -369,6 +370,21 @@ def test_tensordot_and_transpose():
 def test_bad_input_is_rejected_with_a_clear_message(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         rt.einsum(*args, **kwargs)
+
+
+def test_inputs_float64_holds_exactly_are_accepted():
+    # bool, integers up to 2^53, float16/32 and complex64 convert exactly; the result is float64 / complex128
+    a = np.array([[3, -2**53], [1, 0]], dtype=np.int64)
+    b = np.array([[True, False], [True, True]])
+    want = a.astype(np.float64) @ b.astype(np.float64)  # exact: every product and sum is representable
+    got = rt.einsum("ij,jk->ik", a, b)
+    assert got.dtype == np.float64 and np.array_equal(got, want)
+    h = np.array([0.1, 3.0], dtype=np.float32)
+    assert rt.einsum("i,i->i", h, np.array([1, 2], np.uint8)).tolist() == [float(h[0]), 6.0]
+    z = np.array([1 + 2j], dtype=np.complex64)
+    assert rt.einsum("i->", z) == complex(z[0])
+    expr = rt.contract_expression("ij,j->i", (2, 2), np.array([1, 2], np.int16), constants=[1])
+    assert expr(np.eye(2)).tolist() == [1.0, 2.0]
 
 
 def test_contract_expression_bad_calls():
