@@ -128,11 +128,15 @@ class ChainPlan:
 
     def float64_chain(self, X):
         """The chain in float64 (numpy's mode products, in the plan's order): what numpy gives, inf and NaN included."""
+        return self._float64_products(X, self.operators)
+
+    def _float64_products(self, X, operators):
+        """``operators`` applied to ``X`` along the plan's axes by numpy's (or CuPy's) float64 mode products."""
         xp = array_module(X)
         y = X if xp is not np else np.asarray(X, dtype=np.float64)
         batch = y.ndim - self.ndim
-        with np.errstate(invalid="ignore", over="ignore"):
-            for A, ax in zip(self.operators, self.axes):
+        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+            for A, ax in zip(operators, self.axes):
                 A = to_module(A, xp)
                 y = xp.moveaxis(xp.tensordot(A, y, axes=([1], [batch + ax])), 0, batch + ax)
         return y
@@ -465,14 +469,8 @@ class ChainPlan:
 
     def _classical_bound(self, x, xnorm: Fraction) -> float:
         """``γ_m max |A_n| ... |A_1| |X|`` rounded up (the classical GEMMs' bound), plus their subnormal roundings."""
-        xp = array_module(x)
         m = self.classical_terms
-        with np.errstate(over="ignore", under="ignore"):
-            y = xp.abs(x)
-            batch = y.ndim - self.ndim
-            for A, ax in zip(self.operators, self.axes):
-                y = xp.moveaxis(xp.tensordot(to_module(np.abs(A), xp), y, axes=([1], [batch + ax])), 0, batch + ax)
-            mag = float(y.max())
+        mag = float(self._float64_products(array_module(x).abs(x), [np.abs(A) for A in self.operators]).max())
         bound = inflate(mag, m + len(self.operators) + 2) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
         bound += 2.0**-1073 * math.prod(max(1, int(A.shape[1])) for A in self.operators) * len(self.operators)
         return self._reported(Fraction(inflate(bound, 4)), xnorm)

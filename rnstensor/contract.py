@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import opt_einsum
@@ -12,7 +12,7 @@ from opt_einsum import parser as oe_parser
 
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
-from .basis import Basis, log2_int, moduli_count
+from .basis import Basis, int8_pool, log2_int, moduli_count
 from .encode import as_basis, check_nonfinite, encode, encode_integers, exact_bits_needed, finite_part, group_exponents
 from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
@@ -659,7 +659,7 @@ class ContractExpression:
         key = (cap, kinds, cplx)
         if key not in self._rungs:
             self._rungs[key] = None
-            for s in range(max(len(self.basis), (2 * cap + 15) // 8), 50):
+            for s in range(max(len(self.basis), (2 * cap + 15) // 8), len(int8_pool()) + 1):
                 expr = ContractExpression(self.terms, self.output, self.shapes, self.constants, as_basis(moduli_count(s), "moduli"),
                                           self.method, [tuple(p) for p in self.path], "fp64", cap, self.backend,
                                           self.min_bits, self.nonfinite)
@@ -677,16 +677,10 @@ class ContractExpression:
         evaluation."""
         if any(n == 0 for n in self.sizes.values()):  # nothing to certify: the zeros of an empty contraction
             return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
-        ops, kinds, cplx, _, _ = self._operands(arrays)
+        parsed = self._operands(arrays)
+        ops, kinds, cplx, _, _ = parsed
         _, xp, _ = self._backend(ops, kinds, backend)  # where the non-constant operands live
-        leaves: dict = {}
-
-        def leaf(st):
-            if st.source not in leaves:
-                i = st.source
-                leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
-                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
-            return leaves[st.source]
+        leaf = self._leaves(ops, kinds, cplx, xp)
 
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
             return -group_exponents(leaf(st), st.bits, st.shared)
@@ -703,16 +697,16 @@ class ContractExpression:
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
-                    return expr._bound(arrays, backend, mode)
-                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, track=False)
+                    return expr._bound(arrays, backend, mode, parsed)
+                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed)
                 return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
             if obs.excess is None:  # refused: wider encodings do not help
                 break
             cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
         self.last_evaluation = "composed classical GEMMs"
-        return self._composed_classical(arrays, bound)
+        return self._composed_classical(arrays, bound, parsed)
 
-    def _composed_classical(self, arrays, bound: bool):
+    def _composed_classical(self, arrays, bound: bool, parsed: tuple):
         """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.
 
         Steps meeting ``γ_k |X||Y|`` compose to ``γ_(k1 + k2 + ...)`` of the
@@ -720,7 +714,7 @@ class ContractExpression:
         refuses (slices spanning hundreds of binades) or that would need more
         than 49 moduli.
         """
-        ops, kinds, cplx, _, nonfinite = self._operands(arrays)
+        ops, kinds, cplx, _, nonfinite = parsed
         _, xp, _ = self._backend(ops, kinds, None)
         vals = [(_prepared(t, self.sizes, self.constants[i] if kinds[i] == "const" else x, xp), _unique(t))
                 for i, (t, x) in enumerate(zip(self.terms, ops))]
@@ -797,8 +791,8 @@ class ContractExpression:
             return self._classical(arrays, backend, bound=True)
         return self._bound(arrays, backend, self.decode)
 
-    def _bound(self, arrays, backend, mode: str):
-        out = self._run(arrays, backend, track=True)
+    def _bound(self, arrays, backend, mode: str, parsed: Optional[tuple] = None):
+        out = self._run(arrays, backend, True, parsed)
         if not isinstance(out, tuple):
             return array_module(out).zeros(np.shape(out))
         T, plan, (M, D), _, nonfinite = out
@@ -810,8 +804,22 @@ class ContractExpression:
             D = array_module(D).where(array_module(ref).isfinite(ref), D, np.inf)
         return D
 
-    def _run(self, arrays, backend, track: bool):
-        ops, kinds, cplx, tensors, nonfinite = self._operands(arrays)
+    def _leaves(self, ops, kinds, cplx, xp) -> Callable:
+        """``leaf(step)``: an :class:`~.ir.Encode` step's operand as encoded (constants from the cache), made once."""
+        leaves: dict = {}
+
+        def leaf(st):
+            if st.source not in leaves:
+                i = st.source
+                leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
+                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
+            return leaves[st.source]
+
+        return leaf
+
+    def _run(self, arrays, backend, track: bool, parsed: Optional[tuple] = None):
+        """Execute on ``arrays`` (``parsed``: their :meth:`_operands`, where the caller has them)."""
+        ops, kinds, cplx, tensors, nonfinite = parsed or self._operands(arrays)
         out_cplx = any(cplx)
         if tensors and out_cplx:
             raise TypeError("einsum: complex operands cannot be mixed with RNSTensor operands (those are real)")
@@ -822,14 +830,7 @@ class ContractExpression:
                 raise ValueError("einsum: decode=None needs non-empty operands")
             return xp.zeros(out_shape, np.complex128 if out_cplx else np.float64)
         plan = self._plan(kinds, cplx, tensors)
-        leaves: dict = {}
-
-        def leaf(st):
-            if st.source not in leaves:
-                i = st.source
-                leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
-                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
-            return leaves[st.source]
+        leaf = self._leaves(ops, kinds, cplx, xp)
 
         def encoded(st):
             i = st.source

@@ -16,23 +16,30 @@ U = Fraction(1, 2**53)
 TINY = Fraction(1, 2**1074)
 
 
-def _exact(subscripts: str, ops, f=lambda v: Fraction(float(v))):
-    """The einsum over Fractions (every index assignment), with ``f`` applied to each entry."""
+def _terms_of(subscripts: str, ops):
+    """``(output shape, [(output index, the operands' entries)])`` for every index assignment of an einsum."""
     ins, out = subscripts.split("->")
     terms = ins.split(",")
     sizes = {}
     for t, x in zip(terms, ops):
         sizes.update(zip(t, np.shape(x)))
     labels = sorted(sizes)
-    res = {}
+    rows = []
     for assign in itertools.product(*[range(sizes[c]) for c in labels]):
         env = dict(zip(labels, assign))
+        rows.append((tuple(env[c] for c in out), [np.asarray(x)[tuple(env[c] for c in t)] for t, x in zip(terms, ops)]))
+    return tuple(sizes[c] for c in out), rows
+
+
+def _exact(subscripts: str, ops, f=lambda v: Fraction(float(v))):
+    """The einsum over Fractions (every index assignment), with ``f`` applied to each entry."""
+    shape, rows = _terms_of(subscripts, ops)
+    res = {}
+    for key, entries in rows:
         p = Fraction(1)
-        for t, x in zip(terms, ops):
-            p *= f(np.asarray(x)[tuple(env[c] for c in t)])
-        key = tuple(env[c] for c in out)
+        for v in entries:
+            p *= f(v)
         res[key] = res.get(key, 0) + p
-    shape = tuple(sizes[c] for c in out)
     return shape, res
 
 
@@ -115,22 +122,13 @@ def test_zeros_and_exact_results():
 
 def _cexact(subscripts: str, ops):
     """The complex einsum over pairs of Fractions, and a lower bound of its magnitudes (|z| >= max |parts|)."""
-    ins, out = subscripts.split("->")
-    terms = ins.split(",")
-    sizes = {}
-    for t, x in zip(terms, ops):
-        sizes.update(zip(t, np.shape(x)))
-    labels = sorted(sizes)
     val, low = {}, {}
-    for assign in itertools.product(*[range(sizes[c]) for c in labels]):
-        env = dict(zip(labels, assign))
+    for key, entries in _terms_of(subscripts, ops)[1]:
         re, im, mag = Fraction(1), Fraction(0), Fraction(1)
-        for t, x in zip(terms, ops):
-            z = complex(np.asarray(x)[tuple(env[c] for c in t)])
+        for z in map(complex, entries):
             zr, zi = Fraction(z.real), Fraction(z.imag)
             re, im = re * zr - im * zi, re * zi + im * zr
             mag *= max(abs(zr), abs(zi))
-        key = tuple(env[c] for c in out)
         r0, i0 = val.get(key, (0, 0))
         val[key] = (r0 + re, i0 + im)
         low[key] = low.get(key, 0) + mag

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,30 @@ def test_einsum(device, subscripts, shapes, decode):
     dev = [device.put(x) for x in ops]
     got = device.resident(lambda: rt.einsum(subscripts, *dev, **kw))
     same_bits(got, want)
+
+
+@pytest.mark.parametrize("data, path", [("uniform", r"15 moduli, 53 bits"), ("phi4", r"(1[6-9]|[2-4]\d) moduli"),
+                                        ("wide", r"composed")])
+def test_classical_default_paths(device, data, path):
+    # the certified plan, a wider rung (16-19 moduli) and the composed classical GEMMs: on the device, the CPU's bits
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(-1, 1, (16, 24)), rng.uniform(-1, 1, (24, 8))
+    if data == "phi4":
+        a, b = ((rng.random(x.shape) - 0.5) * np.exp(4 * rng.standard_normal(x.shape)) for x in (a, b))
+    if data == "wide":
+        a[0, :2], b[:2, 0] = (1e300, 1e-300), (1e-300, 1e300)
+    expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
+    want = expr(a, b)
+    assert re.match(path, expr.last_evaluation), expr.last_evaluation
+    path = expr.last_evaluation
+    ad, bd = device.put(a), device.put(b)
+    same_bits(device.resident(lambda: expr(ad, bd)), want)
+    assert expr.last_evaluation == path
+    composed = path.startswith("composed")  # its bound is CuPy's own arithmetic: no kernel of ours
+    same_bits(device.resident(lambda: expr.error_bound(ad, bd), kernels=not composed), expr.error_bound(a, b))
+    ints = rng.integers(-1000, 1000, a.shape)
+    di = device.put(ints)  # integers convert exactly, on the device
+    same_bits(device.resident(lambda: rt.einsum("ij,jk->ik", di, bd)), rt.einsum("ij,jk->ik", ints, b))
 
 
 def test_complex_einsum(device):
