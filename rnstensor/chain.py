@@ -215,17 +215,8 @@ class ChainPlan:
         return sum(int(A.shape[1]) for A in self.operators)
 
     def _certifies(self, decode: str) -> bool:
-        """Whether a call is held to the classical bound: the default plan, fp64 decode, the program's own
-        operators (a plan that folds exponents into operator columns, revisiting a mode, runs as planned)."""
-        return self.classical and decode == "fp64" and self.method == "rescale_be" and self._plain
-
-    @property
-    def _plain(self) -> bool:
-        """The program's own operators, no folded columns: what the certification reads."""
-        if not hasattr(self, "_is_plain"):
-            self._is_plain = not any(isinstance(st, ir.Fold) for st in self.program.steps) and all(
-                np.array_equal(op.effective, A) for op, A in zip(self._schedule.operators, self.operators))
-        return self._is_plain
+        """Whether a call is held to the classical bound: the default plan with the fp64 decode."""
+        return self.classical and decode == "fp64" and self.method == "rescale_be"
 
     def _classical_path(self, xb) -> tuple:
         """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
@@ -233,7 +224,7 @@ class ChainPlan:
         m = self.classical_terms
         plan, s = self, len(self.basis)
         while True:
-            obs = plan._certificate(xb) if plan._plain else None
+            obs = plan._certificate(xb)
             if obs is not None and obs.certified(m):
                 return plan, obs
             if obs is None or obs.excess is None:
@@ -262,8 +253,8 @@ class ChainPlan:
         """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs."""
         xp = array_module(xb)
         key = ("float", xp.__name__)
-        if key not in self._op_values:  # the operators where the input lives, copied to a device once
-            self._op_values[key] = [to_module(np.asarray(A, dtype=np.float64), xp) for A in self.operators]
+        if key not in self._op_values:  # the operators as encoded (a revisit's folded columns), copied once
+            self._op_values[key] = [to_module(op.effective, xp) for op in self._schedule.operators]
         ops = self._op_values[key]
 
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
@@ -603,9 +594,12 @@ def plan_chain(
         encoding, and where none certifies, classical GEMMs
         (:meth:`ChainPlan.classical_chain`). ``plan.last_evaluation`` says
         which (the certified plan runs fused on the GPU where it can). An
-        explicit basis runs the plan as planned, the fast opt-out; so does a
-        plan that revisits a mode (its exponents folded into operator
-        columns).
+        explicit basis runs the plan as planned, the fast opt-out. A chain
+        that revisits a mode is certified the same way (its folded operator
+        columns are exact powers of two). The certification covers the whole
+        call: a batch runs on the basis its hardest tensor needs, so its
+        bits can differ from tensor-by-tensor calls (an explicit basis gives
+        the same bits either way).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
         [2610.05059] Alg. 7, 10, 8, 6.
     planner : {'optimal', 'greedy'}

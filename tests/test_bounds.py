@@ -188,7 +188,8 @@ def test_bound_matches_hand_derivation(decode, d):
         ops.append(A)
         cur[ax] = n_out
     X = rng.uniform(-3, 3, (5, 4))
-    plan = rt.plan_chain(ops, axes, ndim=2, planner="greedy")  # the hand derivation follows Alg. 2
+    # the hand derivation follows Alg. 2 on the plan's own basis (explicit: run and bounded as planned)
+    plan = rt.plan_chain(ops, axes, ndim=2, moduli=15, planner="greedy")
     assert sum(plan.drops) > 0 or d == 1
     want = hand_bound(X, ops, axes, plan.bits, plan.basis.moduli, decode)
     got = plan.error_bound(X, decode=decode)

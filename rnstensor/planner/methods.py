@@ -117,6 +117,32 @@ def _try(method: str, bits: int, input_bits: Optional[int], planner: str, operat
     return Schedule(method, bits, xbits, drops, ops, tuple(steps), basis, program), None
 
 
+def _widest_input(sched: Schedule, method: str, planner: str, operators, axes, basis: Basis, ndim: int) -> Schedule:
+    """``sched`` with its input encoded as wide as every range check allows (``input_bits='max'``).
+
+    Whether a width passes is the greedy plan's feasibility (the optimal
+    planner only moves drops within a feasible plan), so the width is found
+    by galloping and bisection on the cheap greedy check (``sched``, a greedy
+    plan, passes), and planned once with ``planner``: on 30 to 49 moduli the
+    widths number in the hundreds.
+    """
+    b = sched.bits
+
+    def passes(xbits: int) -> bool:
+        return _try(method, b, xbits, "greedy", operators, axes, basis, ndim)[0] is not None
+
+    lo, step = sched.input_bits, 1  # lo passes
+    while passes(lo + step):
+        lo, step = lo + step, 2 * step
+    hi = lo + step  # fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    if lo == sched.input_bits and planner == "greedy":
+        return sched
+    return _try(method, b, lo, planner, operators, axes, basis, ndim)[0]
+
+
 def plan_schedule(
     operators: Sequence[np.ndarray],
     axes: Sequence[int],
@@ -153,14 +179,12 @@ def plan_schedule(
     candidates = range(53, 0, -1) if bits is None else [int(bits)]
     failure = None
     for b in candidates:
-        sched, failure = _try(method, b, None if widest else input_bits, planner, operators, axes, basis, ndim)
+        # 'max' finds the widths on the greedy plans (same feasibility) and plans the widest once
+        sched, failure = _try(method, b, None if widest else input_bits, "greedy" if widest else planner,
+                              operators, axes, basis, ndim)
         if sched is not None:
-            # 'max': widen the input encoding while every range check still passes
-            while widest:
-                wider, _ = _try(method, b, sched.input_bits + 1, planner, operators, axes, basis, ndim)
-                if wider is None:
-                    break
-                sched = wider
+            if widest:
+                sched = _widest_input(sched, method, planner, operators, axes, basis, ndim)
             asked = None if bits is None else int(bits)
             check_kept_bits(f"plan_chain: the '{method}' plan on {basis!r}", sched.kept_bits, min_bits, asked,
                             "use more moduli" + (", method='rescale_be'" if method != "rescale_be" else ""))

@@ -53,7 +53,7 @@ from ..arrays import array_module
 from ..backends.cpu import mode_magnitudes
 from .errors import _letters, _result_letters
 from .execute import combine_parts
-from .ir import Combine, Contract, Drop, Encode, Sum
+from .ir import Combine, Contract, Drop, Encode, Fold, Sum
 
 __all__ = ["ClassicalErrors", "classical_terms", "gamma", "TINY_UNIT"]
 
@@ -94,8 +94,10 @@ class ClassicalErrors:
     with the fp64 decode, :attr:`exact` whether it is the exact integer.
     Complex programs are followed part by part (the 4M products' parts
     combined by :class:`Combine`), each part certified against the complex
-    magnitudes. Steps it has no rule for (RNSTensor operands, re-encodings,
-    folds, 3M products) make it refuse (:attr:`reason`).
+    magnitudes. A fold (a revisited chain axis) keeps the state, the next
+    operator's leaf being the folded one. Steps it has no rule for
+    (RNSTensor operands, re-encodings, 3M products) make it refuse
+    (:attr:`reason`).
     """
 
     def __init__(self, leaf: Callable, exponents: Callable):
@@ -142,6 +144,11 @@ class ClassicalErrors:
             return c, sc, _up((g + h) / (1 - h)), r, _up(n * a), _min_positive(c) * sc * (1 - 2.0**-50)
         if isinstance(st, Contract):
             return self._contract(st)
+        if isinstance(st, Fold):
+            # the integers stay and so do their magnitudes in units: the exponents' differences went into the
+            # next operator's columns exactly (powers of two, checked when folded), so that operator's leaf,
+            # the folded one, carries them and the products' magnitudes come out as the unfolded chain's
+            return self.state[st.x]
         if isinstance(st, Combine):
             # (re, im) x (re, im), the parts' exact integer products combined: Re = P00 - P11, Im = P01 + P10; each
             # part's magnitude is the sum of its two products' (the relative error stays, the absolute doubles)
