@@ -32,7 +32,52 @@ def _info(args) -> int:
     print()
     for line in describe():  # the GPU, its arch and the built kernels; never compiles, never fails
         print(line)
+    print()
+    for line in optional_parts():
+        print(line)
     return 0
+
+
+#: The optional parts ``rnstensor info`` reports: module, what it is for, the extra that installs it.
+OPTIONAL_PARTS = (
+    ("dask", "Dask arrays of tensors (rnstensor.dask)", "dask"),
+    ("distributed", "Dask's distributed scheduler", "dask"),
+    ("scipy", "SciPy (the FEM solver examples)", "test"),
+    ("meshio", "mesh files for the FEM operators", "fem"),
+    ("skfem", "scikit-fem (the FEM tests' assembler)", "fem"),
+    ("tqdm", "progress bars", "cli"),
+    ("matplotlib", "rnstensor plot", "plot"),
+)
+
+
+def optional_parts() -> list[str]:
+    """Lines for ``rnstensor info``: numba's threads (and whether its JIT runs), then each optional module.
+
+    Never fails: a part that is missing or broken is said in its line, with what installs it.
+    """
+    import importlib
+
+    lines = []
+    try:
+        import numba
+
+        @numba.njit(cache=False)
+        def _twice(x):  # a one-line JIT compile: numba present is not numba working
+            return 2 * x
+
+        ok = _twice(21) == 42
+        lines.append(f"numba {numba.__version__}: {numba.get_num_threads()} threads "
+                     f"(NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}), JIT {'works' if ok else 'gives wrong results'}")
+    except Exception as exc:  # noqa: BLE001 - info reports whatever stops numba
+        lines.append(f"numba: not working ({type(exc).__name__}: {exc}); the 'numpy' backend still runs")
+    for module, what, extra in OPTIONAL_PARTS:
+        try:
+            mod = importlib.import_module(module)
+            lines.append(f"{module} {getattr(mod, '__version__', '(version unknown)')}: {what}")
+        except Exception as exc:  # noqa: BLE001 - an import that fails in any way is "not available"
+            why = "not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({type(exc).__name__})"
+            lines.append(f"{module}: {why} ({what}; pip install 'rnstensor[{extra}]')")
+    return lines
 
 
 def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
@@ -271,7 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``rnstensor`` console script."""
     parser = argparse.ArgumentParser(prog="rnstensor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="moduli pool, basis ranges, backend in use")
+    sub.add_parser("info", help="moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
     demo = sub.add_parser("demo", help="encode -> mode products -> drop -> base extension -> decode, checked")
     demo.add_argument("--n", type=int, default=8, help="mode size (default 8)")
     demo.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")
