@@ -15,26 +15,43 @@ __all__ = ["main"]
 def _info(args) -> int:
     from . import __version__
     from .backends import available_backends, get_backend
+    from .backends.cuda import describe
     from .basis import Basis, int8_pool
 
     pool = int8_pool()
+    bases = [Basis.int8(s) for s in range(1, len(pool) + 1)]
+    parts = optional_parts()
+    if args.json:
+        import json
+
+        record = {
+            "version": __version__,
+            "backend": get_backend().name,
+            "available_backends": list(available_backends()),
+            "int8_pool": [int(p) for p in pool],
+            "bases": [{"s": len(B), "log2_product": B.log2_product, "largest": int(max(B.moduli)),
+                       "smallest": int(min(B.moduli))} for B in bases],
+            "cuda": describe(),
+            "optional": parts,
+        }
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+        print(f"JSON written to {args.json}")
+        return 0
     print(f"rnstensor {__version__}")
     print(f"backend in use: {get_backend().name} (available: {', '.join(available_backends())})")
     print(f"INT8 moduli pool: {len(pool)} moduli, greedy descending pairwise coprime from 256")
     for i in range(0, len(pool), 12):
         print("  " + " ".join(f"{p:3d}" for p in pool[i : i + 12]))
     print("\n  s  log2 P   log2(P/2)  largest p   smallest p")
-    for s in range(1, len(pool) + 1):
-        B = Basis.int8(s)
-        print(f" {s:2d}  {B.log2_product:7.2f}  {B.log2_product - 1:8.2f}  {max(B.moduli):9d}  {min(B.moduli):10d}")
-    from .backends.cuda import describe
-
+    for B in bases:
+        print(f" {len(B):2d}  {B.log2_product:7.2f}  {B.log2_product - 1:8.2f}  {max(B.moduli):9d}  {min(B.moduli):10d}")
     print()
     for line in describe():  # the GPU, its arch and the built kernels; never compiles, never fails
         print(line)
     print()
-    for line in optional_parts():
-        print(line)
+    for part in parts:
+        print(part["line"])
     return 0
 
 
@@ -50,14 +67,16 @@ OPTIONAL_PARTS = (
 )
 
 
-def optional_parts() -> list[str]:
-    """Lines for ``rnstensor info``: numba's threads (and whether its JIT runs), then each optional module.
+def optional_parts() -> list[dict]:
+    """What ``rnstensor info`` says of numba (threads, whether its JIT runs) and of each optional module.
 
-    Never fails: a part that is missing or broken is said in its line, with what installs it.
+    One record per part: ``part``, ``working`` (bool), ``version`` (or None) and
+    ``line``, the sentence printed. Never fails: a part that is missing or
+    broken is said in its line, with the extra that installs it.
     """
     import importlib
 
-    lines = []
+    out = []
     try:
         import numba
 
@@ -66,18 +85,23 @@ def optional_parts() -> list[str]:
             return 2 * x
 
         ok = _twice(21) == 42
-        lines.append(f"numba {numba.__version__}: {numba.get_num_threads()} threads "
-                     f"(NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}), JIT {'works' if ok else 'gives wrong results'}")
+        out.append({"part": "numba", "working": ok, "version": numba.__version__, "threads": numba.get_num_threads(),
+                    "line": f"numba {numba.__version__}: {numba.get_num_threads()} threads "
+                            f"(NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}), "
+                            f"JIT {'works' if ok else 'gives wrong results'}"})
     except Exception as exc:  # noqa: BLE001 - info reports whatever stops numba
-        lines.append(f"numba: not working ({type(exc).__name__}: {exc}); the 'numpy' backend still runs")
+        out.append({"part": "numba", "working": False, "version": None,
+                    "line": f"numba: not working ({type(exc).__name__}: {exc}); the 'numpy' backend still runs"})
     for module, what, extra in OPTIONAL_PARTS:
         try:
             mod = importlib.import_module(module)
-            lines.append(f"{module} {getattr(mod, '__version__', '(version unknown)')}: {what}")
+            version = str(getattr(mod, "__version__", "(version unknown)"))
+            out.append({"part": module, "working": True, "version": version, "line": f"{module} {version}: {what}"})
         except Exception as exc:  # noqa: BLE001 - an import that fails in any way is "not available"
             why = "not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({type(exc).__name__})"
-            lines.append(f"{module}: {why} ({what}; pip install 'rnstensor[{extra}]')")
-    return lines
+            out.append({"part": module, "working": False, "version": None,
+                        "line": f"{module}: {why} ({what}; pip install 'rnstensor[{extra}]')"})
+    return out
 
 
 def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
@@ -316,7 +340,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``rnstensor`` console script."""
     parser = argparse.ArgumentParser(prog="rnstensor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
+    info = sub.add_parser("info", help="moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
+    info.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON to PATH")
     demo = sub.add_parser("demo", help="encode -> mode products -> drop -> base extension -> decode, checked")
     demo.add_argument("--n", type=int, default=8, help="mode size (default 8)")
     demo.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")

@@ -41,8 +41,28 @@ def test_info_reports_a_broken_part(monkeypatch, tmp_path):
     (tmp_path / "rnstensor_broken_part.py").write_text("raise RuntimeError('broken on purpose')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(cli, "OPTIONAL_PARTS", (("rnstensor_broken_part", "a test part", "plot"),))
-    lines = cli.optional_parts()
-    assert any(ln.startswith("rnstensor_broken_part: fails to import (RuntimeError)") for ln in lines), lines
+    parts = cli.optional_parts()
+    broken = next(p for p in parts if p["part"] == "rnstensor_broken_part")
+    assert not broken["working"] and broken["line"].startswith("rnstensor_broken_part: fails to import (RuntimeError)")
+
+
+def test_info_json(tmp_path, capsys):
+    import json
+
+    from rnstensor.basis import Basis, int8_pool
+
+    path = tmp_path / "info.json"
+    assert cli.main(["info", "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    assert record["int8_pool"] == [int(p) for p in int8_pool()]
+    assert [b["s"] for b in record["bases"]] == list(range(1, len(int8_pool()) + 1))
+    assert all(b["log2_product"] == Basis.int8(b["s"]).log2_product for b in record["bases"])
+    parts = {p["part"]: p for p in record["optional"]}
+    assert set(parts) == {"numba"} | {m for m, _, _ in cli.OPTIONAL_PARTS}
+    for module, _, _ in cli.OPTIONAL_PARTS:
+        assert parts[module]["working"] == (importlib.util.find_spec(module) is not None), module
+    assert parts["numba"]["working"] is True
+    assert str(path) in capsys.readouterr().out
 
 
 def test_info_runs_as_a_command():
