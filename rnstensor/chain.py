@@ -128,16 +128,16 @@ class ChainPlan:
 
     def float64_chain(self, X):
         """The chain in float64 (numpy's mode products, in the plan's order): what numpy gives, inf and NaN included."""
-        return self._float64_products(X, self.operators)
+        return self._float64_products(X, self._float_operators(array_module(X), encoded=False))
 
     def _float64_products(self, X, operators):
-        """``operators`` applied to ``X`` along the plan's axes by numpy's (or CuPy's) float64 mode products."""
+        """``operators`` (float64 arrays on ``X``'s module) applied to ``X`` along the plan's axes by numpy's (or
+        CuPy's) float64 mode products."""
         xp = array_module(X)
         y = X if xp is not np else np.asarray(X, dtype=np.float64)
         batch = y.ndim - self.ndim
         with np.errstate(invalid="ignore", over="ignore", under="ignore"):
             for A, ax in zip(operators, self.axes):
-                A = to_module(A, xp)
                 y = xp.moveaxis(xp.tensordot(A, y, axes=([1], [batch + ax])), 0, batch + ax)
         return y
 
@@ -252,10 +252,7 @@ class ChainPlan:
     def _certificate(self, xb) -> ClassicalErrors:
         """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs."""
         xp = array_module(xb)
-        key = ("float", xp.__name__)
-        if key not in self._op_values:  # the operators as encoded (a revisit's folded columns), copied once
-            self._op_values[key] = [to_module(op.effective, xp) for op in self._schedule.operators]
-        ops = self._op_values[key]
+        ops = self._float_operators(xp, encoded=True)
 
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
             if st.constant:
@@ -263,6 +260,15 @@ class ChainPlan:
             return -group_exponents(xb, st.bits, st.shared)
 
         return ClassicalErrors(lambda st: ops[st.source] if st.constant else xb, exponents).run(self.program)
+
+    def _float_operators(self, xp, encoded: bool) -> list:
+        """The operators as float64 arrays on ``xp``, copied to a device once: as given, or as encoded
+        (``encoded``: a revisit's exponents folded into their columns, what the certification reads)."""
+        key = ("encoded" if encoded else "float", xp.__name__)
+        if key not in self._op_values:
+            given = [op.effective for op in self._schedule.operators] if encoded else self.operators
+            self._op_values[key] = [to_module(np.asarray(A, dtype=np.float64), xp) for A in given]
+        return self._op_values[key]
 
     def classical_chain(self, X):
         """The chain as classical GEMMs (:func:`rnstensor.matmul`), one per product, decoded in between.
@@ -278,10 +284,10 @@ class ChainPlan:
         xp = array_module(X)
         y = X
         batch = y.ndim - self.ndim
-        for A, ax in zip(self.operators, self.axes):
+        for A, ax in zip(self._float_operators(xp, encoded=False), self.axes):
             moved_y = xp.moveaxis(y, batch + ax, 0)
             rest = moved_y.shape[1:]
-            prod = matmul(to_module(np.asarray(A, dtype=np.float64), xp), moved_y.reshape(moved_y.shape[0], -1))
+            prod = matmul(A, moved_y.reshape(moved_y.shape[0], -1))
             y = xp.moveaxis(prod.reshape((A.shape[0],) + rest), 0, batch + ax)
         return y
 
@@ -461,7 +467,8 @@ class ChainPlan:
     def _classical_bound(self, x, xnorm: Fraction) -> float:
         """``γ_m max |A_n| ... |A_1| |X|`` rounded up (the classical GEMMs' bound), plus their subnormal roundings."""
         m = self.classical_terms
-        mag = float(self._float64_products(array_module(x).abs(x), [np.abs(A) for A in self.operators]).max())
+        xp = array_module(x)
+        mag = float(self._float64_products(xp.abs(x), [xp.abs(A) for A in self._float_operators(xp, encoded=False)]).max())
         bound = inflate(mag, m + len(self.operators) + 2) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
         bound += 2.0**-1073 * math.prod(max(1, int(A.shape[1])) for A in self.operators) * len(self.operators)
         return self._reported(Fraction(inflate(bound, 4)), xnorm)

@@ -66,3 +66,19 @@ def test_nonfinite_input_on_the_device(device):
     want = plan(X)
     same_bits(plan.run(device.put(X), fused=False), want)
     same_bits(plan.run(device.put(X)), want)
+
+
+@pytest.mark.parametrize("tiny, path", [(2.0**-40, "residues on"), (2.0**-200, "composed classical GEMMs")])
+def test_revisiting_default_chain(device, tiny, path):
+    # a chain that comes back to an axis (a Fold in its program) is certified on the device as on the CPU: the same
+    # path (the residues, or the classical GEMMs where rows span 200 binades), the same bits, the same bound
+    A1 = np.diag([1.0, tiny, 3.0])
+    A2 = np.array([[1.0, 1 / tiny, 1.0], [0.5, 1.0, -1.0]])
+    plan = rt.plan_chain([A1, A2, A1[:2, :2]], [0, 0, 1], ndim=2)
+    X = np.random.default_rng(6).uniform(-1, 1, (4, 3, 2))
+    Xd = device.put(X)
+    got = device.resident(lambda: plan(Xd))
+    on_device = plan.last_evaluation
+    same_bits(got, plan(X))
+    assert plan.last_evaluation == on_device and on_device.startswith(path)
+    assert plan.error_bound(Xd) == plan.error_bound(X)
