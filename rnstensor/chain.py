@@ -159,11 +159,12 @@ class ChainPlan:
         backend : str, optional
             ``'cpu'``, ``'numpy'`` or ``'cuda'`` (default: the current backend; ``'cuda'`` for CuPy input).
         fused : bool, optional
-            On ``'cuda'``: run the whole chain as one kernel (``rnstensor/kernels/chain.cu``),
-            each tensor kept in shared memory from load to store. ``None`` (default) fuses
-            where the plan allows it (:func:`rnstensor.kernels.fused.fusable`); ``True``
-            raises where it does not; ``False`` runs one kernel per step (:attr:`program`).
-            Results are bitwise the same either way.
+            Run the whole chain block by block, each block of tensors kept in cache
+            (``'cpu'``: :mod:`rnstensor.backends.cpu_fused`) or in shared memory
+            (``'cuda'``: one kernel, ``rnstensor/kernels/chain.cu``) from the float64
+            load to the store. ``None`` (default) fuses where the plan allows it;
+            ``True`` raises where it does not; ``False`` runs one kernel per step
+            (:attr:`program`). Results are bitwise the same either way.
         nonfinite : {'propagate', 'raise'}
             Input entries that are inf or NaN: ``'propagate'`` (default) follows
             numpy, every output whose float64 chain meets one is numpy's
@@ -181,9 +182,10 @@ class ChainPlan:
             return xp.where(xp.isfinite(ref), y, ref)
         be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
         on_device = xp is not np
-        can_fuse = callable(getattr(be, "chain", None))  # a backend with the fused chain kernel
+        can_fuse = callable(getattr(be, "chain", None))  # a backend with a fused chain interpreter
         if fused and not can_fuse:
-            raise ValueError(f"fused=True runs on the 'cuda' backend (the fused chain kernel); backend is {be.name!r}")
+            raise ValueError(f"fused=True runs on the 'cpu' and 'cuda' backends (their fused chain kernels); backend is "
+                             f"{be.name!r}")
         if self._certifies(decode):  # the default: the plan that is certified on X, fused or not, else GEMMs
             x = self._check_input(X)
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
@@ -316,8 +318,6 @@ class ChainPlan:
 
     def _run_fused(self, X, decode: str, be, on_device: bool, required: bool):
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``required``)."""
-        from .kernels import fused as _fused
-
         if on_device:
             if X.dtype.kind != "f" or X.dtype.itemsize > 8:
                 raise TypeError(f"X must be a real floating-point array (float16/32/64); got dtype {X.dtype}")
@@ -328,7 +328,7 @@ class ChainPlan:
             x = self._check_input(X)
         batch = self._check_shape(tuple(x.shape))
         shape = tuple(x.shape[batch:])
-        prog, why = _fused.program_or_reason(lambda: _fused.chain_program(self, shape), _fused.fusable(self, shape), decode)
+        prog, why = be.chain_program(self, shape, decode)
         if prog is None:
             if required:
                 raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")

@@ -383,6 +383,38 @@ def _enc_big(hi, lo, kb, pwl, o, p, ip, h, c, W):
         o[b] = np.int8(_cr64(r * pwl[min(kb[b], TW - 1)], p, ip, h))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _encode_block(xi, eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper):
+    # out[l, i0:i0 + W] <- the residues of round_half_even(x * 2**e) for the W entries xi (IEEE bits) with
+    # exponents eb: the body of _encode_kernel, also run by the fused interpreter (backends.cpu_fused)
+    L = pf.size
+    TW = pw.shape[1]
+    nbig = _enc_split(xi, eb, hi, lo, kb, W)
+    huge = False
+    if nbig > 0:
+        for b in range(W):
+            if kb[b] >= TW:
+                huge = True
+    for l in range(L):
+        o = out[l, i0 : i0 + W]
+        if nbig == 0:
+            _enc_small(hi, lo, o, pf[l], ipf[l], hf[l], c24[l], W)
+            continue
+        _enc_big(hi, lo, kb, pw[l], o, pf[l], ipf[l], hf[l], c24[l], W)
+        if huge:
+            # beyond the table: 2^k is periodic mod p once k passes its 2-adic part
+            a = pa[l]
+            per = pper[l]
+            p = pf[l]
+            ip = ipf[l]
+            h = hf[l]
+            for b in range(W):
+                k = kb[b]
+                if k >= TW:
+                    r = _cr64(hi[b] * c24[l] + lo[b], p, ip, h)
+                    o[b] = np.int8(_cr64(r * pw[l, a + (k - a) % per], p, ip, h))
+
+
 @njit(cache=True, nogil=True)
 def _encode_kernel(xi, ev, inner, pf, ipf, hf, c24, pw, pa, pper, out, task0, task1):
     # The hot loops live in separate small functions: inside one large body
@@ -390,8 +422,6 @@ def _encode_kernel(xi, ev, inner, pf, ipf, hf, c24, pw, pa, pper, out, task0, ta
     xi, ev, pf, ipf, hf, c24 = _borrow(xi), _borrow(ev), _borrow(pf), _borrow(ipf), _borrow(hf), _borrow(c24)
     pw, pa, pper, out = _borrow(pw), _borrow(pa), _borrow(pper), _borrow(out)
     N = xi.size
-    L = pf.size
-    TW = pw.shape[1]
     hi = np.empty(_BLOCK, np.float64)
     lo = np.empty(_BLOCK, np.float64)
     kb = np.empty(_BLOCK, np.int64)
@@ -400,30 +430,7 @@ def _encode_kernel(xi, ev, inner, pf, ipf, hf, c24, pw, pa, pper, out, task0, ta
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
         _block_exponents(ev, inner, i0, W, eb)
-        nbig = _enc_split(xi[i0 : i0 + W], eb, hi, lo, kb, W)
-        huge = False
-        if nbig > 0:
-            for b in range(W):
-                if kb[b] >= TW:
-                    huge = True
-        for l in range(L):
-            o = out[l, i0 : i0 + W]
-            if nbig == 0:
-                _enc_small(hi, lo, o, pf[l], ipf[l], hf[l], c24[l], W)
-                continue
-            _enc_big(hi, lo, kb, pw[l], o, pf[l], ipf[l], hf[l], c24[l], W)
-            if huge:
-                # beyond the table: 2^k is periodic mod p once k passes its 2-adic part
-                a = pa[l]
-                per = pper[l]
-                p = pf[l]
-                ip = ipf[l]
-                h = hf[l]
-                for b in range(W):
-                    k = kb[b]
-                    if k >= TW:
-                        r = _cr64(hi[b] * c24[l] + lo[b], p, ip, h)
-                        o[b] = np.int8(_cr64(r * pw[l, a + (k - a) % per], p, ip, h))
+        _encode_block(xi[i0 : i0 + W], eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper)
 
 
 @lru_cache(maxsize=64)
@@ -665,6 +672,20 @@ def _gather_rows(Xl, Xw, l, a0, a1, t0, t1, S, T):
             for b in range(nr):
                 Tk[b] = np.float32(Xk[b])
         return
+    if post % 8 == 0 and t0 % 8 == 0 and tl % 8 == 0:
+        # rows of whole words: the words of T[k] gathered (a strided int64 copy), then converted as one run
+        nw, pw = tl // 8, post // 8
+        Sb = _flat_as(S, np.int8)
+        for k in range(n_in):
+            for a in range(a0, a1):
+                src = ((l * pre + a) * n_in + k) * pw + t0 // 8
+                dst = (a - a0) * nw
+                for w in range(nw):
+                    S[dst + w] = Xw[src + w]
+            Tk = T[k]
+            for b in range(nr * tl):
+                Tk[b] = np.float32(Sb[b])
+        return
     for a in range(a0, a1):
         o = (a - a0) * tl
         Xa = Xl[a]
@@ -697,6 +718,17 @@ def _scatter_rows(R, Ol, Ow, l, a0, a1, t0, t1, S):
             Rj = R[j]
             for b in range(nr):
                 Oj[b] = Rj[b]
+        return
+    if post % 8 == 0 and t0 % 8 == 0 and tl % 8 == 0:
+        # rows of whole words: each row of R as words, copied to their strided places
+        nw, pw = tl // 8, post // 8
+        for j in range(n_out):
+            Rw = _flat_as(R[j], np.int64)
+            for a in range(a0, a1):
+                dst = ((l * pre + a) * n_out + j) * pw + t0 // 8
+                src = (a - a0) * nw
+                for w in range(nw):
+                    Ow[dst + w] = Rw[src + w]
         return
     for a in range(a0, a1):
         o = (a - a0) * tl
@@ -832,45 +864,54 @@ def _drop_extend_kernel(
     ripf, rh, mperm, C, mpf = _borrow(ripf), _borrow(rh), _borrow(mperm), _borrow(C), _borrow(mpf)
     mip, mh, tsrc, Tw, tpf = _borrow(mip), _borrow(mh), _borrow(tsrc), _borrow(Tw), _borrow(tpf)
     tip, th, out = _borrow(tip), _borrow(th), _borrow(out)
-    L, N = X.shape
+    N = X.shape[1]
+    g, m = dperm.size, mperm.size
+    Dd = np.empty((max(g, 1), _BLOCK), np.float32)
+    Dm = np.empty((max(m, 1), _BLOCK), np.float32)
+    Y = np.empty((rsrc.size, _BLOCK), np.int8)
+    acc = np.empty(_BLOCK, np.float32)
+    for blk in range(task0, task1):
+        i0 = blk * _BLOCK
+        _drop_extend_block(X, i0, min(_BLOCK, N - i0), dperm, A, dpf, dip, dh, rsrc, Bc, E, rpf, ripf, rh, mperm, C,
+                           mpf, mip, mh, tsrc, Tw, tpf, tip, th, out, Dd, Dm, Y, acc)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _drop_extend_block(X, i0, W, dperm, A, dpf, dip, dh, rsrc, Bc, E, rpf, ripf, rh, mperm, C, mpf, mip, mh, tsrc, Tw,
+                       tpf, tip, th, out, Dd, Dm, Y, acc):
+    # columns i0 .. i0 + W of X to the same columns of out (W <= the scratch's width): the steps above, also run
+    # by the fused interpreter (backends.cpu_fused)
     g = dperm.size
     nr = rsrc.size
     m = mperm.size
     T = tsrc.size
-    Dd = np.empty((max(g, 1), _BLOCK), np.float32)
-    Dm = np.empty((max(m, 1), _BLOCK), np.float32)
-    Y = np.empty((nr, _BLOCK), np.int8)
-    acc = np.empty(_BLOCK, np.float32)
-    for blk in range(task0, task1):
-        i0 = blk * _BLOCK
-        W = min(_BLOCK, N - i0)
-        # 1. digits r_i of v over the dropped moduli, drop order
-        _mrc_digits(X, i0, W, dperm, A, dpf, dip, dh, Dd, acc)
-        # 2. the remaining planes of v_g
-        for j in range(nr):
-            x = X[rsrc[j], i0 : i0 + W]
-            Yj = Y[j]
-            if g == 0:
-                for b in range(W):
-                    Yj[b] = x[b]
-            else:
-                _dot_reduce(x, Bc[j], Dd, E[j], g, rpf[j], ripf[j], rh[j], acc, W)
-                _put_i8(acc, Yj, W)
-        # 3. digits of v_g over the remaining moduli (only when extending)
-        if m > 0:
-            # (Y typed read-only and a computed 0: the same specialization as step 1)
-            _mrc_digits(_readonly(Y), W - W, W, mperm, C, mpf, mip, mh, Dm, acc)
-        # 4. the output planes: kept ones copied, restored ones from the digits
-        for t in range(T):
-            o = out[t, i0 : i0 + W]
-            s = tsrc[t]
-            if s >= 0:
-                Ys = Y[s]
-                for b in range(W):
-                    o[b] = Ys[b]
-            else:
-                _dot_reduce(X[0, i0 : i0 + W], np.float32(0.0), Dm, Tw[t], m, tpf[t], tip[t], th[t], acc, W)
-                _put_i8(acc, o, W)
+    # 1. digits r_i of v over the dropped moduli, drop order
+    _mrc_digits(X, i0, W, dperm, A, dpf, dip, dh, Dd, acc)
+    # 2. the remaining planes of v_g
+    for j in range(nr):
+        x = X[rsrc[j], i0 : i0 + W]
+        Yj = Y[j]
+        if g == 0:
+            for b in range(W):
+                Yj[b] = x[b]
+        else:
+            _dot_reduce(x, Bc[j], Dd, E[j], g, rpf[j], ripf[j], rh[j], acc, W)
+            _put_i8(acc, Yj, W)
+    # 3. digits of v_g over the remaining moduli (only when extending)
+    if m > 0:
+        # (Y typed read-only and a computed 0: the same specialization as step 1)
+        _mrc_digits(_readonly(Y), W - W, W, mperm, C, mpf, mip, mh, Dm, acc)
+    # 4. the output planes: kept ones copied, restored ones from the digits
+    for t in range(T):
+        o = out[t, i0 : i0 + W]
+        s = tsrc[t]
+        if s >= 0:
+            Ys = Y[s]
+            for b in range(W):
+                o[b] = Ys[b]
+        else:
+            _dot_reduce(X[0, i0 : i0 + W], np.float32(0.0), Dm, Tw[t], m, tpf[t], tip[t], th[t], acc, W)
+            _put_i8(acc, o, W)
 
 
 def _padded(rows, n: int, width: int) -> np.ndarray:
@@ -967,22 +1008,28 @@ def _decode_fp64_kernel(X, perm, C, qf, qip, qh, qd, f, g, ev, inner, k, p2, out
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
-        _mrc_digits(X, i0, W, perm, C, qf, qip, qh, D, acc)
-        _horner_dd(D, qd, V, Vl, Vc, W)
-        # V <- fl((V + Vl) (f + g)), as arith.scaled_double_double
-        for b in range(W):
-            h = V[b]
-            pr = h * f
-            V[b] = pr + (_fma(h, f, -pr) + (Vl[b] * f + h * g))
         _block_exponents(ev, inner, i0, W, eb)
-        o = out[i0 : i0 + W]
-        if _scale_pow2(V, eb, k, S, o, W) > 0:
-            # exponents outside the normal range (rare): the table/libm path
-            for b in range(W):
-                e = eb[b] + k
-                if e < -1022 or e > 1023:
-                    e = min(max(e, -1048576), 1048576)
-                    o[b] = _ldexp(V[b], e, p2)
+        _decode_fp64_block(X, i0, W, perm, C, qf, qip, qh, qd, f, g, eb, k, p2, out[i0 : i0 + W], V, Vl, Vc, D, acc, S)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _decode_fp64_block(X, i0, W, perm, C, qf, qip, qh, qd, f, g, eb, k, p2, o, V, Vl, Vc, D, acc, S):
+    # o[:W] <- columns i0 .. i0 + W of X decoded (exponents eb): the body of _decode_fp64_kernel, also run by the
+    # fused interpreter (backends.cpu_fused)
+    _mrc_digits(X, i0, W, perm, C, qf, qip, qh, D, acc)
+    _horner_dd(D, qd, V, Vl, Vc, W)
+    # V <- fl((V + Vl) (f + g)), as arith.scaled_double_double
+    for b in range(W):
+        h = V[b]
+        pr = h * f
+        V[b] = pr + (_fma(h, f, -pr) + (Vl[b] * f + h * g))
+    if _scale_pow2(V, eb, k, S, o, W) > 0:
+        # exponents outside the normal range (rare): the table/libm path
+        for b in range(W):
+            e = eb[b] + k
+            if e < -1022 or e > 1023:
+                e = min(max(e, -1048576), 1048576)
+                o[b] = _ldexp(V[b], e, p2)
 
 
 @njit(cache=True, nogil=True)
@@ -1050,14 +1097,12 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
     # subnormal, so the final ldexp is exact or overflows
     X, perm, C, qf, qip, qh = _borrow(X), _borrow(perm), _borrow(C), _borrow(qf), _borrow(qip), _borrow(qh)
     qd, ev, flimbs, p2, out = _borrow(qd), _borrow(ev), _borrow(flimbs), _borrow(p2), _borrow(out)
-    L, N = X.shape
+    N = X.shape[1]
     m = perm.size
-    nf = flimbs.size
-    unit = nf == 1 and flimbs[0] == 1
     eb = np.empty(_BLOCK, np.int64)
     n30 = (40 * nl40 + 29) // 30
     V = np.zeros(n30, np.int64)
-    P = np.zeros(n30 + nf + 1, np.int64)
+    P = np.zeros(n30 + flimbs.size + 1, np.int64)
     U = np.empty((m, _BLOCK), np.float32)
     acc = np.empty(_BLOCK, np.float32)
     sgn = np.empty(_BLOCK, np.float64)
@@ -1066,56 +1111,69 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
-        _mrc_digits(X, i0, W, perm, C, qf, qip, qh, U, acc)
-        _signed_horner(U, qd, sgn, Vf, carry, W)
         _block_exponents(ev, inner, i0, W, eb)
-        for b in range(W):
-            if sgn[b] == 0.0:
-                out[i0 + b] = 0.0
-                continue
-            for i in range(n30):
-                pos = 30 * i
-                li = pos // 40
-                off = pos - 40 * li
-                w = np.int64(Vf[li, b]) >> off
-                if off > 10 and li + 1 < nl40:
-                    w |= np.int64(Vf[li + 1, b]) << (40 - off)
-                V[i] = w & _MASK30
-            n = n30
-            if unit:
-                M = V
-            else:
-                n = n30 + nf
-                for li in range(n + 1):
-                    P[li] = 0
-                for li in range(n30):
-                    c = np.int64(0)
-                    vl = V[li]
-                    for lj in range(nf):
-                        t = P[li + lj] + vl * flimbs[lj] + c
-                        P[li + lj] = t & _MASK30
-                        c = t >> 30
-                    P[li + nf] += c
-                M = P
-            while n > 0 and M[n - 1] == 0:
-                n -= 1
-            nb = 30 * (n - 1) + _bitlen(M[n - 1])
-            e = eb[b] + eadd
-            if e < -(1 << 40):
-                e = -(1 << 40)
-            elif e > (1 << 40):
-                e = 1 << 40
-            shift = max(nb - 53, -1074 - e)
-            # (computed 0, 1 and 53 below: literals would compile three more _bits)
-            one = n - n + 1
-            if shift <= 0:
-                y = _ldexp(np.float64(_bits(M, n, one - 1, nb)), e, p2)
-            else:
-                mant = _bits(M, n, shift, one + 52)
-                if _bits(M, n, shift - 1, one) == 1 and ((mant & 1) == 1 or _any_below(M, n, shift - 1)):
-                    mant += 1
-                y = _ldexp(np.float64(mant), shift + e, p2)
-            out[i0 + b] = -y if sgn[b] * fsign < 0 else y
+        _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2, out[i0 : i0 + W],
+                            V, P, U, acc, sgn, carry, Vf)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2, o, V, P, U, acc, sgn, carry,
+                        Vf):
+    # o[:W] <- columns i0 .. i0 + W of X correctly rounded (exponents eb): the body of _decode_exact_kernel, also
+    # run by the fused interpreter (backends.cpu_fused); V, P: 30-bit limb scratch, Vf: (40-bit limbs, W)
+    nl40 = Vf.shape[0]
+    n30 = V.size
+    nf = flimbs.size
+    unit = nf == 1 and flimbs[0] == 1
+    _mrc_digits(X, i0, W, perm, C, qf, qip, qh, U, acc)
+    _signed_horner(U, qd, sgn, Vf, carry, W)
+    for b in range(W):
+        if sgn[b] == 0.0:
+            o[b] = 0.0
+            continue
+        for i in range(n30):
+            pos = 30 * i
+            li = pos // 40
+            off = pos - 40 * li
+            w = np.int64(Vf[li, b]) >> off
+            if off > 10 and li + 1 < nl40:
+                w |= np.int64(Vf[li + 1, b]) << (40 - off)
+            V[i] = w & _MASK30
+        n = n30
+        if unit:
+            M = V
+        else:
+            n = n30 + nf
+            for li in range(n + 1):
+                P[li] = 0
+            for li in range(n30):
+                c = np.int64(0)
+                vl = V[li]
+                for lj in range(nf):
+                    t = P[li + lj] + vl * flimbs[lj] + c
+                    P[li + lj] = t & _MASK30
+                    c = t >> 30
+                P[li + nf] += c
+            M = P
+        while n > 0 and M[n - 1] == 0:
+            n -= 1
+        nb = 30 * (n - 1) + _bitlen(M[n - 1])
+        e = eb[b] + eadd
+        if e < -(1 << 40):
+            e = -(1 << 40)
+        elif e > (1 << 40):
+            e = 1 << 40
+        shift = max(nb - 53, -1074 - e)
+        # (computed 0, 1 and 53 below: literals would compile three more _bits)
+        one = n - n + 1
+        if shift <= 0:
+            y = _ldexp(np.float64(_bits(M, n, one - 1, nb)), e, p2)
+        else:
+            mant = _bits(M, n, shift, one + 52)
+            if _bits(M, n, shift - 1, one) == 1 and ((mant & 1) == 1 or _any_below(M, n, shift - 1)):
+                mant += 1
+            y = _ldexp(np.float64(mant), shift + e, p2)
+        o[b] = -y if sgn[b] * fsign < 0 else y
 
 
 @lru_cache(maxsize=256)
@@ -1340,6 +1398,24 @@ class CpuBackend:
         out = np.empty((len(out_active), X.shape[1]), np.int8)
         _launch(_drop_extend_kernel, -(-X.shape[1] // _BLOCK), X.size * 4, X, *tabs, out)
         return out.reshape((len(out_active),) + shape), out_active
+
+    # ----- whole programs -----------------------------------------------------------------
+
+    def chain_program(self, plan, shape: tuple, decode: str):
+        """``(program, None)``: ``plan`` packed for :meth:`chain` on tensors of ``shape``, or ``(None, reason)``."""
+        from . import cpu_fused  # noqa: PLC0415 - it imports this module
+
+        try:
+            return cpu_fused.cpu_chain_program(plan, shape), None
+        except ValueError as exc:
+            return None, str(exc)
+
+    def chain(self, program, x: np.ndarray, decode: str) -> np.ndarray:
+        """A whole chain, block by block in cache (:mod:`rnstensor.backends.cpu_fused`): ``x`` ``(B, *in_shape)``
+        (finite) -> ``(B, *out_shape)``, bitwise the step-by-step run."""
+        from . import cpu_fused  # noqa: PLC0415
+
+        return cpu_fused.run_chain(program, x, decode)
 
     # ----- decode -------------------------------------------------------------------------
 

@@ -672,6 +672,19 @@ class CudaBackend:
                 requests.append(("chain", self.arch, fused.SPEC_OPTIONS, fused.spec_header(program)))
         return len({b.path for b in build.compile_modules(requests, jobs)})
 
+    def chain_program(self, plan, shape: tuple, decode: str):
+        """``(program, None)``: ``plan`` as :meth:`chain`'s kernel program for tensors of ``shape``, or
+        ``(None, reason)`` where the fused kernel cannot run it."""
+        from ..kernels import fused  # noqa: PLC0415 - the kernels package imports the backends
+
+        return fused.program_or_reason(lambda: fused.chain_program(plan, shape), fused.fusable(plan, shape), decode)
+
+    def operator_program(self, op, decode: str):
+        """``(program, None)``: the FEM operator ``op`` as :meth:`chain`'s kernel program, or ``(None, reason)``."""
+        from ..kernels import fused  # noqa: PLC0415
+
+        return fused.program_or_reason(lambda: fused.operator_program(op), fused.operator_fusable(op), decode)
+
     def chain(self, program, x, decode: str, field=None, fexp=None):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.
 

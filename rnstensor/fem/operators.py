@@ -366,12 +366,11 @@ class _Operator:
 
     def _apply_fused(self, x: np.ndarray, decode: str, fused: Optional[bool]):
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``fused``)."""
-        from ..kernels import fused as _fused
-
         be, xp, _ = self._backend_of(x)
-        why = None if callable(getattr(be, "chain", None)) else f"the fused kernel runs on the 'cuda' backend, not {be.name!r}"
-        prog, why = _fused.program_or_reason(lambda: _fused.operator_program(self), why or _fused.operator_fusable(self),
-                                             decode)
+        if callable(getattr(be, "operator_program", None)):
+            prog, why = be.operator_program(self, decode)
+        else:
+            prog, why = None, f"the fused kernel runs on the 'cuda' backend, not {be.name!r}"
         if prog is None:
             if fused:
                 raise ValueError(f"fused=True: {why}")

@@ -31,7 +31,7 @@ from ..program import ir
 from . import tables
 from .layout import KERNEL, RC, RS
 
-__all__ = ["ChainProgram", "chain_program", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
+__all__ = ["ChainProgram", "chain_program", "program_stages", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
@@ -172,7 +172,7 @@ class _Partial:
     shape: tuple
 
 
-def _stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict) -> _Program:
+def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict) -> _Program:
     """The fused kernel's view of ``program``: its stages, tensors and output scale, read from its steps.
 
     ``constants[source]`` is every constant's value (host residues, exponents
@@ -409,7 +409,7 @@ def _build(plan, shape, budget) -> ChainProgram:
     if why is not None:
         raise ValueError(f"this plan cannot run as one fused kernel: {why}")
     in_shape = tuple(shape) if shape is not None else tuple(_in_shape(plan))
-    return _compile(_stages(plan.program, in_shape, plan.program_constants(), {}), budget)
+    return _compile(program_stages(plan.program, in_shape, plan.program_constants(), {}), budget)
 
 
 def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
@@ -693,7 +693,7 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     if key not in per_op:
         comps = _field_components(op)
         fields = {i: comps[key] for i, key in enumerate(op.program_constants_keys()) if key in comps}
-        prog = _stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields)
+        prog = program_stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields)
         per_op[key] = _compile(prog, budget, nfield=len(comps), nq=op.basis.Q**op.basis.dim)
     return per_op[key]
 

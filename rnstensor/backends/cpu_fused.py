@@ -1,0 +1,384 @@
+"""The fused CPU interpreter of residue programs: each block of tensors from the float64 load to the store in cache.
+
+The step-by-step executor (:mod:`rnstensor.program.execute`) runs a chain
+one primitive at a time: every pass streams all residue planes of the whole
+batch through memory and back, and each step pays Python's dispatch. Here
+the same kernels run per *block* of ``nb`` tensors (a few thousand entries,
+every plane of them in L1/L2): the tensor's exponent (its largest magnitude,
+as :func:`~rnstensor.encode.group_exponents` takes it), the encode, every
+mode product, drop and base extension, and the decode, before the next block
+is loaded. Blocks are split across the backend's threads.
+
+The blocks are the batch cut into pieces, and every step is the CPU
+backend's own per-block code (``_encode_block``, ``_product_direct``,
+``_drop_extend_block``, ``_decode_*_block``) on the same integers: a
+tensor's residues and its decode do not depend on which other tensors share
+its block, so the results are bitwise those of the step-by-step run.
+
+The program is read through :func:`rnstensor.kernels.fused.program_stages`,
+the fused kernels' view of a residue program (the CUDA kernel's packer reads
+the same view), and packed here into flat tables (:class:`CpuChainProgram`).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from numba import njit
+
+from .. import arith
+from . import cpu as _cpu
+
+__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "run_chain", "BLOCK_ENTRIES"]
+
+#: entries a block aims for: every plane of two or three live tensors stays within L2
+BLOCK_ENTRIES = 4096
+# record fields (int64 rows of _REC): kind, out slot, in slot, planes, then per kind
+_REC = 12
+_PRODUCT, _DROP = 0, 1
+
+
+@dataclass(frozen=True, eq=False)
+class CpuChainProgram:
+    """A residue program packed for :func:`run_chain`: its records, tables and the decode's scale.
+
+    ``rec`` holds one row per product or drop; ``ops`` the products'
+    operator residues (int8), ``tabi``/``tabf`` the drops' tables, each
+    table named by a row of ``tdir`` (kind, offset, rows, columns).
+    ``dexp`` is the exponent of every output entry for an input encoded with
+    ``e = 0``; ``factor`` the output's integer factor.
+    """
+
+    rec: np.ndarray
+    ops: np.ndarray
+    tabi: np.ndarray
+    tabf: np.ndarray
+    tdir: np.ndarray
+    in_shape: tuple
+    out_shape: tuple
+    bits: int
+    first: tuple
+    final_active: tuple
+    final_slot: int
+    nslots: int
+    lmax: int
+    emax: int
+    nb: int
+    dexp: np.ndarray
+    factor: int
+
+
+def cpu_fusable(plan) -> Optional[str]:
+    """Why the chain plan ``plan`` cannot run fused on the CPU (a sentence), or ``None`` if it can."""
+    if plan.method == "composed":
+        return "the composed method decodes after every product"
+    if any(np.iscomplexobj(op) for op in plan.operators):
+        return "complex operators are not fused"
+    if any(op.shape[1] > _cpu._DIRECT_MAX_K for op in plan.operators):
+        return f"an operator has more than {_cpu._DIRECT_MAX_K} columns (its products go through BLAS)"
+    return None
+
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def cpu_chain_program(plan, shape: tuple) -> CpuChainProgram:
+    """The fused CPU program of the chain plan ``plan`` for tensors of ``shape`` (cached per plan and shape).
+
+    Raises
+    ------
+    ValueError
+        If the plan's program has a step the fused interpreter does not run (the reason).
+    """
+    per_plan = _CACHE.setdefault(plan, {})
+    key = tuple(shape)
+    if key not in per_plan:
+        why = cpu_fusable(plan)
+        if why is not None:
+            raise ValueError(f"this plan cannot run fused on the CPU: {why}")
+        per_plan[key] = _pack(plan.program, key, plan.program_constants())
+    return per_plan[key]
+
+
+def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
+    from ..kernels.fused import program_stages  # noqa: PLC0415 - the kernels package imports the backends
+
+    enc = next(st for st in program.steps if type(st).__name__ == "Encode" and not st.constant)
+    if tuple(enc.shared) != tuple(range(1, len(in_shape) + 1)):
+        raise ValueError("the input is encoded with more than one exponent per tensor")
+    prog = program_stages(program, in_shape, constants, {})
+    basis = tuple(prog.basis)
+    rec: list = []
+    ops: list = []
+    nops = [0]
+    tabi: list = []
+    tabf: list = []
+    tdir: list = []
+    sizes = {"i": 0, "f": 0}
+
+    def table(a) -> int:
+        """Table ``a`` (int64, or float32 1-D or 2-D) appended; its directory row."""
+        a = np.asarray(a)
+        kind = "i" if a.dtype.kind in "iu" else "f"
+        rows, cols = (a.shape[0], a.shape[1]) if a.ndim == 2 else (a.size, 0)
+        (tabi if kind == "i" else tabf).append(a.reshape(-1).astype(np.int64 if kind == "i" else np.float32))
+        tdir.append((0 if kind == "i" else 1, sizes[kind], rows, cols))
+        sizes[kind] += a.size
+        return len(tdir) - 1
+
+    # slots: a tensor lives from the stage that writes it to the last stage that reads it
+    last_use = {prog.final: len(prog.stages)}
+    for k, st in enumerate(prog.stages):
+        for i in st.inputs:
+            last_use[i] = max(last_use.get(i, k), k)
+    slot_of = {0: 0}
+    free: list = []
+    nslots = [1]
+
+    def alloc() -> int:
+        if free:
+            return free.pop()
+        nslots[0] += 1
+        return nslots[0] - 1
+
+    shapes = {0: tuple(in_shape)}
+    lmax, emax = len(prog.first), math.prod(in_shape)
+    for k, st in enumerate(prog.stages):
+        if st.kind != "product":
+            raise ValueError("a Hadamard stage (the fused CPU interpreter runs mode products)")
+        L = len(st.active)
+        lmax = max(lmax, L, len(st.drop_active))
+        red = [table(a) for a in _cpu._mod_consts(tuple(st.active))[:3]][0]
+        in_slots = [slot_of[i] for i in st.inputs]
+        dead = [s for i, s in zip(st.inputs, in_slots) if last_use[i] == k]
+        if st.dropped:
+            order = arith.drop_order(tuple(st.drop_active), tuple(st.dropped))
+            tabs, out_active = _cpu._drop_plan(tuple(st.drop_active), basis, tuple(order), bool(prog.extend))
+            if tuple(out_active) != tuple(st.active):
+                raise AssertionError(f"drop tables give planes {out_active}, the program {st.active}")
+            t0 = [table(a) for a in tabs][0]
+            dropped = []
+            for i, s_in in zip(st.inputs, in_slots):
+                s_out = alloc()
+                rec.append([_DROP, s_out, s_in, L, math.prod(shapes[i]), t0, len(st.drop_active)] + [0] * (_REC - 7))
+                dropped.append(s_out)
+            free.extend(dead)
+            dead = dropped
+            in_slots = dropped
+        for terms, oid in zip(st.outputs, st.out_ids):
+            if len(terms) != 1:
+                raise ValueError(f"a sum of {len(terms)} mode products (the fused CPU interpreter runs one per output)")
+            t = terms[0]
+            _, n_out, n_in = t.op.shape
+            shp = shapes[st.inputs[t.input]]
+            s_out = alloc()
+            slot_of[oid] = s_out
+            pre, post = math.prod(shp[: st.axis]), math.prod(shp[st.axis + 1:])
+            ops.append(np.ascontiguousarray(t.op, np.int8).reshape(-1))
+            rec.append([_PRODUCT, s_out, in_slots[t.input], L, pre, n_in, post, n_out, nops[0], red] + [0] * (_REC - 10))
+            nops[0] += t.op.size
+            shapes[oid] = shp[: st.axis] + (n_out,) + shp[st.axis + 1:]
+            emax = max(emax, math.prod(shapes[oid]))
+        free.extend(dead)
+    if not rec:
+        raise ValueError("a program without a product")
+    per_tensor = max(emax, 1)
+    nb = max(1, BLOCK_ENTRIES // per_tensor)
+    arrays = dict(
+        rec=np.array(rec, np.int64).reshape(-1, _REC),
+        ops=np.concatenate(ops).astype(np.int8),
+        tabi=np.concatenate(tabi) if tabi else np.zeros(1, np.int64),
+        tabf=np.concatenate(tabf) if tabf else np.zeros(1, np.float32),
+        tdir=np.array(tdir, np.int64).reshape(-1, 4),
+        dexp=np.ascontiguousarray(prog.dexp.reshape(-1), np.int64),
+    )
+    for a in arrays.values():
+        a.setflags(write=False)
+    return CpuChainProgram(in_shape=tuple(in_shape), out_shape=shapes[prog.final], bits=int(prog.bits),
+                           first=tuple(prog.first), final_active=tuple(prog.final_active),
+                           final_slot=slot_of[prog.final], nslots=nslots[0], lmax=lmax, emax=emax, nb=nb,
+                           factor=int(prog.factor), **arrays)
+
+
+def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str) -> np.ndarray:
+    """``x`` ``(B, *program.in_shape)`` (finite float64) through the whole program, block by block, decoded.
+
+    The result ``(B, *program.out_shape)`` is bitwise the step-by-step
+    execution's with the same decode (``'fp64'`` or ``'exact'``).
+    """
+    if decode not in ("fp64", "exact"):
+        raise ValueError(f"decode must be 'fp64' or 'exact'; got {decode!r}")
+    x = np.require(np.asarray(x, dtype=np.float64), requirements="C")
+    B = x.shape[0]
+    nin, nout = math.prod(program.in_shape), math.prod(program.out_shape)
+    out = np.empty((B, nout), np.float64)
+    if B == 0:
+        return out.reshape((0,) + program.out_shape)
+    first = program.first
+    # the encode: k = ef - 1075 + e <= bits - 53 + 1 for every entry (e = bits - E of its tensor)
+    width = max(program.bits - 51, 1)
+    tab, pa, per, c24 = _cpu._pow2_tables(first, 1 << width.bit_length())
+    pf, ipf, hf = _cpu._mod_consts(first)[3:]
+    dtabs, nl = _cpu._decode_plan(program.final_active)
+    perm, C, qf, qip, qh, qd = dtabs
+    if decode == "fp64":
+        f, g, k = arith.float_factor(program.factor)
+        flimbs, t2, fsign = np.ones(1, np.int64), 0, 1
+    else:
+        f, g, k = 1.0, 0.0, 0
+        flimbs, t2, fsign = _cpu._factor_limbs(program.factor)
+    xi = _cpu._ro(x.reshape(B, nin).view(np.int64))
+    nblk = -(-B // program.nb)
+    args = (xi, program.rec, program.ops, program.tabi, program.tabf, program.tdir, program.bits,
+            pf, ipf, hf, c24, tab, pa, per, perm, C, qf, qip, qh, qd, program.dexp,
+            decode == "exact", float(f), float(g), int(k), int(t2), flimbs, int(fsign), int(nl), _cpu._P2,
+            program.nb, program.nslots, program.lmax, program.emax, program.final_slot, out)
+    _cpu._launch(_chain_blocks, nblk, B * nin * len(first) * 8, *args)
+    return out.reshape((B,) + program.out_shape)
+
+
+# ----- the kernel ---------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _tensor_exponents(xi, t0, nt, bits, et):
+    # et[t] = bits - E, 2**(E-1) <= max|x| < 2**E over tensor t0 + t (0 where it is all zeros): group_exponents'
+    # integer, from the IEEE fields (a subnormal maximum by its leading bit)
+    nin = xi.shape[1]
+    for t in range(nt):
+        row = xi[t0 + t]
+        m = np.int64(0)
+        for i in range(nin):
+            a = row[i] & 0x7FFFFFFFFFFFFFFF
+            m = max(m, a)
+        if m == 0:
+            et[t] = 0
+            continue
+        ef = m >> 52
+        if ef > 0:
+            E = ef - 1022
+        else:
+            E = _cpu._bitlen(np.int64(m >> 32)) + 32 - 1074 if m >= (np.int64(1) << 32) else _cpu._bitlen(m) - 1074
+        et[t] = bits - E
+
+
+@njit(cache=True, nogil=True)
+def _tab(tdir, tabf, j):
+    # the 2-D float32 table j of the directory (_itab, _ftab: 1-D int64 and float32 tables)
+    off, rows, cols = tdir[j, 1], tdir[j, 2], tdir[j, 3]
+    return tabf[off: off + rows * cols].reshape(rows, cols)
+
+
+@njit(cache=True, nogil=True)
+def _itab(tdir, tabi, j):
+    off, n = tdir[j, 1], tdir[j, 2]
+    return tabi[off: off + n]
+
+
+@njit(cache=True, nogil=True)
+def _ftab(tdir, tabf, j):
+    off, n = tdir[j, 1], tdir[j, 2]
+    return tabf[off: off + n]
+
+
+@njit(cache=True, nogil=True)
+def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa, pper, perm, C, qf, qip, qh, qd,
+                  dexp, exact, f, g, k, eadd, flimbs, fsign, nl40, p2, nb, nslots, lmax, emax, final_slot, out,
+                  task0, task1):
+    B, nin = xi.shape
+    nout = out.shape[1]
+    BL = _cpu._BLOCK
+    cap = (lmax * emax * nb + 63) // 64 * 64  # every slot starts on a cache line (the word moves read int64)
+    S = np.zeros((nslots, cap), np.int8)
+    et = np.empty(nb, np.int64)
+    eb = np.empty(BL, np.int64)
+    hi = np.empty(BL, np.float64)
+    lo = np.empty(BL, np.float64)
+    kb = np.empty(BL, np.int64)
+    acc = np.empty(BL, np.float32)
+    # drop scratch (at most 49 planes)
+    Dd = np.empty((64, BL), np.float32)
+    Dm = np.empty((64, BL), np.float32)
+    Y = np.empty((64, BL), np.int8)
+    # decode scratch
+    m = perm.size
+    D = np.empty((m, BL), np.float32)
+    V = np.empty(BL, np.float64)
+    Vl = np.empty(BL, np.float64)
+    Vc = np.empty(BL, np.float64)
+    Sw = np.empty(BL, np.int64)
+    n30 = (40 * nl40 + 29) // 30
+    V30 = np.zeros(n30, np.int64)
+    P30 = np.zeros(n30 + flimbs.size + 1, np.int64)
+    sgn = np.empty(BL, np.float64)
+    carry = np.empty(BL, np.float64)
+    Vf = np.empty((nl40, BL), np.float64)
+    L0 = pf.size
+    Lf = perm.size
+    for blk in range(task0, task1):
+        t0 = blk * nb
+        nt = min(nb, B - t0)
+        _tensor_exponents(xi, t0, nt, bits, et)
+        # the encode: tensor-major entries of the block, as the batch is laid out
+        W = nt * nin
+        X0 = S[0, : L0 * W].reshape(L0, W)
+        xb = xi[t0: t0 + nt].reshape(-1)
+        for c0 in range(0, W, BL):
+            w = min(BL, W - c0)
+            for b in range(w):
+                eb[b] = et[(c0 + b) // nin]
+            _cpu._encode_block(xb[c0: c0 + w], eb, hi, lo, kb, X0, c0, w, pf, ipf, hf, c24, pw, pa, pper)
+        for r in range(rec.shape[0]):
+            so, si, L = rec[r, 1], rec[r, 2], rec[r, 3]
+            if rec[r, 0] == _PRODUCT:
+                pre, n_in, post, n_out, oo = rec[r, 4], rec[r, 5], rec[r, 6], rec[r, 7], rec[r, 8]
+                pre_b = pre * nt
+                Xp = S[si, : L * pre_b * n_in * post].reshape(L, pre_b, n_in, post)
+                Op = S[so, : L * pre_b * n_out * post].reshape(L, pre_b, n_out, post)
+                A = ops[oo: oo + L * n_out * n_in].reshape(L, n_out, n_in)
+                red = rec[r, 9]
+                pf32, ip32, h32 = _ftab(tdir, tabf, red), _ftab(tdir, tabf, red + 1), _ftab(tdir, tabf, red + 2)
+                # tasks as CpuBackend.product lays them out
+                Vn = min(512, max(256, 8192 // n_in)) // 8 * 8
+                if post <= Vn:
+                    Ba, tw = max(1, Vn // post), post
+                else:
+                    Ba, tw = 1, Vn
+                ntasks = L * ((pre_b + Ba - 1) // Ba) * ((post + tw - 1) // tw)
+                _cpu._product_direct(A, Xp, pf32, ip32, h32, Op, Ba, tw, 0, ntasks)
+            else:
+                ne, j, Lin = rec[r, 4], rec[r, 5], rec[r, 6]
+                W = ne * nt
+                Xd = S[si, : Lin * W].reshape(Lin, W)
+                Od = S[so, : L * W].reshape(L, W)
+                dperm, A2 = _itab(tdir, tabi, j), _tab(tdir, tabf, j + 1)
+                for c0 in range(0, W, BL):
+                    w = min(BL, W - c0)
+                    _cpu._drop_extend_block(
+                        Xd, c0, w, dperm, A2, _ftab(tdir, tabf, j + 2), _ftab(tdir, tabf, j + 3),
+                        _ftab(tdir, tabf, j + 4), _itab(tdir, tabi, j + 5), _ftab(tdir, tabf, j + 6),
+                        _tab(tdir, tabf, j + 7), _ftab(tdir, tabf, j + 8), _ftab(tdir, tabf, j + 9),
+                        _ftab(tdir, tabf, j + 10), _itab(tdir, tabi, j + 11), _tab(tdir, tabf, j + 12),
+                        _ftab(tdir, tabf, j + 13), _ftab(tdir, tabf, j + 14), _ftab(tdir, tabf, j + 15),
+                        _itab(tdir, tabi, j + 16), _tab(tdir, tabf, j + 17), _ftab(tdir, tabf, j + 18),
+                        _ftab(tdir, tabf, j + 19), _ftab(tdir, tabf, j + 20), Od, Dd, Dm, Y, acc)
+        # the decode, into the block's rows of the output
+        W = nt * nout
+        Xf = S[final_slot, : Lf * W].reshape(Lf, W)
+        ob = out[t0: t0 + nt].reshape(-1)
+        for c0 in range(0, W, BL):
+            w = min(BL, W - c0)
+            for b in range(w):
+                i = c0 + b
+                t = i // nout
+                eb[b] = dexp[i - t * nout] - et[t]
+            if exact:
+                _cpu._decode_exact_block(Xf, c0, w, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2,
+                                         ob[c0: c0 + w], V30, P30, D, acc, sgn, carry, Vf)
+            else:
+                _cpu._decode_fp64_block(Xf, c0, w, perm, C, qf, qip, qh, qd, f, g, eb, k, p2, ob[c0: c0 + w],
+                                        V, Vl, Vc, D, acc, Sw)
