@@ -523,7 +523,8 @@ def test_matmul_matches_the_reference(moduli, sa, sb, edge):
     assert np.array_equal(CpuBackend().matmul(a, b, moduli), NumpyBackend().matmul(a, b, moduli))
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 20), (5, 3, 2), (7, 2, 1), (0, 3, 4), (70, 3, 2), (66, 2, 17)])
+@pytest.mark.parametrize("shape", [(3, 4, 20), (5, 3, 2), (7, 2, 1), (0, 3, 4), (70, 3, 2), (66, 2, 17), (130, 8, 1),
+                                   (600, 8, 3), (200, 11, 2), (64, 8, 8)])
 def test_mode_magnitudes(shape):
     # the classical certification's fused pass: the magnitudes within (K + 1) 2**-53 of exact, the smallest
     # positive one, and the largest (alpha colsum + beta rowsum + kappa) / magnitude over the positive entries
@@ -544,9 +545,39 @@ def test_mode_magnitudes(shape):
     for b, j, r in np.ndindex(*out.shape):
         exact[b, j, r] = sum(Fraction(float(A[j, k])) * Fraction(float(X[b, k, r])) for k in range(K))
         assert abs(Fraction(float(out[b, j, r])) - exact[b, j, r]) <= (K + 1) * Fraction(1, 2**53) * exact[b, j, r]
+        in_order = 0.0  # k ascending, each product and sum rounded once: the documented accumulation, bit for bit
+        for k in range(K):
+            in_order += float(A[j, k]) * float(X[b, k, r])
+        assert out[b, j, r] == in_order
     pos = out > 0
     assert (pos == (exact > 0)).all()  # a zero magnitude is exactly zero, a positive one positive
     assert least == (out[pos].min() if pos.any() else np.inf)
     num = 0.5 * X.sum(axis=1)[:, None, :] + 0.25 * A.sum(axis=1)[None, :, None] + 0.125
     want = (num[pos] / out[pos]).max() if pos.any() else 0.0
     assert worst == pytest.approx(want, rel=1e-14)
+
+
+def test_encode_magnitudes():
+    # |x| 2**-e per row, correctly rounded (also where it is subnormal or the exponent is beyond +-1000), the
+    # smallest over the nonzero entries (0 where one underflows) and whether all are integers
+    from fractions import Fraction
+
+    from rnstensor.backends.cpu import encode_magnitudes
+
+    rng = np.random.default_rng(9)
+    X = rng.uniform(-1, 1, (6, 40)) * (rng.random((6, 40)) < 0.8)
+    X[5] = 0.0
+    e = np.array([-53, 10, 1070, -1100, 3, 0])
+    X[3] *= 2.0**-1000
+    c, least, whole = encode_magnitudes(X, e)
+    for b, i in np.ndindex(*X.shape):
+        want = Fraction(abs(float(X[b, i]))) * Fraction(2) ** int(-e[b])
+        assert c[b, i] == float(want)  # float() of a Fraction rounds once, subnormals included
+    nz = X != 0
+    assert least == c[nz].min()
+    assert whole is False
+    ints = np.array([[3.0, -4.0, 0.0], [1.0, 2.0, 5.0]])
+    c, least, whole = encode_magnitudes(ints, np.array([0, -1]))
+    assert whole is True and least == 2.0 and c.tolist() == [[3.0, 4.0, 0.0], [2.0, 4.0, 10.0]]
+    c, least, whole = encode_magnitudes(np.zeros((2, 3)), np.array([0, 0]))
+    assert least == np.inf and whole is True

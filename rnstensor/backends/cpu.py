@@ -20,7 +20,7 @@ from .. import arith
 from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order, pow2_cycle
 from . import elementwise_shape, exponent_runs, matmul_shape, product_layout
 
-__all__ = ["CpuBackend", "mode_magnitudes"]
+__all__ = ["CpuBackend", "mode_magnitudes", "encode_magnitudes"]
 
 # Exactness of the modular reductions below (p <= 256 throughout):
 #
@@ -1450,6 +1450,64 @@ class CpuBackend:
 
 
 @njit(cache=True, nogil=True)
+def _encode_magnitudes_kernel(X, e, out, stats, t0, t1):
+    # row b: out[b] = |X[b]| * 2**-e[b] (correctly rounded: a product by an exact power of two, or ldexp beyond
+    # the normal powers), the smallest out over the nonzero X (inf if none), and whether every out is an integer
+    for b in range(t0, t1):
+        x, o = X[b], out[b]
+        eb = e[b]
+        if -1000 < eb < 1000:
+            s = math.ldexp(1.0, -eb)
+            for i in range(x.size):
+                o[i] = abs(x[i]) * s
+        else:
+            k = min(max(-eb, -(1 << 20)), 1 << 20)
+            for i in range(x.size):
+                o[i] = math.ldexp(abs(x[i]), k)
+        least = np.inf
+        whole = True
+        for i in range(x.size):
+            v = o[i]
+            least = min(least, v) if x[i] != 0.0 else least
+            whole = whole and v == np.floor(v)
+        stats[b, 0] = least
+        stats[b, 1] = 1.0 if whole else 0.0
+
+
+def encode_magnitudes(X: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, float, bool]:
+    """The classical certification's leaf: ``(|X| * 2**-e, smallest of it over the nonzero X, all integers)``.
+
+    ``X`` is ``(B, N)`` float64 and ``e`` one exponent per row (int64); one
+    pass, threaded over rows. Each magnitude is the correctly rounded
+    ``|x| 2**-e`` (exact while it is normal).
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    e = np.ascontiguousarray(e, dtype=np.int64).reshape(-1)
+    out = np.empty_like(X)
+    stats = np.empty((X.shape[0], 2), np.float64)
+    if X.size == 0:
+        return out, math.inf, True
+    _launch(_encode_magnitudes_kernel, X.shape[0], X.size, X, e, out, stats)
+    return out, float(stats[:, 0].min()), bool(stats[:, 1].min() == 1.0)
+
+
+@njit(cache=True, nogil=True)
+def _ratio_stats(o, colb, alpha, base, W, q):
+    # (smallest positive o[w], largest (alpha colb[w] + base) / o[w] over o[w] > 0) for w < W: the quotients
+    # in a loop of their own (branch-free, so it vectorizes), the two reductions after
+    for w in range(W):
+        v = o[w]
+        q[w] = (alpha * colb[w] + base) / v if v > 0.0 else 0.0
+    least = np.inf
+    worst = 0.0
+    for w in range(W):
+        v = o[w]
+        least = min(least, v) if v > 0.0 else least
+        worst = max(worst, q[w])
+    return least, worst
+
+
+@njit(cache=True, nogil=True)
 def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stats, t0, t1):
     # task t = (b, a block of nj-th of the rows j): out[b, j, r] = sum_k A[j, k] X[b, k, r] (nonnegative; each
     # product and sum rounded once), its smallest positive entry and its largest
@@ -1458,6 +1516,7 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
     J = A.shape[0]
     own = col.shape[0] == 0 and alpha != 0.0  # one task per b: its column sums here, while X[b] is in cache
     colb = np.zeros(R, np.float64)
+    q = np.empty(R, np.float64)
     for t in range(t0, t1):
         b, jb = t // nj, t % nj
         if own:
@@ -1482,11 +1541,9 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
                     if a != 0.0:
                         for r in range(R):
                             o[r] += a * X[b, k, r]
-                for r in range(R):
-                    v = o[r]
-                    if v > 0.0:
-                        least = min(least, v)
-                        worst = max(worst, (alpha * colb[r] + base) / v)
+                lj, wj = _ratio_stats(o, colb, alpha, base, R, q)
+                least = min(least, lj)
+                worst = max(worst, wj)
             else:  # short rows (the last axis): one dot product over k per entry, its statistics at once
                 for r in range(R):
                     acc = 0.0
@@ -1496,6 +1553,94 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
                     if acc > 0.0:
                         least = min(least, acc)
                         worst = max(worst, (alpha * colb[r] + base) / acc)
+        stats[t, 0] = least
+        stats[t, 1] = worst
+
+
+@njit(cache=True, nogil=True)
+def _dot8_in_order(a, T, K, o, W, Z):
+    # o[w] = (((a0 T0 + a1 T1) + a2 T2) + ...) for K <= 8 terms, each product and sum rounded once, in one pass
+    # (the sum held in a register): the missing terms are 0 * Z = +0, which leave a sum of nonnegative
+    # numbers unchanged, so this is the k-ascending accumulation from 0 bit for bit
+    c = np.zeros(8, np.float64)
+    for k in range(K):
+        c[k] = a[k]
+    T0 = T[0]
+    T1 = T[1] if K > 1 else Z
+    T2 = T[2] if K > 2 else Z
+    T3 = T[3] if K > 3 else Z
+    T4 = T[4] if K > 4 else Z
+    T5 = T[5] if K > 5 else Z
+    T6 = T[6] if K > 6 else Z
+    T7 = T[7] if K > 7 else Z
+    c0, c1, c2, c3, c4, c5, c6, c7 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+    for w in range(W):
+        s = c0 * T0[w]
+        s = s + c1 * T1[w]
+        s = s + c2 * T2[w]
+        s = s + c3 * T3[w]
+        s = s + c4 * T4[w]
+        s = s + c5 * T5[w]
+        s = s + c6 * T6[w]
+        s = s + c7 * T7[w]
+        o[w] = s
+
+
+@njit(cache=True, nogil=True)
+def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, stats, t0, t1):
+    # _mode_magnitudes_kernel for short rows (R < 16) and its own column sums: task t takes bpt tensors b, whose
+    # (b, r) pairs are the lanes of every loop (R alone is too short to vectorize), gathered once. The same
+    # sums in the same order (k ascending, each product and each sum rounded once; a zero term is +0), so the
+    # same magnitudes and statistics bit for bit.
+    B, K, R = X.shape
+    J = A.shape[0]
+    Wm = bpt * R
+    T = np.empty((K, Wm), np.float64)
+    colb = np.zeros(Wm, np.float64)
+    o = np.empty(Wm, np.float64)
+    q = np.empty(Wm, np.float64)
+    Z = np.zeros(Wm, np.float64)
+    for t in range(t0, t1):
+        b0 = t * bpt
+        b1 = min(B, b0 + bpt)
+        W = (b1 - b0) * R
+        for k in range(K):
+            Tk = T[k]
+            for b in range(b0, b1):
+                src = X[b, k]
+                off = (b - b0) * R
+                for r in range(R):
+                    Tk[off + r] = src[r]
+        if alpha != 0.0:
+            for w in range(W):
+                colb[w] = 0.0
+            for k in range(K):
+                Tk = T[k]
+                for w in range(W):
+                    colb[w] += Tk[w]
+        least = np.inf
+        worst = 0.0
+        for j in range(J):
+            base = beta * rowsum[j] + kappa
+            if K <= 8:
+                _dot8_in_order(A[j], T, K, o, W, Z)
+            else:
+                for w in range(W):
+                    o[w] = 0.0
+                for k in range(K):
+                    a = A[j, k]
+                    if a != 0.0:
+                        Tk = T[k]
+                        for w in range(W):
+                            o[w] += a * Tk[w]
+            lj, wj = _ratio_stats(o, colb, alpha, base, W, q)
+            least = min(least, lj)
+            worst = max(worst, wj)
+            for b in range(b0, b1):
+                dst = out[b, j]
+                off = (b - b0) * R
+                for r in range(R):
+                    dst[r] = o[off + r]
         stats[t, 0] = least
         stats[t, 1] = worst
 
@@ -1517,9 +1662,16 @@ def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kap
     J = A.shape[0]
     out = np.empty((B, J, R), np.float64)
     nj = 1 if B >= 64 else max(J, 1)  # few tensors: the threads share out the rows instead
+    rowsum = A.sum(axis=1)
+    if nj == 1 and R < 16 and B * J:
+        bpt = max(1, 512 // max(R, 1))
+        ntasks = -(-B // bpt)
+        stats = np.empty((ntasks, 2), np.float64)
+        _launch(_mode_magnitudes_lanes_kernel, ntasks, X.size * J + out.size, X, A, rowsum, float(alpha),
+                float(beta), float(kappa), bpt, out, stats)
+        return out, float(stats[:, 0].min()), float(stats[:, 1].max())
     stats = np.empty((B * nj, 2), np.float64)
     col = X.sum(axis=1) if alpha and nj > 1 else np.zeros((0, R))  # else each task sums its own b
-    rowsum = A.sum(axis=1)
     _launch(_mode_magnitudes_kernel, B * nj, X.size * J + out.size, X, A, col, rowsum, float(alpha), float(beta),
             float(kappa), nj, out, stats)
     if B * J == 0:

@@ -33,7 +33,7 @@ from numba import njit
 from .. import arith
 from . import cpu as _cpu
 
-__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "run_chain", "BLOCK_ENTRIES"]
+__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "run_chain", "tensor_exponents", "BLOCK_ENTRIES"]
 
 #: entries a block aims for: every plane of two or three live tensors stays within L2
 BLOCK_ENTRIES = 4096
@@ -241,6 +241,25 @@ def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str) -> np.ndarra
     return out.reshape((B,) + program.out_shape)
 
 
+def tensor_exponents(x: np.ndarray, bits: int) -> np.ndarray:
+    """``group_exponents(x, bits, shared=all but the first axis)`` of a finite float64 ``x``, as ``(B,)`` int64:
+    the exponent each tensor is encoded with, in one threaded pass."""
+    x = np.require(np.asarray(x, dtype=np.float64), requirements="C")
+    B = x.shape[0]
+    et = np.empty(B, np.int64)
+    if B:
+        _cpu._launch(_exponent_rows, -(-B // 64), x.size, _cpu._ro(x.reshape(B, -1).view(np.int64)), int(bits), et)
+    return et
+
+
+@njit(cache=True, nogil=True)
+def _exponent_rows(xi, bits, et, task0, task1):
+    B = xi.shape[0]
+    for t in range(task0, task1):
+        b0 = 64 * t
+        _tensor_exponents(xi, b0, min(64, B - b0), bits, et[b0:])
+
+
 # ----- the kernel ---------------------------------------------------------------------------------
 
 
@@ -295,7 +314,7 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
     cap = (lmax * emax * nb + 63) // 64 * 64  # every slot starts on a cache line (the word moves read int64)
     S = np.zeros((nslots, cap), np.int8)
     et = np.empty(nb, np.int64)
-    eb = np.empty(BL, np.int64)
+    eb = np.empty(emax * nb, np.int64)  # the exponent of every entry of the block
     hi = np.empty(BL, np.float64)
     lo = np.empty(BL, np.float64)
     kb = np.empty(BL, np.int64)
@@ -327,11 +346,14 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
         W = nt * nin
         X0 = S[0, : L0 * W].reshape(L0, W)
         xb = xi[t0: t0 + nt].reshape(-1)
+        for t in range(nt):
+            e_t = et[t]
+            eb_t = eb[t * nin: (t + 1) * nin]
+            for i in range(nin):
+                eb_t[i] = e_t
         for c0 in range(0, W, BL):
             w = min(BL, W - c0)
-            for b in range(w):
-                eb[b] = et[(c0 + b) // nin]
-            _cpu._encode_block(xb[c0: c0 + w], eb, hi, lo, kb, X0, c0, w, pf, ipf, hf, c24, pw, pa, pper)
+            _cpu._encode_block(xb[c0: c0 + w], eb[c0: c0 + w], hi, lo, kb, X0, c0, w, pf, ipf, hf, c24, pw, pa, pper)
         for r in range(rec.shape[0]):
             so, si, L = rec[r, 1], rec[r, 2], rec[r, 3]
             if rec[r, 0] == _PRODUCT:
@@ -370,15 +392,16 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
         W = nt * nout
         Xf = S[final_slot, : Lf * W].reshape(Lf, W)
         ob = out[t0: t0 + nt].reshape(-1)
+        for t in range(nt):
+            e_t = et[t]
+            eb_t = eb[t * nout: (t + 1) * nout]
+            for i in range(nout):
+                eb_t[i] = dexp[i] - e_t
         for c0 in range(0, W, BL):
             w = min(BL, W - c0)
-            for b in range(w):
-                i = c0 + b
-                t = i // nout
-                eb[b] = dexp[i - t * nout] - et[t]
             if exact:
-                _cpu._decode_exact_block(Xf, c0, w, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2,
-                                         ob[c0: c0 + w], V30, P30, D, acc, sgn, carry, Vf)
+                _cpu._decode_exact_block(Xf, c0, w, perm, C, qf, qip, qh, qd, eb[c0: c0 + w], eadd, flimbs, fsign,
+                                         p2, ob[c0: c0 + w], V30, P30, D, acc, sgn, carry, Vf)
             else:
-                _cpu._decode_fp64_block(Xf, c0, w, perm, C, qf, qip, qh, qd, f, g, eb, k, p2, ob[c0: c0 + w],
-                                        V, Vl, Vc, D, acc, Sw)
+                _cpu._decode_fp64_block(Xf, c0, w, perm, C, qf, qip, qh, qd, f, g, eb[c0: c0 + w], k, p2,
+                                        ob[c0: c0 + w], V, Vl, Vc, D, acc, Sw)

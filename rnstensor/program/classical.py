@@ -50,7 +50,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..arrays import array_module
-from ..backends.cpu import mode_magnitudes
+from ..backends.cpu import encode_magnitudes, mode_magnitudes
 from .errors import _letters, _result_letters
 from .execute import combine_parts
 from .ir import Combine, Contract, Drop, Encode, Fold, Sum
@@ -164,6 +164,13 @@ class ClassicalErrors:
         x = self.leaf(st)  # complex operands: the parts stacked along the first axis, one exponent for both
         xp = array_module(x)
         e = self.exponents(st)
+        if xp is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1):
+            # one exponent per leading slice (a chain's tensors): the same magnitudes, minimum and exactness
+            # in one pass on the CPU
+            c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1))
+            if lo < TINY_UNIT:
+                raise _Refused("an operand spans too many binades within one exponent slice")
+            return c.reshape(x.shape), 1.0, 0.0, 0.0, 0.0 if exact else 0.5, lo
         with np.errstate(under="ignore", over="ignore"):
             if e.size and -1000 < int(e.min()) and int(e.max()) < 1000:
                 c = xp.abs(x) * xp.ldexp(1.0, -e)  # a power of two per slice: exact while normal
