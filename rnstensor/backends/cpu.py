@@ -676,12 +676,16 @@ def _gather_rows(Xl, Xw, l, a0, a1, t0, t1, S, T):
         # rows of whole words: the words of T[k] gathered (a strided int64 copy), then converted as one run
         nw, pw = tl // 8, post // 8
         Sb = _flat_as(S, np.int8)
+        stride = n_in * pw
         for k in range(n_in):
-            for a in range(a0, a1):
-                src = ((l * pre + a) * n_in + k) * pw + t0 // 8
-                dst = (a - a0) * nw
-                for w in range(nw):
-                    S[dst + w] = Xw[src + w]
+            src0 = ((l * pre + a0) * n_in + k) * pw + t0 // 8
+            if nw == 1:  # one word per row (post = 8): a plain strided copy
+                for a in range(nr):
+                    S[a] = Xw[src0 + a * stride]
+            else:
+                for a in range(nr):
+                    for w in range(nw):
+                        S[a * nw + w] = Xw[src0 + a * stride + w]
             Tk = T[k]
             for b in range(nr * tl):
                 Tk[b] = np.float32(Sb[b])
@@ -722,13 +726,17 @@ def _scatter_rows(R, Ol, Ow, l, a0, a1, t0, t1, S):
     if post % 8 == 0 and t0 % 8 == 0 and tl % 8 == 0:
         # rows of whole words: each row of R as words, copied to their strided places
         nw, pw = tl // 8, post // 8
+        stride = n_out * pw
         for j in range(n_out):
             Rw = _flat_as(R[j], np.int64)
-            for a in range(a0, a1):
-                dst = ((l * pre + a) * n_out + j) * pw + t0 // 8
-                src = (a - a0) * nw
-                for w in range(nw):
-                    Ow[dst + w] = Rw[src + w]
+            dst0 = ((l * pre + a0) * n_out + j) * pw + t0 // 8
+            if nw == 1:
+                for a in range(nr):
+                    Ow[dst0 + a * stride] = Rw[a]
+            else:
+                for a in range(nr):
+                    for w in range(nw):
+                        Ow[dst0 + a * stride + w] = Rw[a * nw + w]
         return
     for a in range(a0, a1):
         o = (a - a0) * tl
