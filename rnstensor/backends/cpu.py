@@ -1525,6 +1525,7 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
     own = col.shape[0] == 0 and alpha != 0.0  # one task per b: its column sums here, while X[b] is in cache
     colb = np.zeros(R, np.float64)
     q = np.empty(R, np.float64)
+    Z = np.zeros(R, np.float64)
     for t in range(t0, t1):
         b, jb = t // nj, t % nj
         if own:
@@ -1542,13 +1543,16 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
             o = out[b, j]
             base = beta * rowsum[j] + kappa
             if R >= 16:  # long rows: vectorize along r
-                for r in range(R):
-                    o[r] = 0.0
-                for k in range(K):
-                    a = A[j, k]
-                    if a != 0.0:
-                        for r in range(R):
-                            o[r] += a * X[b, k, r]
+                if K <= 8:
+                    _dot8_in_order(A[j], X[b], K, o, R, Z)
+                else:
+                    for r in range(R):
+                        o[r] = 0.0
+                    for k in range(K):
+                        a = A[j, k]
+                        if a != 0.0:
+                            for r in range(R):
+                                o[r] += a * X[b, k, r]
                 lj, wj = _ratio_stats(o, colb, alpha, base, R, q)
                 least = min(least, lj)
                 worst = max(worst, wj)
@@ -1614,6 +1618,10 @@ def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, st
         W = (b1 - b0) * R
         for k in range(K):
             Tk = T[k]
+            if R == 1:  # (a loop of one per tensor costs more than the copy)
+                for b in range(b0, b1):
+                    Tk[b - b0] = X[b, k, 0]
+                continue
             for b in range(b0, b1):
                 src = X[b, k]
                 off = (b - b0) * R
@@ -1644,6 +1652,10 @@ def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, st
             lj, wj = _ratio_stats(o, colb, alpha, base, W, q)
             least = min(least, lj)
             worst = max(worst, wj)
+            if R == 1:
+                for b in range(b0, b1):
+                    out[b, j, 0] = o[b - b0]
+                continue
             for b in range(b0, b1):
                 dst = out[b, j]
                 off = (b - b0) * R
