@@ -17,7 +17,8 @@ In one run on one machine:
   extensions and decode; float64 operations count twice, having half the
   lanes) over the measured peak; its memory floor: the float64 input and
   output bytes over the measured bandwidth;
-* peak memory (tracemalloc) of the fused chain and of numpy's einsum.
+* peak memory (tracemalloc) of the fused chain and of numpy's einsum, and the fused chain's per-thread block
+  scratch (numba's allocator, which tracemalloc does not see: :func:`~rnstensor.backends.cpu_fused.scratch_bytes`).
 
 Usage: ``python benchmarks/bench_floor.py [--sizes 4 8 16] [--repeat 7] [--json out.json]``
 """
@@ -167,7 +168,7 @@ def main() -> None:
         mem_floor = X.nbytes * 2 / bw
         mem = dict(fused=peak_mib(lambda: plan.run(X, fused=True)),
                    numpy=peak_mib(lambda: np.einsum("ai,bj,ck,eijk->eabc", *ops, X, optimize=True)),
-                   input=X.nbytes / 2**20)
+                   input=X.nbytes / 2**20, scratch_per_thread=cpu_fused.scratch_bytes(prog) / 2**20)
         rows.append(dict(n=n, batch=B, seconds=t, lane_ops_per_tensor=cnt, arith_floor=arith_floor,
                          memory_floor=mem_floor, peak_mib=mem, default_ran=default.last_evaluation))
         print(f"n={n}: done", flush=True)
@@ -175,14 +176,16 @@ def main() -> None:
     print(f"\nd = 3, s = 15, ~2^{args.log2dofs} DoFs, best of {args.repeat}; {platform.machine()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     print(f"{'n':>3} {'batch':>6} | {'numpy ms':>8} {'steps/np':>8} {'fused/np':>8} {'default/np':>10} | "
-          f"{'ops/DoF':>7} {'arith floor ms':>14} {'of floor':>8} {'mem floor ms':>12} | {'MiB fused/numpy/input':>21}")
+          f"{'ops/DoF':>7} {'arith floor ms':>14} {'of floor':>8} {'mem floor ms':>12} | "
+          f"{'MiB fused/numpy/input (+ per thread)':>36}")
     for r in rows:
         s, n3 = r["seconds"], r["n"] ** 3
         print(f"{r['n']:>3} {r['batch']:>6} | {s['numpy'] * 1e3:>8.1f} {s['steps'] / s['numpy']:>8.2f} "
               f"{s['fused'] / s['numpy']:>8.2f} {s['default'] / s['numpy']:>10.2f} | "
               f"{r['lane_ops_per_tensor']['total'] / n3:>7.0f} {r['arith_floor'] * 1e3:>14.2f} "
               f"{r['arith_floor'] / s['fused']:>7.0%} {r['memory_floor'] * 1e3:>12.2f} | "
-              f"{r['peak_mib']['fused']:>6.1f}/{r['peak_mib']['numpy']:.1f}/{r['peak_mib']['input']:.1f}")
+              f"{r['peak_mib']['fused']:>6.1f}/{r['peak_mib']['numpy']:.1f}/{r['peak_mib']['input']:.1f} "
+              f"(+{r['peak_mib']['scratch_per_thread']:.2f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(date=time.strftime("%Y-%m-%d"), machine=platform.machine(), cpus=os.cpu_count(),

@@ -33,6 +33,13 @@ CASES = [
     ("chain n=8 d=3 (2^18 DoFs, rescale_be)",
      "ops=[rng.uniform(-1,1,(8,8)) for _ in range(3)]; p=rt.plan_chain(ops,[0,1,2]); X=rng.uniform(-1,1,(512,8,8,8))",
      "p(X)"),
+    ("chain n=8 d=3 (2^20 DoFs, moduli=15)",
+     "ops=[rng.uniform(-1,1,(8,8)) for _ in range(3)]; p=rt.plan_chain(ops,[0,1,2],moduli=15);"
+     " X=rng.uniform(-1,1,(2048,8,8,8))",
+     "p(X)"),
+    ("chain n=8 d=3 (2^20 DoFs, default)",
+     "ops=[rng.uniform(-1,1,(8,8)) for _ in range(3)]; p=rt.plan_chain(ops,[0,1,2]); X=rng.uniform(-1,1,(2048,8,8,8))",
+     "p(X)"),
     ("chain n=8 d=3 exact decode",
      "ops=[rng.uniform(-1,1,(8,8)) for _ in range(3)]; p=rt.plan_chain(ops,[0,1,2]); X=rng.uniform(-1,1,(512,8,8,8))",
      "p(X, decode='exact')"),

@@ -148,3 +148,10 @@ def test_fused_errors():
     assert_bits_equal(wide.run(rng.uniform(-1, 1, (2, 200)) * 0 + 1), wide.run(np.ones((2, 200)), fused=False))
     with pytest.raises(ValueError, match="decode must be"):
         cpu_fused.run_chain(cpu_fused.cpu_chain_program(plan, (4, 4)), X, "fp32")
+
+
+def test_scratch_bytes_covers_the_slots():
+    rng = np.random.default_rng(7)
+    plan = rt.plan_chain(_ops(rng, (8, 8, 8), [0, 1, 2], [8, 8, 8]), [0, 1, 2], moduli=15)
+    prog = cpu_fused.cpu_chain_program(plan, (8, 8, 8))
+    assert cpu_fused.scratch_bytes(prog) >= prog.nslots * prog.lmax * prog.emax * prog.nb > 0

@@ -33,7 +33,7 @@ from numba import njit
 from .. import arith
 from . import cpu as _cpu
 
-__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "run_chain", "tensor_exponents", "BLOCK_ENTRIES"]
+__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
 
 #: entries a block aims for: every plane of two or three live tensors stays within L2
 BLOCK_ENTRIES = 4096
@@ -202,6 +202,18 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
                            first=tuple(prog.first), final_active=tuple(prog.final_active),
                            final_slot=slot_of[prog.final], nslots=nslots[0], lmax=lmax, emax=emax, nb=nb,
                            factor=int(prog.factor), **arrays)
+
+
+def scratch_bytes(program: CpuChainProgram) -> int:
+    """The working memory :func:`run_chain` holds per thread beyond its input and output: the block's residue
+    slots and the per-block scratch of the encode, drops and decode (numba's allocator, outside tracemalloc)."""
+    BL = _cpu._BLOCK
+    slots = program.nslots * (-(-(program.lmax * program.emax * program.nb) // 64) * 64)
+    m = len(program.final_active)
+    per_block = (program.emax * program.nb * 8  # exponents
+                 + BL * (3 * 8 + 4) + 2 * 64 * BL * 4 + 64 * BL  # encode, drops
+                 + m * BL * 4 + 6 * BL * 8)  # decode (fp64 and exact, the larger of the two)
+    return slots + per_block
 
 
 def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str) -> np.ndarray:
