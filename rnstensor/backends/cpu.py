@@ -672,22 +672,18 @@ def _gather_rows(Xl, Xw, l, a0, a1, t0, t1, S, T):
             for b in range(nr):
                 Tk[b] = np.float32(Xk[b])
         return
-    if post % 8 == 0 and t0 % 8 == 0 and tl % 8 == 0:
-        # rows of whole words: the words of T[k] gathered (a strided int64 copy), then converted as one run
-        nw, pw = tl // 8, post // 8
-        Sb = _flat_as(S, np.int8)
+    if tl == 8 and post % 8 == 0 and t0 % 8 == 0:
+        # rows of one word (post = 8): the words of T[k] gathered by a plain strided int64 copy, then converted
+        # as one run (longer rows convert fastest straight, below)
+        pw = post // 8
         stride = n_in * pw
+        Sb = _flat_as(S, np.int8)
         for k in range(n_in):
             src0 = ((l * pre + a0) * n_in + k) * pw + t0 // 8
-            if nw == 1:  # one word per row (post = 8): a plain strided copy
-                for a in range(nr):
-                    S[a] = Xw[src0 + a * stride]
-            else:
-                for a in range(nr):
-                    for w in range(nw):
-                        S[a * nw + w] = Xw[src0 + a * stride + w]
+            for a in range(nr):
+                S[a] = Xw[src0 + a * stride]
             Tk = T[k]
-            for b in range(nr * tl):
+            for b in range(nr * 8):
                 Tk[b] = np.float32(Sb[b])
         return
     for a in range(a0, a1):
@@ -723,20 +719,15 @@ def _scatter_rows(R, Ol, Ow, l, a0, a1, t0, t1, S):
             for b in range(nr):
                 Oj[b] = Rj[b]
         return
-    if post % 8 == 0 and t0 % 8 == 0 and tl % 8 == 0:
-        # rows of whole words: each row of R as words, copied to their strided places
-        nw, pw = tl // 8, post // 8
+    if tl == 8 and post % 8 == 0 and t0 % 8 == 0:
+        # rows of one word: each row of R as words, copied to their strided places
+        pw = post // 8
         stride = n_out * pw
         for j in range(n_out):
             Rw = _flat_as(R[j], np.int64)
             dst0 = ((l * pre + a0) * n_out + j) * pw + t0 // 8
-            if nw == 1:
-                for a in range(nr):
-                    Ow[dst0 + a * stride] = Rw[a]
-            else:
-                for a in range(nr):
-                    for w in range(nw):
-                        Ow[dst0 + a * stride + w] = Rw[a * nw + w]
+            for a in range(nr):
+                Ow[dst0 + a * stride] = Rw[a]
         return
     for a in range(a0, a1):
         o = (a - a0) * tl
