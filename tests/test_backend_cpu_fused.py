@@ -155,3 +155,13 @@ def test_scratch_bytes_covers_the_slots():
     plan = rt.plan_chain(_ops(rng, (8, 8, 8), [0, 1, 2], [8, 8, 8]), [0, 1, 2], moduli=15)
     prog = cpu_fused.cpu_chain_program(plan, (8, 8, 8))
     assert cpu_fused.scratch_bytes(prog) >= prog.nslots * prog.lmax * prog.emax * prog.nb > 0
+
+
+def test_strided_and_float32_inputs():
+    rng = np.random.default_rng(8)
+    plan = rt.plan_chain(_ops(rng, (4, 6), [1, 0], [5, 3]), [1, 0], moduli=15)
+    big = rng.uniform(-1, 1, (9, 8, 12))
+    X = big[:, ::2, ::2]  # a strided view
+    assert not X.flags.c_contiguous
+    _same(plan, X, "fp64")
+    _same(plan, X.astype(np.float32), "exact")
