@@ -374,17 +374,20 @@ def _enc_small(hi, lo, o, p, ip, h, c, W):
 
 
 @njit(cache=True, nogil=True)
-def _enc_big(hi, lo, kb, pwl, o, p, ip, h, c, W):
+def _enc_big(hi, lo, kb, pwl, o, p, ip, h, c, W, mult):
     # [2^0]_p = 1 and _cr64 is idempotent, so entries with k <= 0 pass through;
-    # |r * [2^k]_p| < 2**15
+    # |r * [2^k]_p| < 2**15. The table lookups come first, in a loop of their own: inside the arithmetic
+    # loop they kept it scalar
     TW = pwl.size
     for b in range(W):
+        mult[b] = pwl[min(kb[b], TW - 1)]
+    for b in range(W):
         r = _cr64(hi[b] * c + lo[b], p, ip, h)
-        o[b] = np.int8(_cr64(r * pwl[min(kb[b], TW - 1)], p, ip, h))
+        o[b] = np.int8(_cr64(r * mult[b], p, ip, h))
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _encode_block(xi, eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper):
+def _encode_block(xi, eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper, mult):
     # out[l, i0:i0 + W] <- the residues of round_half_even(x * 2**e) for the W entries xi (IEEE bits) with
     # exponents eb: the body of _encode_kernel, also run by the fused interpreter (backends.cpu_fused)
     L = pf.size
@@ -400,7 +403,7 @@ def _encode_block(xi, eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper
         if nbig == 0:
             _enc_small(hi, lo, o, pf[l], ipf[l], hf[l], c24[l], W)
             continue
-        _enc_big(hi, lo, kb, pw[l], o, pf[l], ipf[l], hf[l], c24[l], W)
+        _enc_big(hi, lo, kb, pw[l], o, pf[l], ipf[l], hf[l], c24[l], W, mult)
         if huge:
             # beyond the table: 2^k is periodic mod p once k passes its 2-adic part
             a = pa[l]
@@ -426,11 +429,12 @@ def _encode_kernel(xi, ev, inner, pf, ipf, hf, c24, pw, pa, pper, out, task0, ta
     lo = np.empty(_BLOCK, np.float64)
     kb = np.empty(_BLOCK, np.int64)
     eb = np.empty(_BLOCK, np.int64)
+    mult = np.empty(_BLOCK, np.float64)
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
         _block_exponents(ev, inner, i0, W, eb)
-        _encode_block(xi[i0 : i0 + W], eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper)
+        _encode_block(xi[i0 : i0 + W], eb, hi, lo, kb, out, i0, W, pf, ipf, hf, c24, pw, pa, pper, mult)
 
 
 @lru_cache(maxsize=64)
