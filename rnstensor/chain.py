@@ -11,7 +11,6 @@ import numpy as np
 
 from .arrays import array_module, to_host, to_module
 from .backends import dispatch
-from .backends.cpu_fused import tensor_exponents
 from .basis import Basis, int8_pool, log2_int
 from .errors import PlanError, RNSRangeError
 from .encode import as_basis, check_float_array, check_nonfinite, encode, finite_part, group_exponents
@@ -260,8 +259,6 @@ class ChainPlan:
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
             if st.constant:
                 return self._operator_value(st.source, xp).exp.total()
-            if xp is np and tuple(st.shared) == tuple(range(1, xb.ndim)) and xb.size:
-                return -tensor_exponents(xb, st.bits).reshape((-1,) + (1,) * (xb.ndim - 1))
             return -group_exponents(xb, st.bits, st.shared)
 
         return ClassicalErrors(lambda st: ops[st.source] if st.constant else xb, exponents).run(self.program)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Optional, Sequence, Union
 
@@ -103,6 +104,13 @@ def check_float_array(x, name: str = "x", allow_empty: bool = False):
 def group_exponents(x, bits: int, shared: tuple[int, ...]):
     """``e = bits - E`` per group (``2**(E-1) <= max|G| < 2**E``), 0 for all-zero groups; keepdims int64, where ``x`` lives."""
     xp = array_module(x)
+    lead = x.ndim - len(shared)
+    if xp is np and x.dtype == np.float64 and x.size and 0 < len(shared) and tuple(shared) == tuple(range(lead, x.ndim)):
+        # one exponent per tensor (the trailing axes shared): one threaded pass over the IEEE bits on the CPU
+        from .backends.cpu_fused import tensor_exponents  # noqa: PLC0415 - numba, loaded on first use
+
+        e = tensor_exponents(x.reshape((math.prod(x.shape[:lead]), -1)), bits)
+        return e.reshape(tuple(x.shape[:lead]) + (1,) * len(shared))
     amax = xp.max(xp.abs(x), axis=shared, keepdims=True) if x.ndim else xp.abs(x)
     _, E = xp.frexp(amax)
     return xp.where(amax > 0, bits - E.astype(np.int64), 0).astype(np.int64)

@@ -115,21 +115,38 @@ def test_batch_axes_and_revisits():
     assert plan.run(X, fused=True).shape == (3, 7, 6, 5)
 
 
+def _numpy_exponents(x, bits, shared):
+    # group_exponents' definition in numpy: bits - E, 2**(E-1) <= max|G| < 2**E, 0 for an all-zero group
+    amax = np.max(np.abs(x), axis=shared, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        return np.where(amax > 0, bits - np.frexp(amax)[1].astype(np.int64), 0)
+
+
 def test_tensor_exponents_are_group_exponents():
     rng = np.random.default_rng(5)
-    X = rng.uniform(-1, 1, (9, 17)) * np.ldexp(1.0, rng.integers(-1074, 1000, (9, 1)).astype(np.int32))
+    X = rng.uniform(-1, 1, (11, 17)) * np.ldexp(1.0, rng.integers(-1074, 1000, (11, 1)).astype(np.int32))
     X[2] = 0.0
     X[3] = 0.0
     X[3, 4] = 5e-324  # the smallest subnormal
     X[4, :] = 2.0**-1050  # subnormal maxima
     X[5, 3] = -np.finfo(np.float64).max
+    X[6, 2] = -np.inf  # numpy: frexp(inf) has exponent 0
+    X[7, 5] = np.nan  # numpy: the maximum is NaN, exponent 0
+    X[8, 1], X[8, 6] = np.inf, np.nan
+    X[9, 0] = -0.0
+    X[9, 1:] = 0.0
     for bits in (1, 30, 53, 80):
         et = np.empty(X.shape[0], np.int64)
         cpu_fused._tensor_exponents(X.view(np.int64), 0, X.shape[0], bits, et)
-        ref = group_exponents(X, bits, (1,)).reshape(-1)
-        assert et.tolist() == ref.tolist()
-        frexp = [bits - math.frexp(float(np.abs(r).max()))[1] if np.any(r) else 0 for r in X]
-        assert et.tolist() == frexp
+        assert et.tolist() == _numpy_exponents(X, bits, (1,)).reshape(-1).tolist()
+        finite = np.isfinite(X).all(axis=1)
+        frexp = [bits - math.frexp(float(np.abs(r).max()))[1] if np.any(r) else 0 for r in X[finite]]
+        assert et[finite].tolist() == frexp
+    # group_exponents takes this path for trailing shared axes, any number of leading ones
+    Y = X[:10].reshape(2, 5, 17)
+    for shared in ((2,), (1, 2)):
+        got, want = group_exponents(Y, 53, shared), _numpy_exponents(Y, 53, shared)
+        assert got.dtype == np.int64 and got.shape == want.shape and (got == want).all()
 
 
 def test_fused_errors():

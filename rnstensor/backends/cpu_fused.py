@@ -40,6 +40,7 @@ BLOCK_ENTRIES = 4096
 # record fields (int64 rows of _REC): kind, out slot, in slot, planes, then per kind
 _REC = 12
 _PRODUCT, _DROP = 0, 1
+_INF_BITS = 0x7FF0000000000000
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,8 +255,8 @@ def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str) -> np.ndarra
 
 
 def tensor_exponents(x: np.ndarray, bits: int) -> np.ndarray:
-    """``group_exponents(x, bits, shared=all but the first axis)`` of a finite float64 ``x``, as ``(B,)`` int64:
-    the exponent each tensor is encoded with, in one threaded pass."""
+    """``group_exponents(x, bits, shared=all but the first axis)`` of a float64 ``x``, as ``(B,)`` int64: the
+    exponent each tensor is encoded with, in one threaded pass (numpy's value for inf and NaN too)."""
     x = np.require(np.asarray(x, dtype=np.float64), requirements="C")
     B = x.shape[0]
     et = np.empty(B, np.int64)
@@ -278,7 +279,9 @@ def _exponent_rows(xi, bits, et, task0, task1):
 @njit(cache=True, nogil=True)
 def _tensor_exponents(xi, t0, nt, bits, et):
     # et[t] = bits - E, 2**(E-1) <= max|x| < 2**E over tensor t0 + t (0 where it is all zeros): group_exponents'
-    # integer, from the IEEE fields (a subnormal maximum by its leading bit)
+    # integer, from the IEEE fields (a subnormal maximum by its leading bit). The largest magnitude's bits are
+    # the largest bits: a NaN's exceed inf's (numpy's maximum is NaN, exponent 0), inf's every finite one's
+    # (frexp(inf) = (inf, 0): exponent bits)
     nin = xi.shape[1]
     for t in range(nt):
         row = xi[t0 + t]
@@ -286,8 +289,11 @@ def _tensor_exponents(xi, t0, nt, bits, et):
         for i in range(nin):
             a = row[i] & 0x7FFFFFFFFFFFFFFF
             m = max(m, a)
-        if m == 0:
+        if m == 0 or m > _INF_BITS:
             et[t] = 0
+            continue
+        if m == _INF_BITS:
+            et[t] = bits
             continue
         ef = m >> 52
         if ef > 0:
