@@ -168,23 +168,11 @@ class ClassicalErrors:
             # one exponent per leading slice (a chain's tensors): the same magnitudes, minimum and exactness
             # in one pass on the CPU
             c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1))
-            if lo < TINY_UNIT:
-                raise _Refused("an operand spans too many binades within one exponent slice")
-            return c.reshape(x.shape), 1.0, 0.0, 0.0, 0.0 if exact else 0.5, lo
-        with np.errstate(under="ignore", over="ignore"):
-            if e.size and -1000 < int(e.min()) and int(e.max()) < 1000:
-                c = xp.abs(x) * xp.ldexp(1.0, -e)  # a power of two per slice: exact while normal
-            else:  # exact while the result is normal (checked below)
-                c = xp.ldexp(xp.abs(x), -xp.clip(e, -(1 << 20), 1 << 20).astype(np.int32))
-        c = xp.broadcast_to(c, x.shape)
-        # the smallest units of a nonzero entry (0 where one underflows)
-        lo = float(c.min()) if c.size else math.inf
-        if lo == 0:
-            lo = float(xp.min(xp.where(x != 0, c, np.inf)))
+            c = c.reshape(x.shape)
+        else:
+            c, lo, exact = _magnitudes(x, e)
         if lo < TINY_UNIT:
             raise _Refused("an operand spans too many binades within one exponent slice")
-        head = c.reshape(-1)[:64]
-        exact = bool(xp.all(head == xp.rint(head))) and bool(xp.all(c == xp.rint(c)))
         return c, 1.0, 0.0, 0.0, 0.0 if exact else 0.5, lo
 
     def _contract(self, st: Contract) -> tuple:
@@ -272,6 +260,24 @@ class ClassicalErrors:
         self.excess = _up(total, 16) / target if target > 0 else None
         self.reason = f"the residue error bound is {self.excess} x gamma_{m} of the magnitudes"
         return False
+
+
+def _magnitudes(x, e) -> tuple:
+    """``(|x| 2**-e, its smallest entry over the nonzero x (0 where one underflows), whether all are integers)``
+    on ``x``'s array module (:func:`~rnstensor.backends.cpu.encode_magnitudes` is the CPU's one-pass form)."""
+    xp = array_module(x)
+    with np.errstate(under="ignore", over="ignore"):
+        if e.size and -1000 < int(e.min()) and int(e.max()) < 1000:
+            c = xp.abs(x) * xp.ldexp(1.0, -e)  # a power of two per slice: exact while normal
+        else:  # exact while the result is normal (checked by the caller's smallest magnitude)
+            c = xp.ldexp(xp.abs(x), -xp.clip(e, -(1 << 20), 1 << 20).astype(np.int32))
+    c = xp.broadcast_to(c, x.shape)
+    lo = float(c.min()) if c.size else math.inf
+    if lo == 0:
+        lo = float(xp.min(xp.where(x != 0, c, np.inf)))
+    head = c.reshape(-1)[:64]
+    exact = bool(xp.all(head == xp.rint(head))) and bool(xp.all(c == xp.rint(c)))
+    return c, lo, exact
 
 
 def _labels_after(st, labels: dict) -> str:
