@@ -524,7 +524,7 @@ def test_matmul_matches_the_reference(moduli, sa, sb, edge):
 
 
 @pytest.mark.parametrize("shape", [(3, 4, 20), (5, 3, 2), (7, 2, 1), (0, 3, 4), (70, 3, 2), (66, 2, 17), (130, 8, 1),
-                                   (600, 8, 3), (200, 11, 2), (64, 8, 8)])
+                                   (600, 8, 3), (200, 11, 2), (64, 8, 8), (80, 10, 20)])
 def test_mode_magnitudes(shape):
     # the classical certification's fused pass: the magnitudes within (K + 1) 2**-53 of exact, the smallest
     # positive one, and the largest (alpha colsum + beta rowsum + kappa) / magnitude over the positive entries

@@ -1538,16 +1538,7 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
             o = out[b, j]
             base = beta * rowsum[j] + kappa
             if R >= 16:  # long rows: vectorize along r
-                if K <= 8:
-                    _dot8_in_order(A[j], X[b], K, o, R, Z)
-                else:
-                    for r in range(R):
-                        o[r] = 0.0
-                    for k in range(K):
-                        a = A[j, k]
-                        if a != 0.0:
-                            for r in range(R):
-                                o[r] += a * X[b, k, r]
+                _dot_in_order(A[j], X[b], K, o, R, Z)
                 lj, wj = _ratio_stats(o, colb, alpha, base, R, q)
                 least = min(least, lj)
                 worst = max(worst, wj)
@@ -1565,10 +1556,20 @@ def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stat
 
 
 @njit(cache=True, nogil=True)
-def _dot8_in_order(a, T, K, o, W, Z):
-    # o[w] = (((a0 T0 + a1 T1) + a2 T2) + ...) for K <= 8 terms, each product and sum rounded once, in one pass
-    # (the sum held in a register): the missing terms are 0 * Z = +0, which leave a sum of nonnegative
-    # numbers unchanged, so this is the k-ascending accumulation from 0 bit for bit
+def _dot_in_order(a, T, K, o, W, Z):
+    # o[w] = (((0 + a0 T0[w]) + a1 T1[w]) + ...) over the K rows of T (nonnegative), each product and sum rounded
+    # once, k ascending. Up to 8 terms in one pass with the sum in a register (the missing terms are 0 * Z = +0,
+    # which leave a sum of nonnegative numbers unchanged); longer ones accumulate in o (a zero term skipped: +0)
+    if K > 8:
+        for w in range(W):
+            o[w] = 0.0
+        for k in range(K):
+            ak = a[k]
+            if ak != 0.0:
+                Tk = T[k]
+                for w in range(W):
+                    o[w] += ak * Tk[w]
+        return
     c = np.zeros(8, np.float64)
     for k in range(K):
         c[k] = a[k]
@@ -1633,17 +1634,7 @@ def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, st
         worst = 0.0
         for j in range(J):
             base = beta * rowsum[j] + kappa
-            if K <= 8:
-                _dot8_in_order(A[j], T, K, o, W, Z)
-            else:
-                for w in range(W):
-                    o[w] = 0.0
-                for k in range(K):
-                    a = A[j, k]
-                    if a != 0.0:
-                        Tk = T[k]
-                        for w in range(W):
-                            o[w] += a * Tk[w]
+            _dot_in_order(A[j], T, K, o, W, Z)
             lj, wj = _ratio_stats(o, colb, alpha, base, W, q)
             least = min(least, lj)
             worst = max(worst, wj)
