@@ -106,7 +106,7 @@ def cpu_chain_program(plan, shape: tuple) -> CpuChainProgram:
 
 
 def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
-    from ..kernels.fused import program_stages  # noqa: PLC0415 - the kernels package imports the backends
+    from ..kernels.fused import SlotPool, last_uses, program_stages  # noqa: PLC0415 - it imports the backends
 
     enc = next(st for st in program.steps if type(st).__name__ == "Encode" and not st.constant)
     if tuple(enc.shared) != tuple(range(1, len(in_shape) + 1)):
@@ -132,19 +132,10 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
         return len(tdir) - 1
 
     # slots: a tensor lives from the stage that writes it to the last stage that reads it
-    last_use = {prog.final: len(prog.stages)}
-    for k, st in enumerate(prog.stages):
-        for i in st.inputs:
-            last_use[i] = max(last_use.get(i, k), k)
+    last_use = last_uses(prog)
     slot_of = {0: 0}
-    free: list = []
-    nslots = [1]
-
-    def alloc() -> int:
-        if free:
-            return free.pop()
-        nslots[0] += 1
-        return nslots[0] - 1
+    pool = SlotPool()
+    alloc = pool.alloc
 
     shapes = {0: tuple(in_shape)}
     lmax, emax = len(prog.first), math.prod(in_shape)
@@ -167,7 +158,7 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
                 s_out = alloc()
                 rec.append([_DROP, s_out, s_in, L, math.prod(shapes[i]), t0, len(st.drop_active)] + [0] * (_REC - 7))
                 dropped.append(s_out)
-            free.extend(dead)
+            pool.release(dead)
             dead = dropped
             in_slots = dropped
         for terms, oid in zip(st.outputs, st.out_ids):
@@ -184,7 +175,7 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
             nops[0] += t.op.size
             shapes[oid] = shp[: st.axis] + (n_out,) + shp[st.axis + 1:]
             emax = max(emax, math.prod(shapes[oid]))
-        free.extend(dead)
+        pool.release(dead)
     if not rec:
         raise ValueError("a program without a product")
     per_tensor = max(emax, 1)
@@ -201,7 +192,7 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
         a.setflags(write=False)
     return CpuChainProgram(in_shape=tuple(in_shape), out_shape=shapes[prog.final], bits=int(prog.bits),
                            first=tuple(prog.first), final_active=tuple(prog.final_active),
-                           final_slot=slot_of[prog.final], nslots=nslots[0], lmax=lmax, emax=emax, nb=nb,
+                           final_slot=slot_of[prog.final], nslots=pool.count, lmax=lmax, emax=emax, nb=nb,
                            factor=int(prog.factor), **arrays)
 
 

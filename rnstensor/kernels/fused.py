@@ -31,7 +31,7 @@ from ..program import ir
 from . import tables
 from .layout import KERNEL, RC, RS
 
-__all__ = ["ChainProgram", "chain_program", "program_stages", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
+__all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "SlotPool", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
@@ -307,6 +307,33 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
 
 
 
+def last_uses(prog: _Program) -> dict:
+    """The last stage that reads each tensor of ``prog`` (:func:`program_stages`; the result: past the end)."""
+    last = {prog.final: len(prog.stages)}
+    for k, st in enumerate(prog.stages):
+        for i in st.inputs:
+            last[i] = max(last.get(i, k), k)
+    return last
+
+
+class SlotPool:
+    """The buffers the live tensors of a fused program occupy: slot 0 holds the input, a released slot is the
+    next one :meth:`alloc` hands out, and :attr:`count` is how many the program needs."""
+
+    def __init__(self):
+        self.count = 1
+        self._free: list[int] = []
+
+    def alloc(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self.count += 1
+        return self.count - 1
+
+    def release(self, slots) -> None:
+        self._free.extend(slots)
+
+
 def _in_shape(plan) -> list[int]:
     shape = [None] * plan.ndim
     for a, n in plan._lengths.items():
@@ -461,27 +488,16 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
             vals += [ext[a], strides[a]]
         return add_ints(vals + [size])
 
-    # the last stage that reads each tensor (the result: past the end)
-    last_use = {prog.final: len(stages)}
-    for k, st in enumerate(stages):
-        for i in st.inputs:
-            last_use[i] = max(last_use.get(i, k), k)
-
+    last_use = last_uses(prog)
     records: list[dict] = []  # ops, with deferred geometry filled in once nb is known
     slot_of = {0: 0}
-    free: list[int] = []
+    pool = SlotPool()
+    alloc = pool.alloc
     pending: list[int] = []
-    nslots = [1]
-
-    def alloc() -> int:
-        if free:
-            return free.pop()
-        nslots[0] += 1
-        return nslots[0] - 1
 
     def barrier():
         records[-1]["sync"] = 1
-        free.extend(pending)
+        pool.release(pending)
         pending.clear()
 
     scratch = max(len(prog.final_active), 1)
@@ -543,7 +559,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     def sizes(nb):
         cap = _pad16(nb * per_tensor)
         # per tensor: its largest magnitude / exponent (8 bytes, an even count) and 2^e as two float64s
-        shared = 8 * (nb + (nb & 1)) + 16 * nb + opbytes + nslots[0] * lmax * cap + 4 * scratch * THREADS
+        shared = 8 * (nb + (nb & 1)) + 16 * nb + opbytes + pool.count * lmax * cap + 4 * scratch * THREADS
         return cap, shared
 
     n_in_entries = math.prod(in_shape)
@@ -553,7 +569,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     cap, shared = sizes(nb)
     if shared > SHARED_MAX:
         raise ValueError(
-            f"one tensor of shape {tuple(in_shape)} needs {shared} bytes of shared memory ({nslots[0]} tensors on "
+            f"one tensor of shape {tuple(in_shape)} needs {shared} bytes of shared memory ({pool.count} tensors on "
             f"{lmax} planes); the fused kernel has {SHARED_MAX}: run it unfused (fused=False)"
         )
 
@@ -591,7 +607,7 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
         "L0": len(first), "BITS": prog.bits, "CAP": cap, "LMAX": lmax, "OPBYTES": opbytes,
         "ENC_F": add_floats(Pm, IPm, Hm, CP, pw), "ENC_LDPW": pw.shape[1], "ENC_I": add_ints(np.concatenate([pa, per])),
         "ENC_MAP": place_map(seq[0][0], seq[0][1]), "DEC_MAP": place_map(Pf, extf), "DEC_BUF": slot_of[prog.final],
-        "DEC_I": add_ints(dib), "DEC_F": add_floats(dfb), "NFIELD": nfield, "NQ": nq, "NSLOTS": nslots[0], "OPS": base0,
+        "DEC_I": add_ints(dib), "DEC_F": add_floats(dfb), "NFIELD": nfield, "NQ": nq, "NSLOTS": pool.count, "OPS": base0,
     }
     for k, v in hdr.items():
         ints[RC[k]] = int(v)
