@@ -75,10 +75,11 @@ class CpuChainProgram:
 
 def cpu_fusable(plan) -> Optional[str]:
     """Why the chain plan ``plan`` cannot run fused on the CPU (a sentence), or ``None`` if it can."""
-    if plan.method == "composed":
-        return "the composed method decodes after every product"
-    if any(np.iscomplexobj(op) for op in plan.operators):
-        return "complex operators are not fused"
+    from ..kernels.fused import method_reason  # noqa: PLC0415 - the kernels package imports the backends
+
+    why = method_reason(plan)
+    if why is not None:
+        return why
     if any(op.shape[1] > _cpu._DIRECT_MAX_K for op in plan.operators):
         return f"an operator has more than {_cpu._DIRECT_MAX_K} columns (its products go through BLAS)"
     return None

@@ -31,7 +31,7 @@ from ..program import ir
 from . import tables
 from .layout import KERNEL, RC, RS
 
-__all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "SlotPool", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
+__all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "SlotPool", "method_reason", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
@@ -392,15 +392,23 @@ def _strides(P, ext):
     return strides, s
 
 
+def method_reason(plan) -> Optional[str]:
+    """Why no fused interpreter (CPU or CUDA) runs the chain plan ``plan`` (a sentence), or ``None``."""
+    if plan.method == "composed":
+        return "the composed method decodes after every product"
+    if any(np.iscomplexobj(op) for op in plan.operators):
+        return "complex operators are not fused"
+    return None
+
+
 def fusable(plan, shape=None) -> Optional[str]:
     """Why ``plan`` cannot run as one fused kernel (a sentence), or ``None`` if it can.
 
     ``shape``: the tensor shape, where an axis is never contracted.
     """
-    if plan.method == "composed":
-        return "the composed method decodes after every product"
-    if any(np.iscomplexobj(op) for op in plan.operators):
-        return "complex operators are not fused"
+    why = method_reason(plan)
+    if why is not None:
+        return why
     if shape is None:
         try:
             _in_shape(plan)  # every axis's length must come from an operator
