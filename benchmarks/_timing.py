@@ -1,8 +1,9 @@
-"""Shared timing helper of the benchmark scripts: best wall time of several runs after a warm-up."""
+"""Shared helpers of the benchmark scripts: best wall time of several runs after a warm-up, and peak memory."""
 
 import time
+import tracemalloc
 
-__all__ = ["best_time"]
+__all__ = ["best_time", "peak_mib"]
 
 
 def best_time(fn, repeat: int) -> float:
@@ -14,3 +15,12 @@ def best_time(fn, repeat: int) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return min(ts)
+
+
+def peak_mib(fn) -> float:
+    """The tracemalloc peak of one call of ``fn`` in MiB (numpy-managed buffers; numba's allocator is not seen)."""
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak / 2**20

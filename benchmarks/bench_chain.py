@@ -17,12 +17,11 @@ import json
 import os
 import platform
 import time
-import tracemalloc
 
 import numpy as np
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import best_time, peak_mib
 from rnstensor.accuracy import einsum_chain
 from rnstensor.backends import get_backend
 from rnstensor.primitives import decode, drop, mode_product, strip_pending
@@ -47,14 +46,6 @@ def phases(plan, X: np.ndarray) -> dict:
     decode(T, "fp64")
     t["decode"] += time.perf_counter() - t0
     return t
-
-
-def peak_mib(fn) -> float:
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak / 2**20
 
 
 def main() -> None:

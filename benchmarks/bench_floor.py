@@ -31,7 +31,6 @@ import math
 import os
 import platform
 import time
-import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -39,7 +38,7 @@ import numpy as np
 from numba import njit
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import best_time, peak_mib
 from rnstensor.backends import cpu_fused
 
 
@@ -125,14 +124,6 @@ def lane_ops(program: cpu_fused.CpuChainProgram) -> dict:
     ops["decode"] = nout * (Lf * (Lf - 1) // 2 + Lf * red + 2 * (6 * Lf + 6))
     ops["total"] = sum(ops.values())
     return ops
-
-
-def peak_mib(fn) -> float:
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak / 2**20
 
 
 def main() -> None:
