@@ -336,9 +336,21 @@ def group_stats(x, axis: int, need_lsb: bool):
     ``NONE`` for an all-zero group); ``lsb_min`` (``need_lsb`` only, else
     ``None``): the lowest set bit of any of its significands; ``Emin``: the
     frexp exponent of its smallest nonzero finite part (real or imaginary),
-    ``NONE`` for an all-zero group. Two passes over ``|x|`` for the
-    exponents; the lowest bits need every significand.
+    ``NONE`` for an all-zero group. NumPy matrices: one threaded pass over
+    the IEEE bits (:func:`rnstensor.backends.cpu_gemm.group_stats`); other
+    arrays: two passes over ``|x|`` for the exponents, and the lowest bits
+    need every significand.
     """
+    xp = array_module(x)
+    if xp is np and x.ndim == 2 and x.dtype in (np.float64, np.complex128):
+        from .backends.cpu_gemm import group_stats as scan  # noqa: PLC0415 - numba, loaded on first use
+
+        return scan(x, axis, need_lsb)
+    return _group_stats_array(x, axis, need_lsb)
+
+
+def _group_stats_array(x, axis: int, need_lsb: bool):
+    """:func:`group_stats` in array operations, where ``x`` lives (CuPy, and the reference of the CPU scan)."""
     xp = array_module(x)
     mag = _magnitude(x)
     finite = xp.isfinite(x)
@@ -357,6 +369,8 @@ def group_stats(x, axis: int, need_lsb: bool):
 
 def group_lsb(x, axis: int):
     """The ``lsb_min`` of :func:`group_stats` alone (the lowest set bit of any significand per group)."""
+    if array_module(x) is np and x.ndim == 2 and x.dtype in (np.float64, np.complex128):
+        return group_stats(x, axis, True)[2]
     return entry_stats(x)[2].min(axis=axis)
 
 
@@ -909,6 +923,21 @@ def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, n
             term[i0:i1, j0:j1] = res.T if transposed else res
 
 
+def _run_product(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, s: int, cplx: bool, workspace: int,
+                 be, xp, backend_name, transposed: bool) -> None:
+    """``term <- prog(A, Bm)``: the backend's own exact GEMM engine where it takes the shape, else the INT8 tiles."""
+    engine = getattr(be, "exact_gemm", None)
+    if engine is not None and not cplx and not transposed:
+        with _phase("products"):  # the engine's encode and decode count here too
+            res = engine(prog, A, Bm, ea, eb, workspace)
+        if res is not None:
+            term[...] = res
+            return
+    with _phase("other"):
+        mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
+    _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+
+
 # ----- the driver --------------------------------------------------------------------------------
 
 
@@ -1025,18 +1054,14 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
             if mode != "exact":
                 prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
         if mode == "whole":
-            with _phase("other"):
-                mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
-            _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+            _run_product(term, prog, A, Bm, ea, eb, m, n, k, s, cplx, workspace, be, xp, backend_name, transposed)
         elif mode == "exact":
             with _phase("products"):
                 term[...] = _exact_auto(A, Bm, cplx, alpha, s, be, backend_name)
         else:
             ms, ns = A.shape[0], Bm.shape[1]
             pairs = xp.zeros((ms, ns), dtype)
-            with _phase("other"):
-                mb, nb, cache_a = _plan_tiles(ms, ns, k, s, cplx, workspace)
-            _run_tiles(pairs, prog, A, Bm, ea, eb, ms, ns, mb, nb, cache_a, be, xp, backend_name, transposed)
+            _run_product(pairs, prog, A, Bm, ea, eb, ms, ns, k, s, cplx, workspace, be, xp, backend_name, transposed)
             own_a, rank_a, own_b, rank_b = slices
             with _phase("decode"):  # each pair correctly rounded, summed in float64 slice by slice
                 by_row = _sum_slices(pairs, own_a, rank_a, m)

@@ -11,6 +11,7 @@ MODULES = [
     "rnstensor.primitives",
     "rnstensor.reference",
     "rnstensor.backends",
+    "rnstensor.backends.cpu_gemm",
     "rnstensor.chain",
     "rnstensor.contract",
     "rnstensor.gemm",

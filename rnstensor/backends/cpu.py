@@ -1054,14 +1054,15 @@ def _scale_pow2(V, e, k, S, o, W):
 
 
 @njit(cache=True, nogil=True)
-def _signed_horner(U, qd, sgn, Vf, carry, W):
-    # s*v for a block, s the sign of v, in base-2**40 limbs held in float64:
-    # limb * q + carry < 2**49 and floor() splits it exactly, so every step is
-    # exact and vectorizes across entries. The top nonzero centered digit
-    # outweighs all lower ones, so it carries the sign and every Horner prefix
-    # of s*v is >= 0: the limbs stay normalized in [0, 2**40).
+def _signed_horner(U, qd, sgn, Vf, carry, W, lw):
+    # s*v for a block, s the sign of v, in base-2**lw limbs held in float64 (lw = 40 for the INT8 moduli, 28 for
+    # moduli below 2**24): limb * q + carry < 2**53 and floor() splits it exactly, so every step is exact and
+    # vectorizes across entries. The top nonzero centered digit outweighs all lower ones, so it carries the sign
+    # and every Horner prefix of s*v is >= 0: the limbs stay normalized in [0, 2**lw).
     m = qd.size
     nl = Vf.shape[0]
+    up = np.float64(np.int64(1) << lw)
+    down = 1.0 / up
     for b in range(W):
         sgn[b] = 0.0
     for i in range(m):
@@ -1077,17 +1078,22 @@ def _signed_horner(U, qd, sgn, Vf, carry, W):
         Vl = Vf[li]
         for b in range(W):
             Vl[b] = 0.0
+    # after digit j the prefix is below q_j ... q_{m-1} / 2 in magnitude: the limbs above that are zero (no
+    # carry reaches them), so each step runs only over the limbs in use
+    width = math.log2(qd[m - 1])
     for j in range(m - 2, -1, -1):
         q = qd[j]
         Uj = U[j]
+        width += math.log2(q)
+        used = min(nl, int(width / lw) + 2)
         for b in range(W):
             carry[b] = sgn[b] * np.float64(Uj[b])
-        for li in range(nl):
+        for li in range(used):
             Vl = Vf[li]
             for b in range(W):
                 t = Vl[b] * q + carry[b]
-                c = np.floor(t * _TWO_M40)
-                Vl[b] = t - c * _TWO_40
+                c = np.floor(t * down)
+                Vl[b] = t - c * up
                 carry[b] = c
 
 
@@ -1111,36 +1117,107 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
     sgn = np.empty(_BLOCK, np.float64)
     carry = np.empty(_BLOCK, np.float64)
     Vf = np.empty((nl40, _BLOCK), np.float64)
+    R = np.empty((ROUND_ROWS, _BLOCK), np.int64)
     for blk in range(task0, task1):
         i0 = blk * _BLOCK
         W = min(_BLOCK, N - i0)
         _block_exponents(ev, inner, i0, W, eb)
         _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2, out[i0 : i0 + W],
-                            V, P, U, acc, sgn, carry, Vf)
+                            V, P, U, acc, sgn, carry, Vf, R)
+
+
+_MAGIC52 = 0x4330000000000000  # the bits of 2.0**52: x + 2**52 holds an integer 0 <= x < 2**52 in its low bits
+_SIGN = np.int64(-(1 << 63))
+#: rows of the int64 scratch of _round_unit (the entries left to the scalar rounding, the result bits)
+ROUND_ROWS = 2
+
+
+@njit(cache=True, nogil=True)
+def _round_unit(Vf, lw, sgn, eb, eadd, fsign, R, o, W):
+    # o[b] <- s_b * v_b * 2**(eb[b] + eadd) rounded to nearest-even for every entry whose result is a normal
+    # float64 (or overflows by the rounding carry alone): v in base-2**lw limbs Vf (least significant first).
+    # The window is the top nonzero limb and the next ones, enough for 63 bits whatever the top limb's length
+    # (3 limbs of 40 bits, 4 of 28); the limbs below only say whether they are zero. From it the top 63 bits
+    # of v as an int64 T and a sticky flag, then 53 bits of T rounded and written as IEEE fields: a carry out
+    # of the significand moves into the exponent field, which is the rounding's carry, and past 2046 it is
+    # inf, as ldexp. Entry by entry in registers (as lanes, the window's selects and scratch rows ran slower).
+    # Returns how many entries are left to the scalar rounding (subnormal or overflowing results), marked by
+    # R[0, b] = 1; R[1] holds the bits on the way to o.
+    nl = Vf.shape[0]
+    S = R.shape[1]
+    nw = 3 if lw >= 32 else 4
+    nfall = 0
+    Tb = R[1, :W]
+    Vi = _flat_as(Vf, np.int64)  # a limb's bit length is its float64 exponent field
+    stride = Vf.shape[1]
+    for b in range(W):
+        R[0, b] = 0
+        Tb[b] = 0
+        if sgn[b] == 0.0:
+            continue
+        top = nl - 1
+        while top > 0 and Vf[top, b] == 0.0:
+            top -= 1
+        nbh = (Vi[top * stride + b] >> 52) - 1022
+        T = np.int64(0)
+        lost = np.int64(0)
+        for w in range(nw):
+            li = top - w
+            limb = np.int64(Vf[li, b]) if li >= 0 else np.int64(0)
+            sh = 63 - nbh - lw * w  # where limb top - w's low bit lands in T
+            left = min(max(sh, 0), 62)
+            right = min(max(-sh, 0), 62)
+            T |= (limb << left) >> right
+            lost |= limb & ((np.int64(1) << right) - 1)
+        for li in range(top - nw + 1):
+            lost |= np.int64(Vf[li, b] != 0.0)
+        lost |= T & 511
+        mant = T >> 10
+        mant += ((T >> 9) & 1) & (np.int64(lost != 0) | (mant & 1))
+        e = min(max(eb[b] + eadd, -(1 << 40)), 1 << 40)
+        be = lw * top + nbh + e + 1022
+        if be < 1 or be > 2046:
+            R[0, b] = 1
+            nfall += 1
+            continue
+        bits = (be << 52) + (mant - (np.int64(1) << 52))
+        Tb[b] = bits if sgn[b] * fsign > 0 else bits | _SIGN
+    Rf = _flat_as(R, np.float64)
+    for b in range(W):
+        o[b] = Rf[S + b]
+    return nfall
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2, o, V, P, U, acc, sgn, carry,
-                        Vf):
-    # o[:W] <- columns i0 .. i0 + W of X correctly rounded (exponents eb): the body of _decode_exact_kernel, also
-    # run by the fused interpreter (backends.cpu_fused); V, P: 30-bit limb scratch, Vf: (40-bit limbs, W)
-    nl40 = Vf.shape[0]
+def _round_exact(Vf, lw, sgn, eb, eadd, flimbs, fsign, p2, o, V, P, R, W):
+    # o[:W] <- s * v * factor * 2**(eb + eadd) correctly rounded for v in base-2**lw limbs Vf: the lanes where
+    # the factor is +-1 (_round_unit), then entry by entry what they leave (and every entry for other factors):
+    # v in 30-bit int64 limbs (so that limb * limb + carry never overflows), times the odd part of the factor
+    # (its power of two is in eadd), then rounded once to nearest-even on the float64 grid of the result: 53
+    # bits, or fewer where the result is subnormal, so the final ldexp is exact or overflows
+    nl = Vf.shape[0]
     n30 = V.size
     nf = flimbs.size
     unit = nf == 1 and flimbs[0] == 1
-    _mrc_digits(X, i0, W, perm, C, qf, qip, qh, U, acc)
-    _signed_horner(U, qd, sgn, Vf, carry, W)
+    if unit and _round_unit(Vf, lw, sgn, eb, eadd, fsign, R, o, W) == 0:
+        return
     for b in range(W):
         if sgn[b] == 0.0:
             o[b] = 0.0
             continue
+        if unit and R[0, b] == 0:
+            continue
         for i in range(n30):
             pos = 30 * i
-            li = pos // 40
-            off = pos - 40 * li
+            li = pos // lw
+            off = pos - lw * li
             w = np.int64(Vf[li, b]) >> off
-            if off > 10 and li + 1 < nl40:
-                w |= np.int64(Vf[li + 1, b]) << (40 - off)
+            got = lw - off
+            j = li + 1
+            while got < 30 and j < nl:
+                w |= np.int64(Vf[j, b]) << got
+                got += lw
+                j += 1
             V[i] = w & _MASK30
         n = n30
         if unit:
@@ -1177,6 +1254,17 @@ def _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fs
                 mant += 1
             y = _ldexp(np.float64(mant), shift + e, p2)
         o[b] = -y if sgn[b] * fsign < 0 else y
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fsign, p2, o, V, P, U, acc, sgn, carry,
+                        Vf, R):
+    # o[:W] <- columns i0 .. i0 + W of X correctly rounded (exponents eb): the body of _decode_exact_kernel, also
+    # run by the fused interpreter (backends.cpu_fused); V, P: 30-bit limb scratch, Vf: (40-bit limbs, W), R:
+    # (ROUND_ROWS, W) int64 scratch
+    _mrc_digits(X, i0, W, perm, C, qf, qip, qh, U, acc)
+    _signed_horner(U, qd, sgn, Vf, carry, W, 40)
+    _round_exact(Vf, 40, sgn, eb, eadd, flimbs, fsign, p2, o, V, P, R, W)
 
 
 @lru_cache(maxsize=256)
@@ -1403,6 +1491,36 @@ class CpuBackend:
         return out.reshape((len(out_active),) + shape), out_active
 
     # ----- whole programs -----------------------------------------------------------------
+
+    def exact_gemm(self, program, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, workspace_bytes: int):
+        """The real two-operand program ``gemm_program`` on wide moduli in float64 BLAS, or ``None`` to decline.
+
+        Taken where it should be faster than the INT8 product (by shape and
+        width, :func:`rnstensor.backends.cpu_gemm.prefers_wide`, or as
+        ``cpu_gemm.ENGINE`` says) and its planes fit ``workspace_bytes``; the
+        same integers and the same correctly rounded decode, so the same bits.
+        """
+        from . import cpu_gemm  # noqa: PLC0415 - the engine's kernels compile on first use
+
+        if program.complex or cpu_gemm.ENGINE == "int8" or len(program.steps) != 4:
+            return None
+        enc_a, enc_b, product, dec = program.steps
+        if enc_b.labels != "kj" or product.labels != "ij" or dec.mode != "exact":
+            return None
+        alpha = complex(dec.alpha).real
+        if alpha == 0 or not math.isfinite(alpha):
+            return None
+        (m, k), n = a.shape, b.shape[1]
+        s = len(program.basis)
+        if cpu_gemm.ENGINE != "wide" and not cpu_gemm.prefers_wide(m, n, k, s, product.bound):
+            return None
+        try:
+            mods, chunk = cpu_gemm.wide_plan(k, product.bound)
+        except ValueError:
+            return None
+        if cpu_gemm.wide_bytes(m, n, k, len(mods)) > workspace_bytes:
+            return None
+        return cpu_gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, mods, chunk)
 
     def chain_program(self, plan, shape: tuple, decode: str):
         """``(program, None)``: ``plan`` packed for :meth:`chain` on tensors of ``shape``, or ``(None, reason)``."""

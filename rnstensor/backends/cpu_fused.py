@@ -346,6 +346,7 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
     sgn = np.empty(BL, np.float64)
     carry = np.empty(BL, np.float64)
     Vf = np.empty((nl40, BL), np.float64)
+    Rr = np.empty((_cpu.ROUND_ROWS, BL), np.int64)
     L0 = pf.size
     Lf = perm.size
     for blk in range(task0, task1):
@@ -413,7 +414,7 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
             w = min(BL, W - c0)
             if exact:
                 _cpu._decode_exact_block(Xf, c0, w, perm, C, qf, qip, qh, qd, eb[c0: c0 + w], eadd, flimbs, fsign,
-                                         p2, ob[c0: c0 + w], V30, P30, D, acc, sgn, carry, Vf)
+                                         p2, ob[c0: c0 + w], V30, P30, D, acc, sgn, carry, Vf, Rr)
             else:
                 _cpu._decode_fp64_block(Xf, c0, w, perm, C, qf, qip, qh, qd, f, g, eb[c0: c0 + w], k, p2,
                                         ob[c0: c0 + w], V, Vl, Vc, D, acc, Sw)

@@ -1,0 +1,103 @@
+"""Correctly rounded DGEMM (``moduli='auto'``) against FLINT's exact product and numpy, both engines, same run.
+
+For square N x N x N U[-1, 1) data (53-bit multiples: ``'auto'`` keeps the
+53-bit width, the integers are ``x * 2**53``), in one process and
+interleaved round by round (this machine's speed drifts by up to 2x within
+minutes, so only ratios inside a round mean anything):
+
+- ``numpy``: ``a @ b`` in float64 (OpenBLAS);
+- ``flint``: ``fmpz_mat`` product of the same 53-bit integers (python-flint,
+  the product alone, its conversion from Python lists not timed; skipped
+  when python-flint is not installed: ``pip install python-flint``);
+- ``int8``: ``rt.dgemm(moduli='auto')`` with the INT8 residue product
+  (``cpu_gemm.ENGINE = 'int8'``);
+- ``wide``: the same call on the float64-BLAS engine of wide moduli
+  (``'wide'``); ``default`` is what the backend picks by shape (``None``).
+
+Both engines' results are compared bit for bit in every round, and the phase
+split of the default (``rnstensor.gemm.PHASES``) is printed.
+
+Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 3] [--rounds 2] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+import rnstensor as rt
+from _timing import best_time
+from rnstensor import gemm as G
+from rnstensor.backends import cpu_gemm
+
+try:
+    import flint
+except ImportError:  # optional: the FLINT baseline
+    flint = None
+
+
+def _engine(name):
+    def run(a, b):
+        old = cpu_gemm.ENGINE
+        cpu_gemm.ENGINE = name
+        try:
+            return rt.dgemm(a, b, moduli="auto")
+        finally:
+            cpu_gemm.ENGINE = old
+    return run
+
+
+ENGINES = {"int8": _engine("int8"), "wide": _engine("wide"), "default": _engine(None)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", help="write the rows to this file")
+    args = ap.parse_args()
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}, "
+          f"flint {getattr(flint, '__version__', 'not installed')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    rows = []
+    rng = np.random.default_rng(0)
+    for N in args.sizes:
+        a, b = rng.uniform(-1, 1, (N, N)), rng.uniform(-1, 1, (N, N))
+        fa = fb = None
+        if flint is not None:
+            fa = flint.fmpz_mat((a * 2.0**53).astype(np.int64).tolist())
+            fb = flint.fmpz_mat((b * 2.0**53).astype(np.int64).tolist())
+        s = rt.gemm_moduli(a, b, "auto")
+        mods, chunk = cpu_gemm.wide_plan(N, N * 4**rt.gemm_width(s, N))
+        for rnd in range(args.rounds):
+            t = {"numpy": best_time(lambda: a @ b, args.repeat)}
+            if fa is not None:
+                t["flint"] = best_time(lambda: fa * fb, max(1, args.repeat - 1))
+            res = {}
+            for name, run in ENGINES.items():
+                t[name] = best_time(lambda: res.__setitem__(name, run(a, b)), args.repeat)
+            same = all(np.array_equal(res["int8"].view(np.int64), r.view(np.int64)) for r in res.values())
+            G.PHASES = {}
+            ENGINES["default"](a, b)
+            phases = {k: round(v * 1e3, 1) for k, v in G.PHASES.items()}
+            G.PHASES = None
+            row = {"N": N, "round": rnd, "s": s, "wide_moduli": len(mods), "chunk": chunk, "same_bits": same,
+                   "ms": {k: round(v * 1e3, 2) for k, v in t.items()}, "phases_ms": phases}
+            rows.append(row)
+            ratios = " ".join(f"{k}/numpy {v / t['numpy']:.2f}" for k, v in t.items() if k != "numpy")
+            if "flint" in t:
+                ratios += " " + " ".join(f"{k}/flint {t[k] / t['flint']:.2f}" for k in ENGINES)
+            print(f"N={N} round {rnd}: s={s}, wide {len(mods)} moduli (chunk {chunk}), same bits {same}; "
+                  + " ".join(f"{k} {v * 1e3:.1f} ms" for k, v in t.items()) + f"; {ratios}; phases {phases}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

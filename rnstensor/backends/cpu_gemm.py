@@ -1,0 +1,446 @@
+"""CPU kernels of the two-operand GEMM program: the exponent scan, and an exact product engine on float64 BLAS.
+
+The engine (:func:`exact_gemm`) computes the exact integer product of the
+program's encoded operands on moduli below 2**24 instead of the INT8 ones:
+each modulus is one float64 GEMM per chunk of ``chunk`` terms, exact because
+every partial sum stays below 2**53, where the INT8 path needs one float32
+GEMM per modulus of at most 8 bits. The integers encoded, and so the exact
+product and its correctly rounded decode, are the INT8 program's: the two
+give the same bits (``tests/test_backend_cpu_gemm.py``). A CPU without INT8
+matrix engines does about twice the float32 rate of its float64 one, so 23
+bits per float64 GEMM against 8 per float32 one make the products about 1.4x
+cheaper, and the decode of 5-6 wide moduli is cheaper than that of 15-20.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+from numba import njit
+
+from ..basis import mrc_digit_coeffs, mrc_order
+from . import cpu as _cpu
+
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "ENGINE"]
+
+#: Which exact product :meth:`CpuBackend.exact_gemm` runs: ``None`` picks by shape (:func:`prefers_wide`),
+#: ``'wide'`` / ``'int8'`` force one (tests and benchmarks compare the two).
+ENGINE: Optional[str] = None
+
+_ABS = 0x7FFFFFFFFFFFFFFF
+_INF_BITS = 0x7FF0000000000000
+_MASK52 = (1 << 52) - 1
+# the integer sentinels of rnstensor.encode (_NONE, _HUGE), repeated here as literals so that the kernels need no
+# import of the algorithm layer; tests/test_backend_cpu_gemm.py checks that they agree
+_NONE = np.iinfo(np.int64).min // 4
+_HUGE = np.iinfo(np.int64).max // 4
+# columns per task of the column scan: whole cache lines of every row
+_COLS = 64
+
+
+def group_stats(x: np.ndarray, axis: int, need_lsb: bool):
+    """:func:`rnstensor.gemm.group_stats` of a 2-D float64 / complex128 NumPy matrix in one pass over its IEEE bits.
+
+    Returns the same ``(finite, Emax, lsb_min or None, Emin)`` vectors
+    (bool, int64, int64, int64) bit for bit, read from the sign-cleared bit
+    patterns: the largest finite magnitude is the largest pattern, a part's
+    lowest set bit comes from its significand. Rows (``axis=1``) or columns
+    (``axis=0``), each group scanned along memory: row groups of a C-ordered
+    matrix run row by row, column groups ``_COLS`` columns at a time (an
+    F-ordered matrix is scanned as its C-ordered transpose).
+
+    Examples
+    --------
+    >>> fin, Emax, lsb, Emin = group_stats(np.array([[1.0, 0.75], [0.0, np.inf]]), 1, True)
+    >>> fin.tolist(), int(Emax[0]), int(lsb[0]), int(Emin[0]), bool(Emax[1] == _NONE and lsb[1] == _HUGE)
+    ([True, False], 1, -2, 0, True)
+    """
+    if x.ndim != 2 or x.dtype not in (np.float64, np.complex128):
+        raise TypeError(f"group_stats: x must be a 2-D float64 or complex128 array; got {x.dtype} of shape {x.shape}")
+    if axis not in (0, 1):
+        raise ValueError(f"group_stats: axis must be 0 (columns) or 1 (rows); got {axis!r}")
+    if not x.flags.c_contiguous and x.flags.f_contiguous:
+        x, axis = x.T, 1 - axis
+    x = np.ascontiguousarray(x)
+    parts = 2 if x.dtype == np.complex128 else 1
+    m, n = x.shape
+    groups = m if axis == 1 else n
+    fin = np.empty(groups, np.bool_)
+    stats = np.empty((4, groups), np.int64)  # amax bits, amin bits, lsb, then the exponents in place
+    xi = _cpu._ro(x.view(np.float64).reshape(m, n * parts).view(np.int64))
+    if groups and m * n:
+        if axis == 1:
+            _cpu._launch(_scan_rows, m, x.size * parts, xi, parts, need_lsb, _cpu._P2, fin, stats)
+        else:
+            _cpu._launch(_scan_cols, -(-n // _COLS), x.size * parts, xi, parts, need_lsb, _cpu._P2, fin, stats)
+    else:
+        fin[:] = True
+        stats[0], stats[1], stats[2] = 0, _INF_BITS, _HUGE
+    # every finite group empty of nonzero parts: the same NONE as numpy's where(amin finite, ...) route
+    Emax = _exponents(stats[0])
+    Emin = _exponents(np.where(stats[1] == _INF_BITS, 0, stats[1]))
+    return fin, Emax, (stats[2].copy() if need_lsb else None), Emin
+
+
+def _exponents(bits: np.ndarray) -> np.ndarray:
+    """frexp exponents of non-negative float64 bit patterns, ``NONE`` for zero (as ``gemm.frexp_exponent``)."""
+    v = bits.view(np.float64)
+    return np.where(v > 0, np.frexp(v)[1].astype(np.int64), _NONE)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lsb_value(a, p2):
+    # the value of the lowest set bit of the finite nonzero magnitude with bit pattern a: a power of two, exact
+    be = a >> 52
+    m = (a & _MASK52) | ((1 << 52) if be > 0 else 0)
+    low = m & -m
+    return np.float64(low) * p2[max(be, 1) - 1075 + 1074]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lsb_exponent(v):
+    # log2 of a power of two v > 0 (inf: none seen)
+    if v == np.inf:
+        return _HUGE
+    return np.int64(math.frexp(v)[1]) - 1
+
+
+@njit(cache=True, nogil=True)
+def _scan_rows(xi, parts, need_lsb, p2, fin, stats, task0, task1):
+    n = xi.shape[1] // parts
+    for r in range(task0, task1):
+        row = xi[r]
+        ok = True
+        amax = np.int64(0)
+        amin = np.int64(_INF_BITS)
+        low = np.inf
+        for j in range(n):
+            top = np.int64(0)
+            for q in range(parts):
+                a = row[parts * j + q] & _ABS
+                top = max(top, a)
+                if 0 < a < _INF_BITS:
+                    amin = min(amin, a)
+                    if need_lsb:
+                        low = min(low, _lsb_value(a, p2))
+            finite = top < _INF_BITS
+            ok &= finite
+            amax = max(amax, top if finite else 0)
+        fin[r] = ok
+        stats[0, r] = amax
+        stats[1, r] = amin
+        stats[2, r] = _lsb_exponent(low)
+
+
+@njit(cache=True, nogil=True)
+def _scan_cols(xi, parts, need_lsb, p2, fin, stats, task0, task1):
+    m = xi.shape[0]
+    n = xi.shape[1] // parts
+    ok = np.empty(_COLS, np.bool_)
+    amax = np.empty(_COLS, np.int64)
+    amin = np.empty(_COLS, np.int64)
+    low = np.empty(_COLS, np.float64)
+    for t in range(task0, task1):
+        j0 = t * _COLS
+        w = min(_COLS, n - j0)
+        ok[:] = True
+        amax[:] = 0
+        amin[:] = _INF_BITS
+        low[:] = np.inf
+        for i in range(m):
+            row = xi[i]
+            for c in range(w):
+                top = np.int64(0)
+                for q in range(parts):
+                    a = row[parts * (j0 + c) + q] & _ABS
+                    top = max(top, a)
+                    if 0 < a < _INF_BITS:
+                        amin[c] = min(amin[c], a)
+                        if need_lsb:
+                            low[c] = min(low[c], _lsb_value(a, p2))
+                finite = top < _INF_BITS
+                ok[c] &= finite
+                amax[c] = max(amax[c], top if finite else 0)
+        for c in range(w):
+            fin[j0 + c] = ok[c]
+            stats[0, j0 + c] = amax[c]
+            stats[1, j0 + c] = amin[c]
+            stats[2, j0 + c] = _lsb_exponent(low[c])
+
+
+# ----- the wide-modulus exact product ------------------------------------------------------------
+
+#: the largest wide modulus, and the most moduli: digits, residues and constants below 2**23 in magnitude keep
+#: every sum of the mixed-radix conversion (at most 31 products below 2**46) inside _cr64's exact range 2**51
+_P_MAX = (1 << 24) - 1
+_L_MAX = 31
+#: the exact float64 range of the GEMM sums, less room for the reduced accumulator added to them
+_SUM_MAX = (1 << 53) - (1 << 25)
+#: a chunk costs about as much as this many terms of a GEMM, per output entry (the cost model): its reduction
+#: pass, and the lower BLAS rate of short GEMMs (measured: 4 chunks of 256 at 1.12x one GEMM of 1024)
+_CHUNK_COST = 128
+_POW_WIDTH = 1 << 12
+_LIMB = 28  # limbs of the decode's Horner: 28 bits times a modulus below 2**24 stays below 2**53
+
+
+@lru_cache(maxsize=64)
+def _primes_below(limit: int, count: int) -> tuple[int, ...]:
+    """The ``count`` largest primes at most ``limit`` (descending), by trial division."""
+    small = [q for q in range(3, math.isqrt(limit) + 2, 2) if all(q % d for d in range(3, math.isqrt(q) + 1, 2))]
+    out = []
+    n = limit if limit % 2 else limit - 1
+    while len(out) < count and n > 2:
+        r = math.isqrt(n)
+        if all(n % q for q in small if q <= r):
+            out.append(n)
+        n -= 2
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def wide_plan(k: int, bound: int) -> tuple[tuple[int, ...], int]:
+    """``(moduli, chunk)``: the wide moduli and the k-chunk that hold an exact product ``|c| <= bound`` of length ``k``.
+
+    A chunk of ``chunk`` terms with residues ``|r| <= R`` sums to at most
+    ``chunk * R**2``, exact in float64 while that is below ``2**53`` (less
+    room for the accumulator): the moduli are the largest primes
+    ``p = 2R + 1`` or below (and below 2**24), as many as make their product
+    exceed ``2 * bound`` (the centered range). Shorter chunks allow larger
+    moduli, so fewer of them, at one reduction pass per chunk: the pick
+    minimises ``len(moduli) * (k + 128 * chunks)``.
+
+    Examples
+    --------
+    >>> mods, chunk = wide_plan(1024, 1024 * 4**53)
+    >>> len(mods), chunk, all(p < 2**24 for p in mods)
+    (6, 1024, True)
+    """
+    k = max(int(k), 1)
+    best = None
+    chunks = {k} | {1 << j for j in range(7, k.bit_length()) if (1 << j) < k}
+    for chunk in sorted(chunks):
+        R = math.isqrt(_SUM_MAX // chunk)
+        limit = min(2 * R + 1, _P_MAX)
+        mods, P = [], 1
+        for p in _primes_below(limit, _L_MAX):
+            if P > 2 * bound:
+                break
+            mods.append(p)
+            P *= p
+        if P <= 2 * bound:
+            continue
+        cost = len(mods) * (k + _CHUNK_COST * -(-k // chunk))
+        if best is None or cost < best[0]:
+            best = (cost, tuple(mods), chunk)
+    if best is None:
+        raise ValueError(f"wide_plan: {_L_MAX} primes below 2**24 do not hold a product bound of "
+                         f"{bound.bit_length()} bits; use the INT8 product")
+    return best[1], best[2]
+
+
+def wide_bytes(m: int, n: int, k: int, L: int) -> int:
+    """Peak bytes of :func:`exact_gemm` on ``L`` wide moduli: float64 operand planes, one GEMM buffer, float32
+    residues of the product."""
+    return 8 * (L * (m * k + k * n) + m * n) + 4 * L * m * n
+
+
+def prefers_wide(m: int, n: int, k: int, s: int, bound: int) -> bool:
+    """Whether the wide engine should beat ``s`` INT8 moduli here (float32 GEMMs at twice the float64 rate).
+
+    Per output entry its products cost ``len(moduli) (k + 128 chunks)``
+    GEMM terms against ``s (k / 2 + 64)`` (each INT8 modulus: a float32 GEMM
+    and its own cast and reduction passes); below ``2**18`` multiply-adds
+    both are fast and the INT8 path stays.
+    """
+    if m * n * k < (1 << 18):
+        return False
+    try:
+        mods, chunk = wide_plan(k, bound)
+    except ValueError:
+        return False
+    return len(mods) * (k + _CHUNK_COST * -(-k // chunk)) < s * (k / 2 + _CHUNK_COST / 2)
+
+
+@lru_cache(maxsize=64)
+def _wide_tables(moduli: tuple[int, ...]):
+    """Encode and decode constants of the wide moduli (read-only float64 / int64 arrays)."""
+    p = np.array(moduli, np.float64)
+    ip = 1.0 / p
+    h = np.array([(q + 1) // 2 for q in moduli], np.float64)
+    c24 = np.array([pow(2, 24, q) for q in moduli], np.float64)
+    # an entry's power of two past its significand is at most t - 53 (the row's largest entry sets t): 4096
+    # covers every width 49 INT8 moduli reach; the kernel computes any larger one
+    pw = np.array([[pow(2, j, q) for j in range(_POW_WIDTH)] for q in moduli], np.float64)
+    order = mrc_order(moduli)
+    perm = np.array([moduli.index(q) for q in order], np.int64)
+    C = mrc_digit_coeffs(order).astype(np.float64)
+    qd = np.array(order, np.float64)
+    nl = ((math.prod(moduli).bit_length() + _LIMB - 1) // _LIMB) + 1
+    tabs = (p, ip, h, c24, pw, perm, C, qd)
+    for a in tabs:
+        a.setflags(write=False)
+    return tabs, nl
+
+
+def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_bound: int, alpha: float,
+               moduli: tuple[int, ...], chunk: int) -> np.ndarray:
+    """``alpha * 2**(-ea_i - eb_j) * (a_i . b_j)`` correctly rounded, for the integers the INT8 encode holds.
+
+    ``A`` (m x k) and ``Bm`` (k x n) float64, ``ea`` / ``eb`` the encode
+    exponents of the program's rows / columns (``round_half_even(x * 2**e)``,
+    the INT8 encode's integers, from the same IEEE split), ``k_bound`` the
+    product's a-priori bound (checked against the moduli), ``alpha`` finite
+    and nonzero. The result is what the program's exact decode gives for the
+    same integers, bit for bit (``-0.0`` for zeros when ``alpha < 0``, as
+    there).
+    """
+    m, k = A.shape
+    n = Bm.shape[1]
+    if math.prod(moduli) <= 2 * k_bound:
+        raise ValueError(f"exact_gemm: moduli of {math.prod(moduli).bit_length()} bits do not hold the bound")
+    (p, ip, h, c24, pw, perm, C, qd), nl = _wide_tables(tuple(moduli))
+    L = len(moduli)
+    ea = np.ascontiguousarray(ea, np.int64).reshape(-1)
+    eb = np.ascontiguousarray(eb, np.int64).reshape(-1)
+    # every modulus' residues of both operands in one pass each (the IEEE split is shared), float64 for the
+    # GEMMs; the product's residues in float32 (|r| < 2**23) for the decode
+    Ar = np.empty((L, m, k), np.float64)
+    Br = np.empty((L, k, n), np.float64)
+    Ai = _cpu._ro(np.ascontiguousarray(A).view(np.int64))
+    Bi = _cpu._ro(np.ascontiguousarray(Bm).view(np.int64))
+    _cpu._launch(_wide_encode, m, m * k * L, Ai, ea, True, p, ip, h, c24, pw, Ar)
+    _cpu._launch(_wide_encode, k, k * n * L, Bi, eb, False, p, ip, h, c24, pw, Br)
+    acc = np.empty((L, m, n), np.float32)
+    buf = np.empty((m, n), np.float64)
+    for l in range(L):
+        for c0 in range(0, k, chunk):
+            c1 = min(c0 + chunk, k)
+            np.matmul(Ar[l, :, c0:c1], Br[l, c0:c1], out=buf)
+            _cpu._launch(_reduce_into, m, m * n, _cpu._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
+    del Ar, Br, buf
+    ma, ex = _alpha_parts(alpha)
+    flimbs, t2, _ = _cpu._factor_limbs(ma)
+    out = np.empty((m, n), np.float64)
+    _cpu._launch(_wide_decode, m, m * n * L * 4, _cpu._ro(acc), ea, eb, int(t2 + ex), flimbs, perm, C, p, ip, h, qd,
+                 nl, _cpu._P2, out)
+    return np.negative(out, out=out) if alpha < 0 else out
+
+
+def _alpha_parts(alpha: float) -> tuple[int, int]:
+    """``|alpha| = ma * 2**ea`` with ``ma`` odd: the split the program's exact decode makes (``alpha_parts``)."""
+    mant, ex = math.frexp(abs(alpha))
+    ma, ea = int(mant * (1 << 53)), ex - 53
+    tz = (ma & -ma).bit_length() - 1
+    return ma >> tz, ea + tz
+
+
+_BLK = 512
+
+
+@njit(cache=True, nogil=True)
+def _wide_encode(xi, e, rows, p, ip, h, c24, pw, out, task0, task1):
+    # out[l, r, :] <- [round_half_even(x * 2**e)]_p for row r of xi (IEEE bits), e per row (rows) or per column:
+    # the INT8 encode's split (cpu._enc_split: v = hi * 2**24 + lo, times 2**kb), reduced in float64:
+    # |hi| < 2**29 and |[hi]_p * [2^24]_p|, |r * [2^kb]_p| < 2**47, all inside _cr64's exact range
+    ncol = xi.shape[1]
+    L = p.size
+    TW = pw.shape[1]
+    hi = np.empty(_BLK, np.float64)
+    lo = np.empty(_BLK, np.float64)
+    kb = np.empty(_BLK, np.int64)
+    eb = np.empty(_BLK, np.int64)
+    mult = np.empty(_BLK, np.float64)
+    for r in range(task0, task1):
+        row = xi[r]
+        for j0 in range(0, ncol, _BLK):
+            W = min(_BLK, ncol - j0)
+            for b in range(W):
+                eb[b] = e[r] if rows else e[j0 + b]
+            nbig = _cpu._enc_split(row[j0:j0 + W], eb, hi, lo, kb, W)
+            for l in range(L):
+                o = out[l, r, j0:j0 + W]
+                pl, il, hl, cl = p[l], ip[l], h[l], c24[l]
+                for b in range(W):
+                    o[b] = _cpu._cr64(_cpu._cr64(hi[b], pl, il, hl) * cl + lo[b], pl, il, hl)
+                if nbig == 0:
+                    continue
+                for b in range(W):
+                    mult[b] = pw[l, min(kb[b], TW - 1)]
+                for b in range(W):
+                    if kb[b] >= TW:
+                        mult[b] = _pow2_mod(kb[b], pl, il, hl)
+                for b in range(W):
+                    o[b] = _cpu._cr64(o[b] * mult[b], pl, il, hl)
+
+
+@njit(cache=True, nogil=True)
+def _pow2_mod(e, p, ip, h):
+    # [2^e]_p by squaring (products of residues below 2**46: exact in _cr64)
+    r = 1.0
+    base = 2.0
+    while e > 0:
+        if e & 1:
+            r = _cpu._cr64(r * base, p, ip, h)
+        base = _cpu._cr64(base * base, p, ip, h)
+        e >>= 1
+    return r
+
+
+@njit(cache=True, nogil=True)
+def _reduce_into(Y, acc, p, ip, h, first, task0, task1):
+    # acc <- [acc + Y]_p centered (acc <- [Y]_p when first): |acc + Y| < 2**53 is an exact integer, the quotient
+    # rint(t / p) is within one of the true one (relative error 2**-52 on t / p < 2**31), and the remainder
+    # t - q p is exact through the FMA (a small integer); one step each way centers it in [h - p, h - 1].
+    # acc is float32 (exact: |r| < 2**23)
+    n = Y.shape[1]
+    for i in range(task0, task1):
+        y = Y[i]
+        a = acc[i]
+        for j in range(n):
+            t = y[j] if first else y[j] + np.float64(a[j])
+            q = np.rint(t * ip)
+            r = _cpu._fma(-q, p, t)
+            r = r - p if r > h - 1 else r
+            a[j] = np.float32(r + p if r < h - p else r)
+
+
+@njit(cache=True, nogil=True)
+def _wide_decode(acc, ea, eb, eadd, flimbs, perm, C, p, ip, h, qd, nl, p2, out, task0, task1):
+    # out[i, :] <- the correctly rounded decode of the residues acc[:, i, :] with exponents -(ea_i + eb_j): the
+    # mixed-radix digits in float64 (sums of at most 31 products below 2**46, one _cr64 each), the signed Horner
+    # in 28-bit limbs, the lane rounding and its scalar remainder (cpu._round_exact)
+    L = perm.size
+    n = acc.shape[2]
+    D = np.empty((L, _BLK), np.float64)
+    sgn = np.empty(_BLK, np.float64)
+    carry = np.empty(_BLK, np.float64)
+    Vf = np.empty((nl, _BLK), np.float64)
+    R = np.empty((_cpu.ROUND_ROWS, _BLK), np.int64)
+    n30 = (_LIMB * nl + 29) // 30
+    V = np.zeros(n30, np.int64)
+    P = np.zeros(n30 + flimbs.size + 1, np.int64)
+    e = np.empty(_BLK, np.int64)
+    for i in range(task0, task1):
+        for j0 in range(0, n, _BLK):
+            W = min(_BLK, n - j0)
+            for b in range(W):
+                e[b] = -(ea[i] + eb[j0 + b])
+            for d in range(L):
+                x = acc[perm[d], i, j0:j0 + W]
+                cd = C[d]
+                Dd = D[d]
+                pl, il, hl = p[perm[d]], ip[perm[d]], h[perm[d]]
+                for b in range(W):
+                    Dd[b] = x[b] * cd[d]
+                for q in range(d):
+                    cq = cd[q]
+                    Dq = D[q]
+                    for b in range(W):
+                        Dd[b] += cq * Dq[b]
+                for b in range(W):
+                    Dd[b] = _cpu._cr64(Dd[b], pl, il, hl)
+            _cpu._signed_horner(D, qd, sgn, Vf, carry, W, _LIMB)
+            _cpu._round_exact(Vf, _LIMB, sgn, e, eadd, flimbs, 1, p2, out[i, j0:j0 + W], V, P, R, W)

@@ -1,0 +1,220 @@
+"""The CPU GEMM kernels (backends/cpu_gemm.py): the exponent scan against Python's own float facts."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import rnstensor as rt
+from rnstensor import gemm
+from rnstensor.backends import cpu_gemm
+
+encode = importlib.import_module("rnstensor.encode")  # the module, not rnstensor.encode the function
+
+NONE, HUGE = encode._NONE, encode._HUGE
+
+
+def test_sentinels_agree_with_encode():
+    assert (cpu_gemm._NONE, cpu_gemm._HUGE) == (encode._NONE, encode._HUGE)
+
+
+def _lsb(v: float) -> int:
+    num, den = abs(v).as_integer_ratio()
+    return -(den.bit_length() - 1) if den > 1 else (num & -num).bit_length() - 1
+
+
+def _oracle(x: np.ndarray, axis: int):
+    """Per group, from Python floats: math.frexp and the exact integer ratio of every part."""
+    groups = x if axis == 1 else x.T
+    parts = (lambda z: (z.real, z.imag)) if x.dtype.kind == "c" else (lambda z: (z,))
+    out = []
+    for g in groups:
+        vals = [[float(p) for p in parts(z)] for z in g]
+        fin = all(math.isfinite(p) for v in vals for p in v)
+        mags = [max(abs(p) for p in v) for v in vals if all(math.isfinite(p) for p in v)]
+        nz = [abs(p) for v in vals for p in v if math.isfinite(p) and p != 0]
+        amax = max(mags, default=0.0)
+        Emax = math.frexp(amax)[1] if amax > 0 else NONE
+        Emin = math.frexp(min(nz))[1] if nz else NONE
+        lsb = min((_lsb(p) for p in nz), default=HUGE)
+        out.append((fin, Emax, lsb, Emin))
+    return [np.array(c) for c in zip(*out)]
+
+
+def _assert_same(got, want):
+    for g, w, name in zip(got, want, ("finite", "Emax", "lsb_min", "Emin")):
+        assert g is not None, name
+        np.testing.assert_array_equal(np.asarray(g, np.int64), np.asarray(w, np.int64), err_msg=name)
+
+
+_SPECIAL = [0.0, -0.0, 5e-324, -5e-324, 2.0**-1022, np.nextafter(2.0**-1022, 0), 1.0, -0.75, 3.0, 2.0**1023,
+            np.finfo(np.float64).max, np.inf, -np.inf, np.nan, 1 + 2.0**-52, 6.0 * 2.0**-1060]
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+def test_scan_matches_python_floats(cplx, order):
+    rng = np.random.default_rng(3)
+    m, n = 37, 150  # more columns than one column task, rows of odd length
+    x = rng.choice(_SPECIAL, (m, n)) * rng.choice([1.0, 0.5, 2.0**-40], (m, n))
+    x[:5] = rng.uniform(-1, 1, (5, n))  # rows (and with them columns) free of specials
+    x[:, :3] = rng.uniform(-1, 1, (m, 3))
+    x[7] = 0.0
+    x[:, 9] = 0.0
+    if cplx:
+        y = rng.choice(_SPECIAL, (m, n))
+        y[:5] = 0.0
+        z = x.astype(np.complex128)
+        z.imag = y  # not x + 1j * y: 1j * inf has a NaN real part
+        x = z
+    if order == "F":
+        x = np.asfortranarray(x)
+    elif order == "strided":
+        x = np.repeat(x, 2, axis=1)[:, ::2]
+    for axis in (0, 1):
+        want = _oracle(x, axis)
+        _assert_same(cpu_gemm.group_stats(x, axis, True), want)
+        fin, Emax, lsb, Emin = gemm.group_stats(x, axis, False)
+        assert lsb is None
+        _assert_same((fin, Emax, want[2], Emin), want)
+        np.testing.assert_array_equal(gemm.group_lsb(x, axis), want[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=2, max_side=70)), st.sampled_from([0, 1]),
+       st.booleans())
+def test_scan_matches_array_path(x, axis, cplx):
+    if cplx:
+        z = x.astype(np.complex128)
+        z.imag = x[::-1]
+        x = z
+    got = cpu_gemm.group_stats(x, axis, True)
+    want = gemm._group_stats_array(x, axis, True)
+    _assert_same(got, want)
+
+
+def test_empty_groups_and_errors():
+    for shape, axis, size in (((0, 4), 0, 4), ((3, 0), 1, 3), ((0, 0), 1, 0)):
+        fin, Emax, lsb, Emin = cpu_gemm.group_stats(np.zeros(shape), axis, True)
+        assert fin.shape == (size,) and fin.all()
+        assert (Emax == NONE).all() and (lsb == HUGE).all() and (Emin == NONE).all()
+    with pytest.raises(TypeError, match="float64 or complex128"):
+        cpu_gemm.group_stats(np.zeros((2, 2), np.float32), 0, True)
+    with pytest.raises(ValueError, match="axis must be 0"):
+        cpu_gemm.group_stats(np.zeros((2, 2)), 2, True)
+
+
+# ----- the wide-modulus exact product ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k, t", [(1, 1), (7, 20), (1024, 53), (4096, 56), (5000, 164), (1 << 16, 80)])
+def test_wide_plan_holds_the_bound_exactly(k, t):
+    bound = k * 4**t
+    mods, chunk = cpu_gemm.wide_plan(k, bound)
+    assert math.prod(mods) > 2 * bound
+    assert len(set(mods)) == len(mods) and all(p % 2 and p < 2**24 for p in mods)
+    assert all(math.gcd(p, q) == 1 for i, p in enumerate(mods) for q in mods[i + 1:])
+    R = max(mods) // 2
+    assert chunk * R * R + 2**24 <= 2**53  # every partial sum of a chunk, plus the accumulator, is exact
+    assert 1 <= chunk <= k
+
+
+def test_wide_plan_refuses_what_31_moduli_cannot_hold():
+    with pytest.raises(ValueError, match="INT8 product"):
+        cpu_gemm.wide_plan(4096, 4096 * 4**400)
+    assert not cpu_gemm.prefers_wide(512, 512, 4096, 49, 4096 * 4**400)
+
+
+def test_reduce_into_is_exact_at_the_ends_of_its_range():
+    p = 11863279
+    R = p // 2
+    t = np.array([[2.0**53 - 2**25, -(2.0**53 - 2**25), 0.0, -1.0, R, -R, R + 1, 3.0 * p]])
+    acc = np.array([[R, -R, 0, 0, 0, 0, 0, 1]], np.float32)
+    for first in (True, False):
+        got = acc.copy()
+        cpu_gemm._reduce_into(t, got, float(p), 1.0 / p, float((p + 1) // 2), first, 0, 1)
+        for g, x, a in zip(got[0], t[0], acc[0]):
+            v = int(x) + (0 if first else int(a))
+            want = (v + p // 2) % p - p // 2  # centered in [h - p, h - 1], h = (p + 1) / 2
+            assert int(g) == want
+
+
+def _same_bits(*args, **kw):
+    old = cpu_gemm.ENGINE
+    try:
+        cpu_gemm.ENGINE = "int8"
+        x = rt.dgemm(*args, **kw)
+        cpu_gemm.ENGINE = "wide"
+        y = rt.dgemm(*args, **kw)
+    finally:
+        cpu_gemm.ENGINE = old
+    np.testing.assert_array_equal(x.view(np.int64), y.view(np.int64), err_msg=str(kw))
+    return y
+
+
+def _data(rng, kind, shape):
+    x = rng.uniform(-1, 1, shape)
+    if kind == "wide":
+        x = np.ldexp(x, rng.integers(-60, 60, shape).astype(np.int32))
+    elif kind == "sparse":
+        x[rng.random(shape) < 0.7] = 0.0
+    elif kind == "ints":
+        x = rng.integers(-2**20, 2**20, shape).astype(np.float64)
+    elif kind == "tiny":
+        x = x * 2.0**-1000
+    elif kind == "huge":
+        x = x * 2.0**900
+    return x
+
+
+@pytest.mark.parametrize("kind", ["uniform", "wide", "sparse", "ints", "tiny", "huge"])
+@pytest.mark.parametrize("moduli", [None, "fast", "auto", 9])
+def test_wide_engine_gives_the_int8_bits(kind, moduli):
+    rng = np.random.default_rng(11)
+    for m, k, n in ((1, 1, 1), (5, 300, 7), (33, 1100, 20)):
+        a, b = _data(rng, kind, (m, k)), _data(rng, "uniform" if kind in ("tiny", "huge") else kind, (k, n))
+        for alpha in (1.0, -1.0, 0.375, -3.1):
+            _same_bits(a, b, moduli=moduli, alpha=alpha, min_bits=0)
+
+
+def test_wide_engine_rounds_the_exact_product_correctly():
+    rng = np.random.default_rng(5)
+    a = np.ldexp(rng.uniform(-1, 1, (6, 40)), rng.integers(-30, 30, (6, 40)).astype(np.int32))
+    b = rng.uniform(-1, 1, (40, 5))
+    a[0, :2] = [2.0**-1070, 2.0**-1074]  # results near and below the subnormal range
+    b[:2, 0] = [1.0, 2.0**-3]
+    c = _same_bits(a, b, moduli="auto", alpha=1.0)
+    for i in range(6):
+        for j in range(5):
+            exact = sum(Fraction(float(a[i, p])) * Fraction(float(b[p, j])) for p in range(40))
+            assert c[i, j] == float(exact)  # Fraction -> float rounds to nearest-even
+
+
+def test_wide_engine_inf_nan_rows_beta_and_trans():
+    rng = np.random.default_rng(8)
+    a, b, c = rng.uniform(-1, 1, (30, 700)), rng.uniform(-1, 1, (30, 700)), rng.uniform(-1, 1, (30, 30))
+    a[3, 5] = np.nan
+    b[7, 2] = np.inf
+    _same_bits(a, b, c, trans_b="T", beta=0.5, moduli="auto")
+    _same_bits(b.T.copy(), a.T.copy(), trans_a="T", moduli=None)
+
+
+def test_backend_picks_the_engine_by_shape(monkeypatch):
+    be = rt.get_backend("cpu")
+    calls = []
+    real = cpu_gemm.exact_gemm
+    monkeypatch.setattr(cpu_gemm, "exact_gemm", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    rng = np.random.default_rng(1)
+    big = rng.uniform(-1, 1, (128, 128))
+    rt.dgemm(big, big, moduli="auto", backend="cpu")
+    rt.dgemm(big[:4, :4], big[:4, :4], moduli="auto", backend="cpu")  # too small: the INT8 path
+    rt.dgemm(big, big, moduli="auto", backend="cpu", workspace_bytes=1 << 20)  # planes too large: INT8 tiles
+    assert calls == [(128, 128)]
+    assert be.exact_gemm is not None
