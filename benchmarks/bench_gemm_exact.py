@@ -15,7 +15,8 @@ minutes, so only ratios inside a round mean anything):
   (``'wide'``); ``default`` is what the backend picks by shape (``None``).
 
 Both engines' results are compared bit for bit in every round, and the phase
-split of the default (``rnstensor.gemm.PHASES``) is printed.
+split of one default call (``rnstensor.gemm.PHASES``, and the wide engine's
+own ``cpu_gemm.PHASES``) is printed.
 
 Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 3] [--rounds 2] [--json out.json]``
 """
@@ -72,8 +73,8 @@ def main() -> None:
         if flint is not None:
             fa = flint.fmpz_mat((a * 2.0**53).astype(np.int64).tolist())
             fb = flint.fmpz_mat((b * 2.0**53).astype(np.int64).tolist())
-        s = rt.gemm_moduli(a, b, "auto")
-        mods, chunk = cpu_gemm.wide_plan(N, N * 4**rt.gemm_width(s, N))
+        s = G.gemm_moduli(a, b, "auto")
+        mods, chunk = cpu_gemm.wide_plan(N, N * 4**G.gemm_width(s, N))
         for rnd in range(args.rounds):
             t = {"numpy": best_time(lambda: a @ b, args.repeat)}
             if fa is not None:
@@ -82,10 +83,11 @@ def main() -> None:
             for name, run in ENGINES.items():
                 t[name] = best_time(lambda: res.__setitem__(name, run(a, b)), args.repeat)
             same = all(np.array_equal(res["int8"].view(np.int64), r.view(np.int64)) for r in res.values())
-            G.PHASES = {}
+            G.PHASES, cpu_gemm.PHASES = {}, {}
             ENGINES["default"](a, b)
             phases = {k: round(v * 1e3, 1) for k, v in G.PHASES.items()}
-            G.PHASES = None
+            phases.update({"engine " + k: round(v * 1e3, 1) for k, v in cpu_gemm.PHASES.items()})
+            G.PHASES = cpu_gemm.PHASES = None
             row = {"N": N, "round": rnd, "s": s, "wide_moduli": len(mods), "chunk": chunk, "same_bits": same,
                    "ms": {k: round(v * 1e3, 2) for k, v in t.items()}, "phases_ms": phases}
             rows.append(row)

@@ -1128,63 +1128,87 @@ def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, n
 
 _MAGIC52 = 0x4330000000000000  # the bits of 2.0**52: x + 2**52 holds an integer 0 <= x < 2**52 in its low bits
 _SIGN = np.int64(-(1 << 63))
-#: rows of the int64 scratch of _round_unit (the entries left to the scalar rounding, the result bits)
-ROUND_ROWS = 2
+#: rows of the int64 scratch of _round_unit (the entries left to the scalar rounding, then its lanes' work)
+ROUND_ROWS = 5
 
 
 @njit(cache=True, nogil=True)
 def _round_unit(Vf, lw, sgn, eb, eadd, fsign, R, o, W):
     # o[b] <- s_b * v_b * 2**(eb[b] + eadd) rounded to nearest-even for every entry whose result is a normal
-    # float64 (or overflows by the rounding carry alone): v in base-2**lw limbs Vf (least significant first).
-    # The window is the top nonzero limb and the next ones, enough for 63 bits whatever the top limb's length
-    # (3 limbs of 40 bits, 4 of 28); the limbs below only say whether they are zero. From it the top 63 bits
-    # of v as an int64 T and a sticky flag, then 53 bits of T rounded and written as IEEE fields: a carry out
-    # of the significand moves into the exponent field, which is the rounding's carry, and past 2046 it is
-    # inf, as ldexp. Entry by entry in registers (as lanes, the window's selects and scratch rows ran slower).
-    # Returns how many entries are left to the scalar rounding (subnormal or overflowing results), marked by
-    # R[0, b] = 1; R[1] holds the bits on the way to o.
+    # float64 (or overflows by the rounding carry alone), lane by lane: v in base-2**lw limbs Vf (least
+    # significant first). Each lane's bit length nb comes from its top nonzero limb's float64 exponent field;
+    # the window is the limbs from the block's highest top down to nw - 1 below its lowest (nw = 3 limbs of 40
+    # bits, 4 of 28: at least 63 bits below every lane's top), each shifted to its place in the lane's top 63
+    # bits T, the bits shifted out and every limb below the window only saying whether they are zero (sticky).
+    # Then 53 bits of T rounded and written as IEEE fields: a carry out of the significand moves into the
+    # exponent field, which is the rounding's carry, and past 2046 it is inf, as ldexp. Few arrays per loop, so
+    # that every loop vectorizes. Returns how many entries are left to the scalar rounding (subnormal or
+    # overflowing results), marked by R[0, b] = 1.
     nl = Vf.shape[0]
     S = R.shape[1]
-    nw = 3 if lw >= 32 else 4
-    nfall = 0
-    Tb = R[1, :W]
-    Vi = _flat_as(Vf, np.int64)  # a limb's bit length is its float64 exponent field
     stride = Vf.shape[1]
+    nw = 3 if lw >= 32 else 4
+    Vi = _flat_as(Vf, np.int64)
+    Rf = _flat_as(R, np.float64)
+    flag, T, lost, cv, nb = R[0, :W], R[1, :W], R[2, :W], R[3, :W], R[4, :W]
+    cvf = Rf[3 * S: 3 * S + W]
     for b in range(W):
-        R[0, b] = 0
-        Tb[b] = 0
-        if sgn[b] == 0.0:
-            continue
-        top = nl - 1
-        while top > 0 and Vf[top, b] == 0.0:
-            top -= 1
-        nbh = (Vi[top * stride + b] >> 52) - 1022
-        T = np.int64(0)
-        lost = np.int64(0)
-        for w in range(nw):
-            li = top - w
-            limb = np.int64(Vf[li, b]) if li >= 0 else np.int64(0)
-            sh = 63 - nbh - lw * w  # where limb top - w's low bit lands in T
+        nb[b] = 0
+        T[b] = 0
+        lost[b] = 0
+    for li in range(nl):
+        Vl = Vf[li]
+        Vil = Vi[li * stride: li * stride + W]
+        base = lw * li - 1022
+        for b in range(W):
+            nb[b] = (Vil[b] >> 52) + base if Vl[b] != 0.0 else nb[b]
+    nmax = np.int64(0)
+    nmin = np.int64(1) << 40
+    for b in range(W):
+        x = nb[b]
+        nmax = max(nmax, x)
+        nmin = min(nmin, x if x > 0 else np.int64(1) << 40)
+    if nmax == 0:
+        for b in range(W):
+            o[b] = 0.0
+            flag[b] = 0
+        return 0
+    top = (nmax - 1) // lw
+    low = max((nmin - 1) // lw - nw + 1, 0)
+    for li in range(top, low - 1, -1):
+        Vl = Vf[li]
+        for b in range(W):
+            cvf[b] = Vl[b] + 4503599627370496.0  # the limb (< 2**52) in the low bits of its int64 view
+        place = 63 + lw * li
+        for b in range(W):
+            limb = cv[b] - _MAGIC52
+            sh = place - nb[b]  # where the limb's low bit lands in T
             left = min(max(sh, 0), 62)
             right = min(max(-sh, 0), 62)
-            T |= (limb << left) >> right
-            lost |= limb & ((np.int64(1) << right) - 1)
-        for li in range(top - nw + 1):
-            lost |= np.int64(Vf[li, b] != 0.0)
-        lost |= T & 511
-        mant = T >> 10
-        mant += ((T >> 9) & 1) & (np.int64(lost != 0) | (mant & 1))
-        e = min(max(eb[b] + eadd, -(1 << 40)), 1 << 40)
-        be = lw * top + nbh + e + 1022
-        if be < 1 or be > 2046:
-            R[0, b] = 1
-            nfall += 1
-            continue
-        bits = (be << 52) + (mant - (np.int64(1) << 52))
-        Tb[b] = bits if sgn[b] * fsign > 0 else bits | _SIGN
-    Rf = _flat_as(R, np.float64)
+            T[b] |= (limb << left) >> right
+            lost[b] |= limb & ((np.int64(1) << right) - 1)
+    for li in range(low):
+        Vl = Vf[li]
+        for b in range(W):
+            lost[b] |= np.int64(Vl[b] != 0.0)
     for b in range(W):
-        o[b] = Rf[S + b]
+        t = T[b]
+        mant = t >> 10
+        T[b] = mant + (((t >> 9) & 1) & (np.int64((lost[b] | (t & 511)) != 0) | (mant & 1)))
+    nfall = 0
+    for b in range(W):
+        be = nb[b] + min(max(eb[b] + eadd, -(1 << 40)), 1 << 40) + 1022
+        bad = sgn[b] != 0.0 and (be < 1 or be > 2046)
+        flag[b] = 1 if bad else 0
+        nfall += 1 if bad else 0
+    for b in range(W):
+        be = nb[b] + min(max(eb[b] + eadd, -(1 << 40)), 1 << 40) + 1022
+        bits = (be << 52) + (T[b] - (np.int64(1) << 52))
+        bits = bits if sgn[b] * fsign > 0 else bits | _SIGN
+        T[b] = 0 if sgn[b] == 0.0 else bits
+    Tf = Rf[S: S + W]
+    for b in range(W):
+        o[b] = Tf[b]
     return nfall
 
 

@@ -15,6 +15,7 @@ cheaper, and the decode of 5-6 wide moduli is cheaper than that of 15-20.
 from __future__ import annotations
 
 import math
+import time
 from functools import lru_cache
 from typing import Optional
 
@@ -24,11 +25,21 @@ from numba import njit
 from ..basis import mrc_digit_coeffs, mrc_order
 from . import cpu as _cpu
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "ENGINE"]
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "ENGINE", "PHASES"]
 
 #: Which exact product :meth:`CpuBackend.exact_gemm` runs: ``None`` picks by shape (:func:`prefers_wide`),
 #: ``'wide'`` / ``'int8'`` force one (tests and benchmarks compare the two).
 ENGINE: Optional[str] = None
+#: When a dict, the wide engine's phase wall times (seconds) accumulate into it: 'encode', 'gemm', 'reduce',
+#: 'decode' (benchmarks; ``rnstensor.gemm.PHASES`` counts the whole engine as 'products').
+PHASES: Optional[dict] = None
+
+
+def _tick(name: str, t0: float) -> float:
+    t = time.perf_counter()
+    if PHASES is not None:
+        PHASES[name] = PHASES.get(name, 0.0) + t - t0
+    return t
 
 _ABS = 0x7FFFFFFFFFFFFFFF
 _INF_BITS = 0x7FF0000000000000
@@ -307,25 +318,30 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     eb = np.ascontiguousarray(eb, np.int64).reshape(-1)
     # every modulus' residues of both operands in one pass each (the IEEE split is shared), float64 for the
     # GEMMs; the product's residues in float32 (|r| < 2**23) for the decode
+    t0 = time.perf_counter()
     Ar = np.empty((L, m, k), np.float64)
     Br = np.empty((L, k, n), np.float64)
     Ai = _cpu._ro(np.ascontiguousarray(A).view(np.int64))
     Bi = _cpu._ro(np.ascontiguousarray(Bm).view(np.int64))
     _cpu._launch(_wide_encode, m, m * k * L, Ai, ea, True, p, ip, h, c24, pw, Ar)
     _cpu._launch(_wide_encode, k, k * n * L, Bi, eb, False, p, ip, h, c24, pw, Br)
+    t0 = _tick("encode", t0)
     acc = np.empty((L, m, n), np.float32)
     buf = np.empty((m, n), np.float64)
     for l in range(L):
         for c0 in range(0, k, chunk):
             c1 = min(c0 + chunk, k)
             np.matmul(Ar[l, :, c0:c1], Br[l, c0:c1], out=buf)
+            t0 = _tick("gemm", t0)
             _cpu._launch(_reduce_into, m, m * n, _cpu._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
+            t0 = _tick("reduce", t0)
     del Ar, Br, buf
     ma, ex = _alpha_parts(alpha)
     flimbs, t2, _ = _cpu._factor_limbs(ma)
     out = np.empty((m, n), np.float64)
     _cpu._launch(_wide_decode, m, m * n * L * 4, _cpu._ro(acc), ea, eb, int(t2 + ex), flimbs, perm, C, p, ip, h, qd,
                  nl, _cpu._P2, out)
+    _tick("decode", t0)
     return np.negative(out, out=out) if alpha < 0 else out
 
 
@@ -392,7 +408,7 @@ def _pow2_mod(e, p, ip, h):
 @njit(cache=True, nogil=True)
 def _reduce_into(Y, acc, p, ip, h, first, task0, task1):
     # acc <- [acc + Y]_p centered (acc <- [Y]_p when first): |acc + Y| < 2**53 is an exact integer, the quotient
-    # rint(t / p) is within one of the true one (relative error 2**-52 on t / p < 2**31), and the remainder
+    # q = floor(t / p + 1/2) in floats is within one of the true one (relative error 2**-52 on t / p < 2**31), and the remainder
     # t - q p is exact through the FMA (a small integer); one step each way centers it in [h - p, h - 1].
     # acc is float32 (exact: |r| < 2**23)
     n = Y.shape[1]
@@ -401,7 +417,7 @@ def _reduce_into(Y, acc, p, ip, h, first, task0, task1):
         a = acc[i]
         for j in range(n):
             t = y[j] if first else y[j] + np.float64(a[j])
-            q = np.rint(t * ip)
+            q = np.floor(t * ip + 0.5)  # floor vectorizes (rint became a libm call)
             r = _cpu._fma(-q, p, t)
             r = r - p if r > h - 1 else r
             a[j] = np.float32(r + p if r < h - p else r)
