@@ -18,7 +18,10 @@ Both engines' results are compared bit for bit in every round, and the phase
 split of one default call (``rnstensor.gemm.PHASES``, and the wide engine's
 own ``cpu_gemm.PHASES``) is printed.
 
-Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 3] [--rounds 2] [--json out.json]``
+``--complex``: ``zgemm(moduli='auto')`` (the 3M form on either engine) on
+complex U[-1, 1) data against numpy's complex128 product, no FLINT row.
+
+Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 3] [--rounds 2] [--complex] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _engine(name):
         old = cpu_gemm.ENGINE
         cpu_gemm.ENGINE = name
         try:
-            return rt.dgemm(a, b, moduli="auto")
+            return (rt.zgemm if a.dtype.kind == "c" else rt.dgemm)(a, b, moduli="auto")
         finally:
             cpu_gemm.ENGINE = old
     return run
@@ -61,6 +64,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--complex", action="store_true", help="zgemm on complex U[-1, 1) parts (no FLINT baseline)")
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}, "
@@ -69,12 +73,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for N in args.sizes:
         a, b = rng.uniform(-1, 1, (N, N)), rng.uniform(-1, 1, (N, N))
+        if args.complex:
+            a, b = a + 1j * rng.uniform(-1, 1, (N, N)), b + 1j * rng.uniform(-1, 1, (N, N))
         fa = fb = None
-        if flint is not None:
+        if flint is not None and not args.complex:
             fa = flint.fmpz_mat((a * 2.0**53).astype(np.int64).tolist())
             fb = flint.fmpz_mat((b * 2.0**53).astype(np.int64).tolist())
         s = G.gemm_moduli(a, b, "auto")
-        mods, chunk = cpu_gemm.wide_plan(N, N * 4**G.gemm_width(s, N))
+        kind = "complex" if args.complex else "real"
+        mods, chunk = cpu_gemm.wide_plan(N, (6 if args.complex else 1) * N * 4**G.gemm_width(s, N, kind))
         for rnd in range(args.rounds):
             t = {"numpy": best_time(lambda: a @ b, args.repeat)}
             if fa is not None:

@@ -927,7 +927,7 @@ def _run_product(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, 
                  be, xp, backend_name, transposed: bool) -> None:
     """``term <- prog(A, Bm)``: the backend's own exact GEMM engine where it takes the shape, else the INT8 tiles."""
     engine = getattr(be, "exact_gemm", None)
-    if engine is not None and not cplx and not transposed:
+    if engine is not None and not transposed:
         with _phase("products"):  # the engine's encode and decode count here too
             res = engine(prog, A, Bm, ea, eb, workspace)
         if res is not None:
@@ -1103,7 +1103,10 @@ def dgemm(
     ``t = gemm_width(s, k)`` (integers ``|v| <= 2**t``); one
     :func:`rnstensor.mode_product` gives the exact integer product on every
     modulus (the CPU backend splits ``k`` into exact float32 BLAS chunks of
-    1024 summed exactly), and :func:`rnstensor.decode` (``'exact'``) rounds
+    1024 summed exactly; for large enough products it computes the same
+    integers on 5-16 primes below 2**24 in float64 BLAS instead,
+    :mod:`rnstensor.backends.cpu_gemm`, bitwise the same result), and
+    :func:`rnstensor.decode` (``'exact'``) rounds
     ``alpha * 2**(-D_i - E_j) * c_ij`` once: with ``beta = 0`` the result is
     the correctly rounded ``alpha`` times the scaled integer product (and of
     the exact ``alpha * op(a) @ op(b)`` whenever the encoding is exact, e.g.

@@ -218,3 +218,42 @@ def test_backend_picks_the_engine_by_shape(monkeypatch):
     rt.dgemm(big, big, moduli="auto", backend="cpu", workspace_bytes=1 << 20)  # planes too large: INT8 tiles
     assert calls == [(128, 128)]
     assert be.exact_gemm is not None
+
+
+def _same_bits_z(*args, **kw):
+    old = cpu_gemm.ENGINE
+    try:
+        cpu_gemm.ENGINE = "int8"
+        x = rt.zgemm(*args, **kw)
+        cpu_gemm.ENGINE = "wide"
+        y = rt.zgemm(*args, **kw)
+    finally:
+        cpu_gemm.ENGINE = old
+    np.testing.assert_array_equal(x.view(np.int64), y.view(np.int64), err_msg=str(kw))
+    return y
+
+
+@pytest.mark.parametrize("kind", ["uniform", "wide", "sparse", "tiny"])
+@pytest.mark.parametrize("moduli", [None, "auto", 10])
+def test_wide_engine_gives_the_int8_bits_for_zgemm(kind, moduli):
+    rng = np.random.default_rng(12)
+    for m, k, n in ((1, 1, 1), (6, 400, 5)):
+        a = _data(rng, kind, (m, k)) + 1j * _data(rng, kind, (m, k))
+        b = _data(rng, "uniform", (k, n)) - 1j * _data(rng, "uniform", (k, n))
+        for alpha in (1.0, -1.0, 1j, 0.5 - 2.25j, -3.0):
+            _same_bits_z(a, b, moduli=moduli, alpha=alpha, min_bits=0)
+    _same_bits_z(a, b.T.copy(), trans_b="C", moduli=moduli, min_bits=0)
+
+
+def test_wide_zgemm_is_the_exact_product_rounded():
+    rng = np.random.default_rng(4)
+    a = rng.uniform(-1, 1, (3, 30)) + 1j * np.ldexp(rng.uniform(-1, 1, (3, 30)), -20)
+    b = rng.uniform(-1, 1, (30, 4)) + 1j * rng.uniform(-1, 1, (30, 4))
+    c = _same_bits_z(a, b, moduli="auto")
+    for i in range(3):
+        for j in range(4):
+            terms = [(Fraction(float(a[i, p].real)), Fraction(float(a[i, p].imag)),
+                      Fraction(float(b[p, j].real)), Fraction(float(b[p, j].imag))) for p in range(30)]
+            re = sum(ar * br - ai * bi for ar, ai, br, bi in terms)
+            im = sum(ar * bi + ai * br for ar, ai, br, bi in terms)
+            assert c[i, j].real == float(re) and c[i, j].imag == float(im)

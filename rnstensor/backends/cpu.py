@@ -1517,7 +1517,7 @@ class CpuBackend:
     # ----- whole programs -----------------------------------------------------------------
 
     def exact_gemm(self, program, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, workspace_bytes: int):
-        """The real two-operand program ``gemm_program`` on wide moduli in float64 BLAS, or ``None`` to decline.
+        """The two-operand program ``gemm_program`` (real, or complex 3M) on wide moduli in float64 BLAS, or ``None``.
 
         Taken where it should be faster than the INT8 product (by shape and
         width, :func:`rnstensor.backends.cpu_gemm.prefers_wide`, or as
@@ -1526,13 +1526,14 @@ class CpuBackend:
         """
         from . import cpu_gemm  # noqa: PLC0415 - the engine's kernels compile on first use
 
-        if program.complex or cpu_gemm.ENGINE == "int8" or len(program.steps) != 4:
+        if cpu_gemm.ENGINE == "int8" or len(program.steps) != 4:
             return None
         enc_a, enc_b, product, dec = program.steps
-        if enc_b.labels != "kj" or product.labels != "ij" or dec.mode != "exact":
+        want = ("ckj", "cij") if program.complex else ("kj", "ij")
+        if (enc_b.labels, product.labels) != want or dec.mode != "exact":
             return None
-        alpha = complex(dec.alpha).real
-        if alpha == 0 or not math.isfinite(alpha):
+        alpha = complex(dec.alpha) if program.complex else complex(dec.alpha).real
+        if not (math.isfinite(alpha.real) and math.isfinite(alpha.imag)):
             return None
         (m, k), n = a.shape, b.shape[1]
         s = len(program.basis)
@@ -1542,7 +1543,7 @@ class CpuBackend:
             mods, chunk = cpu_gemm.wide_plan(k, product.bound)
         except ValueError:
             return None
-        if cpu_gemm.wide_bytes(m, n, k, len(mods)) > workspace_bytes:
+        if cpu_gemm.wide_bytes(m, n, k, len(mods), program.complex) > workspace_bytes:
             return None
         return cpu_gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, mods, chunk)
 

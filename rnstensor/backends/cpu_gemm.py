@@ -252,9 +252,11 @@ def wide_plan(k: int, bound: int) -> tuple[tuple[int, ...], int]:
     return best[1], best[2]
 
 
-def wide_bytes(m: int, n: int, k: int, L: int) -> int:
+def wide_bytes(m: int, n: int, k: int, L: int, cplx: bool = False) -> int:
     """Peak bytes of :func:`exact_gemm` on ``L`` wide moduli: float64 operand planes, one GEMM buffer, float32
-    residues of the product."""
+    residues of the product (complex: the parts and sums of both operands, the three products, both parts)."""
+    if cplx:
+        return 8 * (3 * L * (m * k + k * n) + 3 * m * n) + 4 * 5 * L * m * n
     return 8 * (L * (m * k + k * n) + m * n) + 4 * L * m * n
 
 
@@ -296,52 +298,105 @@ def _wide_tables(moduli: tuple[int, ...]):
     return tabs, nl
 
 
-def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_bound: int, alpha: float,
+def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_bound: int, alpha,
                moduli: tuple[int, ...], chunk: int) -> np.ndarray:
     """``alpha * 2**(-ea_i - eb_j) * (a_i . b_j)`` correctly rounded, for the integers the INT8 encode holds.
 
-    ``A`` (m x k) and ``Bm`` (k x n) float64, ``ea`` / ``eb`` the encode
-    exponents of the program's rows / columns (``round_half_even(x * 2**e)``,
-    the INT8 encode's integers, from the same IEEE split), ``k_bound`` the
-    product's a-priori bound (checked against the moduli), ``alpha`` finite
-    and nonzero. The result is what the program's exact decode gives for the
-    same integers, bit for bit (``-0.0`` for zeros when ``alpha < 0``, as
-    there).
+    ``A`` (m x k) and ``Bm`` (k x n) float64, or complex128 (then the exact
+    3M form: ``P0 = Ar Br``, ``P1 = Ai Bi``, ``P2 = (Ar + Ai)(Br + Bi)``,
+    ``Re = P0 - P1``, ``Im = P2 - P0 - P1``, all in residues), ``ea`` / ``eb``
+    the encode exponents of the program's rows / columns
+    (``round_half_even(x * 2**e)`` of every part, the INT8 encode's integers,
+    from the same IEEE split), ``k_bound`` the product's a-priori bound
+    (checked against the moduli), ``alpha`` finite (a complex ``alpha`` for
+    complex operands). The result is what the program's exact decode gives
+    for the same integers, bit for bit: each part correctly rounded times
+    ``alpha``'s real part, one float64 sum per part where ``alpha`` has an
+    imaginary part, ``-0.0`` for zeros times a negative ``alpha``, as there.
     """
     m, k = A.shape
     n = Bm.shape[1]
+    cplx = A.dtype.kind == "c"
     if math.prod(moduli) <= 2 * k_bound:
         raise ValueError(f"exact_gemm: moduli of {math.prod(moduli).bit_length()} bits do not hold the bound")
-    (p, ip, h, c24, pw, perm, C, qd), nl = _wide_tables(tuple(moduli))
+    tabs, nl = _wide_tables(tuple(moduli))
+    p, ip, h = tabs[:3]
     L = len(moduli)
     ea = np.ascontiguousarray(ea, np.int64).reshape(-1)
     eb = np.ascontiguousarray(eb, np.int64).reshape(-1)
-    # every modulus' residues of both operands in one pass each (the IEEE split is shared), float64 for the
+    # every modulus' residues of the operands in one pass each (the IEEE split is shared), float64 for the
     # GEMMs; the product's residues in float32 (|r| < 2**23) for the decode
     t0 = time.perf_counter()
-    Ar = np.empty((L, m, k), np.float64)
-    Br = np.empty((L, k, n), np.float64)
-    Ai = _cpu._ro(np.ascontiguousarray(A).view(np.int64))
-    Bi = _cpu._ro(np.ascontiguousarray(Bm).view(np.int64))
-    _cpu._launch(_wide_encode, m, m * k * L, Ai, ea, True, p, ip, h, c24, pw, Ar)
-    _cpu._launch(_wide_encode, k, k * n * L, Bi, eb, False, p, ip, h, c24, pw, Br)
+    if not cplx:
+        pairs = [(_planes(A, ea, True, tabs), _planes(Bm, eb, False, tabs))]
+    else:
+        Ar, Ai = _planes(A.real, ea, True, tabs), _planes(A.imag, ea, True, tabs)
+        Br, Bi = _planes(Bm.real, eb, False, tabs), _planes(Bm.imag, eb, False, tabs)
+        pairs = [(Ar, Br), (Ai, Bi), (_mod_sum(Ar, Ai, p, h), _mod_sum(Br, Bi, p, h))]
     t0 = _tick("encode", t0)
-    acc = np.empty((L, m, n), np.float32)
+    prods = []
     buf = np.empty((m, n), np.float64)
-    for l in range(L):
-        for c0 in range(0, k, chunk):
-            c1 = min(c0 + chunk, k)
-            np.matmul(Ar[l, :, c0:c1], Br[l, c0:c1], out=buf)
-            t0 = _tick("gemm", t0)
-            _cpu._launch(_reduce_into, m, m * n, _cpu._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
-            t0 = _tick("reduce", t0)
-    del Ar, Br, buf
+    for X, Y in pairs:
+        acc = np.empty((L, m, n), np.float32)
+        for l in range(L):
+            for c0 in range(0, k, chunk):
+                c1 = min(c0 + chunk, k)
+                np.matmul(X[l, :, c0:c1], Y[l, c0:c1], out=buf)
+                t0 = _tick("gemm", t0)
+                _cpu._launch(_reduce_into, m, m * n, _cpu._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
+                t0 = _tick("reduce", t0)
+        prods.append(acc)
+    del pairs, buf
+    if not cplx:
+        out = _decode(prods[0], ea, eb, float(alpha), tabs, nl)
+        _tick("decode", t0)
+        return out
+    P0, P1, P2 = prods
+    re = _mod_sum(P0, -P1, p, h)
+    im = _mod_sum(_mod_sum(P2, -P0, p, h), -P1, p, h)
+    ar, ai = complex(alpha).real, complex(alpha).imag
+    out = np.empty((m, n), np.complex128)
+    # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
+    if ai:
+        out.real[...] = _decode(re, ea, eb, ar, tabs, nl) - _decode(im, ea, eb, ai, tabs, nl)
+        out.imag[...] = _decode(im, ea, eb, ar, tabs, nl) + _decode(re, ea, eb, ai, tabs, nl)
+    else:
+        out.real[...] = _decode(re, ea, eb, ar, tabs, nl)
+        out.imag[...] = _decode(im, ea, eb, ar, tabs, nl)
+    _tick("decode", t0)
+    return out
+
+
+def _planes(x: np.ndarray, e: np.ndarray, rows: bool, tabs) -> np.ndarray:
+    """The wide residues ``(L, *x.shape)`` float64 of one real operand, exponents per row or per column."""
+    p, ip, h, c24, pw = tabs[:5]
+    xi = _cpu._ro(np.ascontiguousarray(x).view(np.int64))
+    out = np.empty((p.size,) + x.shape, np.float64)
+    _cpu._launch(_wide_encode, x.shape[0], x.size * p.size, xi, e, rows, p, ip, h, c24, pw, out)
+    return out
+
+
+def _mod_sum(x: np.ndarray, y: np.ndarray, p: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """``[x + y]_p`` centered, plane by plane (``|x + y| < 2**24``: exact in either float type)."""
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    P, H = p.astype(x.dtype).reshape(shape), h.astype(x.dtype).reshape(shape)
+    t = x + y
+    t -= np.where(t > H - 1, P, 0).astype(x.dtype)
+    t += np.where(t < H - P, P, 0).astype(x.dtype)
+    return t
+
+
+def _decode(acc: np.ndarray, ea: np.ndarray, eb: np.ndarray, alpha: float, tabs, nl: int) -> np.ndarray:
+    """``alpha`` times the product with residues ``acc``, correctly rounded (the program's real decode)."""
+    m, n = acc.shape[1:]
+    if alpha == 0:
+        return np.zeros((m, n))
+    p, ip, h, _, _, perm, C, qd = tabs
     ma, ex = _alpha_parts(alpha)
     flimbs, t2, _ = _cpu._factor_limbs(ma)
     out = np.empty((m, n), np.float64)
-    _cpu._launch(_wide_decode, m, m * n * L * 4, _cpu._ro(acc), ea, eb, int(t2 + ex), flimbs, perm, C, p, ip, h, qd,
-                 nl, _cpu._P2, out)
-    _tick("decode", t0)
+    _cpu._launch(_wide_decode, m, m * n * p.size * 4, _cpu._ro(acc), ea, eb, int(t2 + ex), flimbs, perm, C, p, ip,
+                 h, qd, nl, _cpu._P2, out)
     return np.negative(out, out=out) if alpha < 0 else out
 
 
