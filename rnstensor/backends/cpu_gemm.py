@@ -352,8 +352,8 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
         _tick("decode", t0)
         return out
     P0, P1, P2 = prods
-    re = _mod_sum(P0, -P1, p, h)
-    im = _mod_sum(_mod_sum(P2, -P0, p, h), -P1, p, h)
+    re = _mod_sum(P0, P1, p, h, -1.0)
+    im = _mod_sum(_mod_sum(P2, P0, p, h, -1.0), P1, p, h, -1.0)
     ar, ai = complex(alpha).real, complex(alpha).imag
     out = np.empty((m, n), np.complex128)
     # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
@@ -376,14 +376,34 @@ def _planes(x: np.ndarray, e: np.ndarray, rows: bool, tabs) -> np.ndarray:
     return out
 
 
-def _mod_sum(x: np.ndarray, y: np.ndarray, p: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """``[x + y]_p`` centered, plane by plane (``|x + y| < 2**24``: exact in either float type)."""
-    shape = (-1,) + (1,) * (x.ndim - 1)
-    P, H = p.astype(x.dtype).reshape(shape), h.astype(x.dtype).reshape(shape)
-    t = x + y
-    t -= np.where(t > H - 1, P, 0).astype(x.dtype)
-    t += np.where(t < H - P, P, 0).astype(x.dtype)
-    return t
+def _mod_sum(x: np.ndarray, y: np.ndarray, p: np.ndarray, h: np.ndarray, sign: float = 1.0) -> np.ndarray:
+    """``[x + sign * y]_p`` centered, plane by plane, in one threaded pass (``|x| + |y| < 2**24``: exact)."""
+    L = x.shape[0]
+    out = np.empty_like(x)
+    xs, ys, os_ = (np.ascontiguousarray(v).reshape(L, -1) for v in (x, y, out))
+    per = -(-xs.shape[1] // _SUM_CHUNK)
+    _cpu._launch(_mod_sum_kernel, L * per, xs.size, _cpu._ro(xs), _cpu._ro(ys), float(sign), p, h, os_)
+    return out
+
+
+_SUM_CHUNK = 1 << 15
+
+
+@njit(cache=True, nogil=True)
+def _mod_sum_kernel(x, y, sign, p, h, out, task0, task1):
+    N = x.shape[1]
+    per = (N + _SUM_CHUNK - 1) // _SUM_CHUNK
+    for t in range(task0, task1):
+        l = t // per
+        j0 = (t - l * per) * _SUM_CHUNK
+        j1 = min(j0 + _SUM_CHUNK, N)
+        P = p[l]
+        H = h[l]
+        xl, yl, ol = x[l], y[l], out[l]
+        for j in range(j0, j1):
+            v = np.float64(xl[j]) + sign * np.float64(yl[j])
+            v = v - P if v > H - 1 else v
+            ol[j] = v + P if v < H - P else v
 
 
 def _decode(acc: np.ndarray, ea: np.ndarray, eb: np.ndarray, alpha: float, tabs, nl: int) -> np.ndarray:
