@@ -257,3 +257,13 @@ def test_wide_zgemm_is_the_exact_product_rounded():
             re = sum(ar * br - ai * bi for ar, ai, br, bi in terms)
             im = sum(ar * bi + ai * br for ar, ai, br, bi in terms)
             assert c[i, j].real == float(re) and c[i, j].imag == float(im)
+
+
+def test_wide_engine_on_the_split_product_of_wide_rows():
+    # moduli=None on a row and a column spanning 500 binades: every slice pair is one product of the program
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((40, 300)), rng.standard_normal((300, 30))
+    a[0] = np.ldexp(a[0], rng.integers(-250, 250, 300).astype(np.int32))
+    b[:, 0] = np.ldexp(b[:, 0], rng.integers(-250, 250, 300).astype(np.int32))
+    _same_bits(a, b)
+    _same_bits_z(a + 0.5j * a, b - 2j * b)
