@@ -284,14 +284,29 @@ class ChainPlan:
         from .gemm import matmul  # noqa: PLC0415 - the classical fallback only
 
         xp = array_module(X)
-        y = X
-        batch = y.ndim - self.ndim
-        for A, ax in zip(self._float_operators(xp, encoded=False), self.axes):
+        batch = X.ndim - self.ndim
+        # each tensor scaled up by a power of two (exact) so that its largest intermediate result bound,
+        # max|X| times the largest prefix product of the operators' infinity norms, lands near 2**1000, and
+        # the result scaled back (one rounding): the products' roundings are scale-invariant, so this only
+        # keeps intermediate results of tensors that span many binades out of the subnormal range, whose
+        # absolute errors later operators would multiply past the bound
+        ops = self._float_operators(xp, encoded=False)
+        peak, prefix = 1.0, 1.0
+        for A in ops:
+            prefix *= float(xp.max(xp.sum(xp.abs(A), axis=1))) if A.size else 0.0
+            peak = max(peak, prefix)
+        e = xp.zeros(X.shape[:batch] + (1,) * self.ndim, np.int64)
+        if X.size and self.ndim and math.isfinite(peak):
+            amax = xp.max(xp.abs(X), axis=tuple(range(batch, X.ndim)), keepdims=True)
+            top = xp.frexp(amax)[1].astype(np.int64) + math.frexp(peak)[1]
+            e = xp.where(amax > 0, xp.clip(1000 - top, 0, 2000), 0)
+        y = xp.ldexp(X, e.astype(np.int32))
+        for A, ax in zip(ops, self.axes):
             moved_y = xp.moveaxis(y, batch + ax, 0)
             rest = moved_y.shape[1:]
             prod = matmul(A, moved_y.reshape(moved_y.shape[0], -1))
             y = xp.moveaxis(prod.reshape((A.shape[0],) + rest), 0, batch + ax)
-        return y
+        return xp.ldexp(y, (-e).astype(np.int32))
 
     def program_constants(self, xp=np) -> list:
         """The constants of :attr:`program` (the encoded operators) as values on ``xp``, in ``Encode.source`` order."""

@@ -314,3 +314,17 @@ def test_certificate_reads_the_encodes_exponents(shared):
     axes = tuple(range(3)) if shared is None else shared
     T = rt.encode(x, 15, 53, shared_axes=shared)
     assert np.array_equal(np.broadcast_to(T.exponent(), x.shape), np.broadcast_to(-group_exponents(x, 53, axes), x.shape))
+
+
+def test_classical_chain_keeps_intermediate_results_out_of_underflow():
+    # found by hypothesis: 0.047 * 2**-1022 rounded as a subnormal, then multiplied by 4, was 2 units of
+    # 2**-1074 off; each tensor is now scaled up (exactly) for the classical GEMMs and scaled back once
+    ops = [np.array([[0.04735344133845164, 0.0]]), np.array([[4.0]])]
+    X = np.array([[2.2250738585072014e-308, 1.0]])
+    plan = _check_chain(ops, [0, 0], X)
+    assert plan.last_evaluation == "composed classical GEMMs"
+    y = plan.classical_chain(X)
+    exact = 4 * Fraction(ops[0][0, 0]) * Fraction(X[0, 0])
+    # a normal rounding of the scaled product, then the scaling back's half unit of 2**-1074 (the old path
+    # was 2 units off)
+    assert abs(Fraction(float(y[0, 0])) - exact) <= exact * Fraction(1, 2**52) + Fraction(1, 2**1075)
