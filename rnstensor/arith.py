@@ -15,6 +15,7 @@ import numpy as np
 from .basis import Basis, mrc_order
 
 __all__ = [
+    "alpha_parts",
     "centered_mod",
     "float_parts",
     "encode_ref",
@@ -50,6 +51,20 @@ def _planes(rows: list[np.ndarray]) -> np.ndarray:
 
 
 # ----- encode -------------------------------------------------------------------------------
+
+
+def alpha_parts(alpha: float) -> tuple[int, int]:
+    """``|alpha| = ma * 2**ea`` with ``ma`` odd (``alpha`` finite, nonzero): how an exact decode takes a scale.
+
+    Examples
+    --------
+    >>> alpha_parts(0.375), alpha_parts(-3.0)
+    ((3, -3), (3, 0))
+    """
+    mant, ex = math.frexp(abs(alpha))
+    ma, ea = int(mant * (1 << 53)), ex - 53
+    tz = (ma & -ma).bit_length() - 1
+    return ma >> tz, ea + tz
 
 
 def float_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

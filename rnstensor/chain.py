@@ -291,10 +291,7 @@ class ChainPlan:
         # keeps intermediate results of tensors that span many binades out of the subnormal range, whose
         # absolute errors later operators would multiply past the bound
         ops = self._float_operators(xp, encoded=False)
-        peak, prefix = 1.0, 1.0
-        for A in ops:
-            prefix *= float(xp.max(xp.sum(xp.abs(A), axis=1))) if A.size else 0.0
-            peak = max(peak, prefix)
+        peak = self._norm_peak()
         e = xp.zeros(X.shape[:batch] + (1,) * self.ndim, np.int64)
         if X.size and self.ndim and math.isfinite(peak):
             amax = xp.max(xp.abs(X), axis=tuple(range(batch, X.ndim)), keepdims=True)
@@ -307,6 +304,17 @@ class ChainPlan:
             prod = matmul(A, moved_y.reshape(moved_y.shape[0], -1))
             y = xp.moveaxis(prod.reshape((A.shape[0],) + rest), 0, batch + ax)
         return xp.ldexp(y, (-e).astype(np.int32))
+
+    def _norm_peak(self) -> float:
+        """``max(1, max_k prod_{j <= k} ||A_j||_inf)`` of the operators as given (float64, computed once)."""
+        if "norm peak" not in self._op_values:
+            peak = prefix = 1.0
+            for A in self.operators:
+                A = np.asarray(A, dtype=np.float64)
+                prefix *= float(np.abs(A).sum(axis=1).max()) if A.size else 0.0
+                peak = max(peak, prefix)
+            self._op_values["norm peak"] = peak
+        return self._op_values["norm peak"]
 
     def program_constants(self, xp=np) -> list:
         """The constants of :attr:`program` (the encoded operators) as values on ``xp``, in ``Encode.source`` order."""

@@ -341,12 +341,16 @@ def group_stats(x, axis: int, need_lsb: bool):
     arrays: two passes over ``|x|`` for the exponents, and the lowest bits
     need every significand.
     """
-    xp = array_module(x)
-    if xp is np and x.ndim == 2 and x.dtype in (np.float64, np.complex128):
+    if _cpu_scannable(x):
         from .backends.cpu_gemm import group_stats as scan  # noqa: PLC0415 - numba, loaded on first use
 
         return scan(x, axis, need_lsb)
     return _group_stats_array(x, axis, need_lsb)
+
+
+def _cpu_scannable(x) -> bool:
+    """Whether the CPU's one-pass scan takes ``x``: a 2-D float64 or complex128 NumPy matrix."""
+    return array_module(x) is np and x.ndim == 2 and x.dtype in (np.float64, np.complex128)
 
 
 def _group_stats_array(x, axis: int, need_lsb: bool):
@@ -369,7 +373,7 @@ def _group_stats_array(x, axis: int, need_lsb: bool):
 
 def group_lsb(x, axis: int):
     """The ``lsb_min`` of :func:`group_stats` alone (the lowest set bit of any significand per group)."""
-    if array_module(x) is np and x.ndim == 2 and x.dtype in (np.float64, np.complex128):
+    if _cpu_scannable(x):
         return group_stats(x, axis, True)[2]
     return entry_stats(x)[2].min(axis=axis)
 

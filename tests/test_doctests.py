@@ -6,6 +6,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "rnstensor.arith",
     "rnstensor.basis",
     "rnstensor.encode",
     "rnstensor.primitives",

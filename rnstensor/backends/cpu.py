@@ -1099,11 +1099,7 @@ def _signed_horner(U, qd, sgn, Vf, carry, W, lw):
 
 @njit(cache=True, nogil=True)
 def _decode_exact_kernel(X, perm, C, qf, qip, qh, qd, ev, inner, eadd, flimbs, nl40, fsign, p2, out, task0, task1):
-    # |v| (vectorized, _signed_horner), moved to 30-bit limbs in int64 (so that
-    # limb * limb + carry never overflows), times the odd part of the factor
-    # (its power of two joins the exponent), then rounded once to nearest-even
-    # on the float64 grid of the result: 53 bits, or fewer where the result is
-    # subnormal, so the final ldexp is exact or overflows
+    # block by block: the mixed-radix digits, |v| in 40-bit limbs (_signed_horner), the rounding (_round_exact)
     X, perm, C, qf, qip, qh = _borrow(X), _borrow(perm), _borrow(C), _borrow(qf), _borrow(qip), _borrow(qh)
     qd, ev, flimbs, p2, out = _borrow(qd), _borrow(ev), _borrow(flimbs), _borrow(p2), _borrow(out)
     N = X.shape[1]
@@ -1196,14 +1192,15 @@ def _round_unit(Vf, lw, sgn, eb, eadd, fsign, R, o, W):
         mant = t >> 10
         T[b] = mant + (((t >> 9) & 1) & (np.int64((lost[b] | (t & 511)) != 0) | (mant & 1)))
     nfall = 0
+    bexp = lost  # the biased exponent of each result, in the sticky row (read by the rounding above)
     for b in range(W):
         be = nb[b] + min(max(eb[b] + eadd, -(1 << 40)), 1 << 40) + 1022
+        bexp[b] = be
         bad = sgn[b] != 0.0 and (be < 1 or be > 2046)
         flag[b] = 1 if bad else 0
         nfall += 1 if bad else 0
     for b in range(W):
-        be = nb[b] + min(max(eb[b] + eadd, -(1 << 40)), 1 << 40) + 1022
-        bits = (be << 52) + (T[b] - (np.int64(1) << 52))
+        bits = (bexp[b] << 52) + (T[b] - (np.int64(1) << 52))
         bits = bits if sgn[b] * fsign > 0 else bits | _SIGN
         T[b] = 0 if sgn[b] == 0.0 else bits
     Tf = Rf[S: S + W]

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 from numba import njit
 
+from ..arith import alpha_parts
 from ..basis import mrc_digit_coeffs, mrc_order
 from . import cpu as _cpu
 
@@ -243,13 +244,18 @@ def wide_plan(k: int, bound: int) -> tuple[tuple[int, ...], int]:
             P *= p
         if P <= 2 * bound:
             continue
-        cost = len(mods) * (k + _CHUNK_COST * -(-k // chunk))
+        cost = _wide_cost(len(mods), chunk, k)
         if best is None or cost < best[0]:
             best = (cost, tuple(mods), chunk)
     if best is None:
         raise ValueError(f"wide_plan: {_L_MAX} primes below 2**24 do not hold a product bound of "
                          f"{bound.bit_length()} bits; use the INT8 product")
     return best[1], best[2]
+
+
+def _wide_cost(L: int, chunk: int, k: int) -> int:
+    """The products' cost per output entry on ``L`` wide moduli, in GEMM terms (the cost model of the pick)."""
+    return L * (k + _CHUNK_COST * -(-k // chunk))
 
 
 def wide_bytes(m: int, n: int, k: int, L: int, cplx: bool = False) -> int:
@@ -274,15 +280,13 @@ def prefers_wide(m: int, n: int, k: int, s: int, bound: int) -> bool:
         mods, chunk = wide_plan(k, bound)
     except ValueError:
         return False
-    return len(mods) * (k + _CHUNK_COST * -(-k // chunk)) < s * (k / 2 + _CHUNK_COST / 2)
+    return _wide_cost(len(mods), chunk, k) < s * (k / 2 + _CHUNK_COST / 2)
 
 
 @lru_cache(maxsize=64)
 def _wide_tables(moduli: tuple[int, ...]):
     """Encode and decode constants of the wide moduli (read-only float64 / int64 arrays)."""
-    p = np.array(moduli, np.float64)
-    ip = 1.0 / p
-    h = np.array([(q + 1) // 2 for q in moduli], np.float64)
+    p, ip, h = _cpu._mod_consts(moduli)[3:]
     c24 = np.array([pow(2, 24, q) for q in moduli], np.float64)
     # an entry's power of two past its significand is at most t - 53 (the row's largest entry sets t): 4096
     # covers every width 49 INT8 moduli reach; the kernel computes any larger one
@@ -293,7 +297,7 @@ def _wide_tables(moduli: tuple[int, ...]):
     qd = np.array(order, np.float64)
     nl = ((math.prod(moduli).bit_length() + _LIMB - 1) // _LIMB) + 1
     tabs = (p, ip, h, c24, pw, perm, C, qd)
-    for a in tabs:
+    for a in tabs[3:]:
         a.setflags(write=False)
     return tabs, nl
 
@@ -412,23 +416,12 @@ def _decode(acc: np.ndarray, ea: np.ndarray, eb: np.ndarray, alpha: float, tabs,
     if alpha == 0:
         return np.zeros((m, n))
     p, ip, h, _, _, perm, C, qd = tabs
-    ma, ex = _alpha_parts(alpha)
+    ma, ex = alpha_parts(alpha)
     flimbs, t2, _ = _cpu._factor_limbs(ma)
     out = np.empty((m, n), np.float64)
     _cpu._launch(_wide_decode, m, m * n * p.size * 4, _cpu._ro(acc), ea, eb, int(t2 + ex), flimbs, perm, C, p, ip,
                  h, qd, nl, _cpu._P2, out)
     return np.negative(out, out=out) if alpha < 0 else out
-
-
-def _alpha_parts(alpha: float) -> tuple[int, int]:
-    """``|alpha| = ma * 2**ea`` with ``ma`` odd: the split the program's exact decode makes (``alpha_parts``)."""
-    mant, ex = math.frexp(abs(alpha))
-    ma, ea = int(mant * (1 << 53)), ex - 53
-    tz = (ma & -ma).bit_length() - 1
-    return ma >> tz, ea + tz
-
-
-_BLK = 512
 
 
 @njit(cache=True, nogil=True)
@@ -439,15 +432,15 @@ def _wide_encode(xi, e, rows, p, ip, h, c24, pw, out, task0, task1):
     ncol = xi.shape[1]
     L = p.size
     TW = pw.shape[1]
-    hi = np.empty(_BLK, np.float64)
-    lo = np.empty(_BLK, np.float64)
-    kb = np.empty(_BLK, np.int64)
-    eb = np.empty(_BLK, np.int64)
-    mult = np.empty(_BLK, np.float64)
+    hi = np.empty(_cpu._BLOCK, np.float64)
+    lo = np.empty(_cpu._BLOCK, np.float64)
+    kb = np.empty(_cpu._BLOCK, np.int64)
+    eb = np.empty(_cpu._BLOCK, np.int64)
+    mult = np.empty(_cpu._BLOCK, np.float64)
     for r in range(task0, task1):
         row = xi[r]
-        for j0 in range(0, ncol, _BLK):
-            W = min(_BLK, ncol - j0)
+        for j0 in range(0, ncol, _cpu._BLOCK):
+            W = min(_cpu._BLOCK, ncol - j0)
             for b in range(W):
                 eb[b] = e[r] if rows else e[j0 + b]
             nbig = _cpu._enc_split(row[j0:j0 + W], eb, hi, lo, kb, W)
@@ -482,10 +475,10 @@ def _pow2_mod(e, p, ip, h):
 
 @njit(cache=True, nogil=True)
 def _reduce_into(Y, acc, p, ip, h, first, task0, task1):
-    # acc <- [acc + Y]_p centered (acc <- [Y]_p when first): |acc + Y| < 2**53 is an exact integer, the quotient
-    # q = floor(t / p + 1/2) in floats is within one of the true one (relative error 2**-52 on t / p < 2**31), and the remainder
-    # t - q p is exact through the FMA (a small integer); one step each way centers it in [h - p, h - 1].
-    # acc is float32 (exact: |r| < 2**23)
+    # acc <- [acc + Y]_p centered (acc <- [Y]_p when first): |acc + Y| < 2**53 is an exact integer, the
+    # quotient q = floor(t / p + 1/2) in floats is within one of the true one (relative error 2**-52 on
+    # t / p < 2**31), and the remainder t - q p is exact through the FMA (a small integer); one step each way
+    # centers it in [h - p, h - 1]. acc is float32 (exact: |r| < 2**23)
     n = Y.shape[1]
     for i in range(task0, task1):
         y = Y[i]
@@ -505,18 +498,18 @@ def _wide_decode(acc, ea, eb, eadd, flimbs, perm, C, p, ip, h, qd, nl, p2, out, 
     # in 28-bit limbs, the lane rounding and its scalar remainder (cpu._round_exact)
     L = perm.size
     n = acc.shape[2]
-    D = np.empty((L, _BLK), np.float64)
-    sgn = np.empty(_BLK, np.float64)
-    carry = np.empty(_BLK, np.float64)
-    Vf = np.empty((nl, _BLK), np.float64)
-    R = np.empty((_cpu.ROUND_ROWS, _BLK), np.int64)
+    D = np.empty((L, _cpu._BLOCK), np.float64)
+    sgn = np.empty(_cpu._BLOCK, np.float64)
+    carry = np.empty(_cpu._BLOCK, np.float64)
+    Vf = np.empty((nl, _cpu._BLOCK), np.float64)
+    R = np.empty((_cpu.ROUND_ROWS, _cpu._BLOCK), np.int64)
     n30 = (_LIMB * nl + 29) // 30
     V = np.zeros(n30, np.int64)
     P = np.zeros(n30 + flimbs.size + 1, np.int64)
-    e = np.empty(_BLK, np.int64)
+    e = np.empty(_cpu._BLOCK, np.int64)
     for i in range(task0, task1):
-        for j0 in range(0, n, _BLK):
-            W = min(_BLK, n - j0)
+        for j0 in range(0, n, _cpu._BLOCK):
+            W = min(_cpu._BLOCK, n - j0)
             for b in range(W):
                 e[b] = -(ea[i] + eb[j0 + b])
             for d in range(L):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..arith import drop_spec
+from ..arith import alpha_parts, drop_spec
 from ..arrays import array_module, to_module
 from ..basis import Basis, centered, pow2_cycle
 from ..encode import encode
@@ -359,14 +359,6 @@ def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
         out.real[...] = _decode_real(re, st.mode, ar, backend)
         out.imag[...] = _decode_real(im, st.mode, ar, backend)
     return out
-
-
-def alpha_parts(alpha: float) -> tuple[int, int]:
-    """``|alpha| = ma * 2**ea`` with ``ma`` odd (``alpha`` finite, nonzero)."""
-    mant, ex = math.frexp(abs(alpha))
-    ma, ea = int(mant * (1 << 53)), ex - 53
-    tz = (ma & -ma).bit_length() - 1
-    return ma >> tz, ea + tz
 
 
 def _named(v: Value, labels: str) -> Value:
