@@ -13,7 +13,19 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["is_device_array", "device_module", "array_module", "to_host", "to_module", "MixedDevicesError"]
+__all__ = [
+    "is_device_array",
+    "device_module",
+    "array_module",
+    "to_host",
+    "to_module",
+    "exact_float",
+    "EXACT_INTEGER",
+    "MixedDevicesError",
+]
+
+#: Every integer up to this magnitude is a float64; beyond it float64 rounds.
+EXACT_INTEGER = 2**53
 
 
 class MixedDevicesError(TypeError):
@@ -81,3 +93,40 @@ def to_module(x: Any, xp):
     if xp is np:
         return to_host(x)
     return x if is_device_array(x) else xp.asarray(x)
+
+
+def exact_float(x: Any, name: str, fn: str):
+    """``x`` as float64 (or complex128) where that holds every value exactly, else a clear error.
+
+    bool, integers with ``|x| <= 2**53``, float16/32/64 and complex64/128
+    convert exactly (the residue encoding reads float64); integers beyond
+    ``2**53`` raise ``ValueError`` (float64 would round them); other dtypes
+    (longdouble, object, strings, datetimes) raise ``TypeError``. NumPy
+    arrays, array-likes and CuPy arrays (kept on the device) are accepted.
+
+    Examples
+    --------
+    >>> exact_float(np.array([1, -2], np.int8), "a", "matmul")
+    array([ 1., -2.])
+    """
+    xp = array_module(x)
+    x = x if xp is not np else np.asarray(x)
+    kind, size = x.dtype.kind, x.dtype.itemsize
+    if (kind == "f" and size == 8) or (kind == "c" and size == 16):
+        return x
+    if kind == "b" or (kind == "f" and size < 8):
+        return x.astype(np.float64)
+    if kind == "c" and size < 16:
+        return x.astype(np.complex128)
+    if kind in "iu":
+        big = max(abs(int(x.min())), abs(int(x.max()))) if x.size else 0  # Python ints: exact, no overflow
+        if big > EXACT_INTEGER:
+            raise ValueError(
+                f"{fn}: {name} holds integers up to {big:.3e} in magnitude; float64 (and so the residue encoding) "
+                "holds integers exactly only up to 2^53: split them, or pass float64 if rounding them is fine"
+            )
+        return x.astype(np.float64)
+    raise TypeError(
+        f"{fn}: {name} has dtype {x.dtype}; rnstensor takes what float64 or complex128 holds exactly (bool, "
+        "integers up to 2^53, float16/32/64, complex64/128): convert it, e.g. with .astype(np.float64)"
+    )

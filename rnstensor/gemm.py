@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 
-from .arrays import array_module, is_device_array
+from .arrays import EXACT_INTEGER, array_module, exact_float, is_device_array
 from .backends import dispatch
 from .basis import Basis, int8_pool, moduli_count
 from .arith import float_parts, round_scaled_int, to_int_ref
@@ -1277,21 +1277,97 @@ def zgemm(
                  min_bits)
 
 
+def _matmul_dtype(a, b, dtype, fn: str = "matmul") -> np.dtype:
+    """The result's dtype: numpy's promotion of the operands' (or ``dtype``: float64 or complex128)."""
+    natural = np.result_type(a.dtype, b.dtype)
+    if dtype is None:
+        return natural
+    dt = np.dtype(dtype)
+    if dt not in (np.float64, np.complex128):
+        raise TypeError(f"{fn}: dtype={dt} is not supported; pass dtype=np.float64 or np.complex128 (or None)")
+    if natural.kind == "c" and dt.kind != "c":
+        raise TypeError(f"{fn}: dtype={dt} cannot hold the complex product of {a.dtype} and {b.dtype}; "
+                        "pass dtype=np.complex128")
+    return dt
+
+
+def _to_result_dtype(res, dt: np.dtype, xp, fn: str = "matmul"):
+    """``res`` (the float64 / complex128 product) in ``dt``: integer and bool results only where exact."""
+    if dt.kind in "fc":
+        return res if res.dtype == dt else res.astype(dt)
+    if res.size:
+        # correctly rounded, so below 2^53 each value is the exact integer; at 2^53 it may be a rounded one
+        lo, hi = float(res.min()), float(res.max())
+        if max(-lo, hi) >= EXACT_INTEGER:
+            raise RNSRangeError(
+                f"{fn}: an integer result reaches {max(-lo, hi):.3e} in magnitude, where float64 no longer holds "
+                "every integer (2^53); numpy's integer matmul would give it modulo 2^64: split the operands, or "
+                "pass float64 operands if a correctly rounded result is fine"
+            )
+        if dt.kind != "b":
+            info = np.iinfo(dt)
+            if lo < info.min or hi > info.max:
+                raise RNSRangeError(
+                    f"{fn}: the exact result spans [{lo:.0f}, {hi:.0f}], outside {dt}'s range (numpy would wrap "
+                    f"it); cast the operands to a wider integer dtype such as int64"
+                )
+    return res != 0 if dt.kind == "b" else res.astype(dt)
+
+
 def matmul(
     a,
     b,
+    out=None,
     *,
+    dtype=None,
     moduli: Moduli = None,
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
     min_bits: int = MIN_BITS,
-) -> np.ndarray:
-    """``a @ b`` with numpy's semantics, every 2-D product by :func:`dgemm` (float64) or :func:`zgemm` (complex128).
+):
+    """``a @ b`` with numpy's semantics, every 2-D product by :func:`dgemm` (real) or :func:`zgemm` (complex).
 
     1-D ``a`` is a row vector, 1-D ``b`` a column vector (the added axis is
-    removed again); leading axes broadcast as batch axes. A float64 operand
-    meets a complex128 one as complex128 (exact). Other dtypes: ``TypeError``.
-    CuPy operands give a CuPy result, computed on the device.
+    removed again; two 1-D operands give a scalar); leading axes broadcast
+    as batch axes. Operands may be of any dtype float64 or complex128 holds
+    exactly: bool, integers up to ``2**53`` in magnitude, float16/32/64,
+    complex64/128. The result has numpy's dtype for them. Floating results
+    are computed in float64 / complex128 and then (float16/32, complex64)
+    rounded once more to the result dtype. Integer and bool results are
+    exact: they are computed correctly rounded (``moduli='auto'``), so every
+    value below ``2**53`` is the exact integer; results beyond that, or
+    beyond the integer dtype's range, raise :class:`RNSRangeError` where
+    numpy would wrap them. CuPy operands give a CuPy result, computed on
+    the device.
+
+    Parameters
+    ----------
+    a, b : array_like, at least 1-D
+    out : ndarray, optional
+        Receives the result: of the result's shape exactly, and of a dtype
+        the result casts to without rounding (``np.can_cast(.., 'safe')``,
+        e.g. complex128 for a float64 result). Returned. May overlap ``a``
+        or ``b``.
+    dtype : None, float64 or complex128
+        Compute and return in this dtype instead of numpy's promotion.
+    moduli, backend, workspace_bytes, min_bits
+        As for :func:`dgemm`. Integer and bool results take ``None`` or
+        ``'auto'`` (both mean ``'auto'``: exactness needs it).
+
+    Returns
+    -------
+    ndarray, or a scalar for two 1-D operands (NumPy; a 0-d CuPy array for CuPy)
+
+    Raises
+    ------
+    ValueError
+        0-d operands, mismatched core dimensions, batch axes that do not
+        broadcast, ``out`` of another shape.
+    TypeError
+        An operand dtype float64 cannot hold exactly (object, longdouble,
+        strings), an unsupported ``dtype``, an ``out`` that would round.
+    RNSRangeError
+        An integer result beyond ``2**53`` or its dtype's range.
 
     Examples
     --------
@@ -1299,17 +1375,22 @@ def matmul(
     >>> rt.matmul(np.ones((2, 1, 3)), np.arange(3.0))
     array([[3.],
            [3.]])
+    >>> rt.matmul(np.array([[1, 2], [3, 4]]), np.array([5, 6]))
+    array([17, 39])
     """
-    xp = array_module(a, b, names=("a", "b"), fn="matmul")
+    xp = array_module(a, b, out, names=("a", "b", "out"), fn="matmul")
     a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
     for name, x in (("a", a), ("b", b)):
-        if x.dtype not in (np.float64, np.complex128):
-            raise TypeError(f"matmul: {name} must be float64 or complex128 (dgemm / zgemm emulation); got dtype {x.dtype}")
         if x.ndim == 0:
             raise ValueError(f"matmul: {name} is 0-d; matmul needs at least 1-D operands (use * for scalars)")
-    cplx = np.complex128 in (a.dtype, b.dtype)
-    if cplx:
-        a, b = a.astype(np.complex128, copy=False), b.astype(np.complex128, copy=False)
+    dt = _matmul_dtype(a, b, dtype)
+    if dt.kind in "biu" and moduli not in (None, "auto"):
+        raise ValueError(f"matmul: integer and bool operands give exact integer results, which need moduli='auto' "
+                         f"(or None, which means it here); got moduli={moduli!r}")
+    a, b = exact_float(a, "a", "matmul"), exact_float(b, "b", "matmul")
+    cplx = dt.kind == "c"
+    work = np.complex128 if cplx else np.float64
+    a, b = a.astype(work, copy=False), b.astype(work, copy=False)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     if a2.shape[-1] != b2.shape[-2]:
@@ -1319,15 +1400,27 @@ def matmul(
     except ValueError:
         raise ValueError(f"matmul: batch dimensions of a {a.shape} and b {b.shape} do not broadcast") from None
     m, n = a2.shape[-2], b2.shape[-1]
+    shape = batch + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
+    if out is not None:
+        if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+            raise TypeError(f"matmul: out must be an array; got {type(out).__name__}")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"matmul: out has shape {tuple(out.shape)}, but the result's is {shape} (a "
+                             "non-broadcastable output: out must have the result's shape exactly)")
+        if not np.can_cast(dt, out.dtype, "safe"):
+            raise TypeError(f"matmul: Cannot cast ufunc 'matmul' output from {dt} to out's {out.dtype} without "
+                            f"rounding or wrapping; pass out of dtype {dt}")
+    if dt.kind in "biu":
+        moduli = "auto"
     A = xp.broadcast_to(a2, batch + tuple(a2.shape[-2:]))
     B = xp.broadcast_to(b2, batch + tuple(b2.shape[-2:]))
-    res = xp.empty(batch + (m, n), np.complex128 if cplx else np.float64)
+    res = xp.empty(batch + (m, n), work)
     gemm = zgemm if cplx else dgemm
     for idx in np.ndindex(*batch):
         gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes,
              min_bits=min_bits)
-    if a.ndim == 1:
-        res = res[..., 0, :]
-    if b.ndim == 1:
-        res = res[..., 0]
-    return res
+    res = _to_result_dtype(res.reshape(shape), dt, xp)
+    if out is not None:
+        out[...] = res  # res is a fresh array, so out may overlap a or b
+        return out
+    return res[()] if xp is np and res.ndim == 0 else res

@@ -7,6 +7,7 @@ import pytest
 
 MODULES = [
     "rnstensor.arith",
+    "rnstensor.arrays",
     "rnstensor.basis",
     "rnstensor.encode",
     "rnstensor.primitives",
