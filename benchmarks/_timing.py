@@ -1,9 +1,12 @@
-"""Shared helpers of the benchmark scripts: best wall time of several runs after a warm-up, and peak memory."""
+"""Shared helpers of the benchmark scripts: best wall time after a warm-up, peak memory, progress, and the result file."""
 
 import time
 import tracemalloc
 
-__all__ = ["best_time", "peak_mib"]
+from rnstensor.progress import progress
+from rnstensor.results import result_record, write_result
+
+__all__ = ["best_time", "peak_mib", "progress", "add_output_options", "save_result"]
 
 
 def best_time(fn, repeat: int) -> float:
@@ -24,3 +27,23 @@ def peak_mib(fn) -> float:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak / 2**20
+
+
+def add_output_options(ap, plot: bool = True) -> None:
+    """``--json PATH`` (the result, for ``rnstensor plot``) and, where the script has a figure, ``--plot OUT.png``."""
+    ap.add_argument("--json", metavar="PATH", default=None, help="write the rows, parameters and machine as JSON to PATH")
+    if plot:
+        ap.add_argument("--plot", metavar="OUT.png", default=None, help="draw the figure (as rnstensor plot does)")
+
+
+def save_result(args, kind: str, data: dict) -> dict:
+    """``--json``: :func:`rnstensor.results.write_result` with the script's options as ``params``; ``--plot``: its figure."""
+    params = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
+    record = write_result(args.json, kind, data, params) if args.json else result_record(kind, data, params)
+    if args.json:
+        print(f"JSON written to {args.json}")
+    if getattr(args, "plot", None):
+        from rnstensor.plot import plot_result
+
+        print(f"figure written to {plot_result(record, args.plot)}")
+    return record

@@ -13,7 +13,6 @@ Usage: ``python benchmarks/bench_chain.py [--sizes 4 8 16] [--repeat 3] [--json 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -21,7 +20,7 @@ import time
 import numpy as np
 
 import rnstensor as rt
-from _timing import best_time, peak_mib
+from _timing import add_output_options, best_time, peak_mib, progress, save_result
 from rnstensor.accuracy import einsum_chain
 from rnstensor.backends import get_backend
 from rnstensor.primitives import decode, drop, mode_product, strip_pending
@@ -54,12 +53,11 @@ def main() -> None:
     ap.add_argument("--log2dofs", type=int, default=22)
     ap.add_argument("--s", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--plot", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
 
     rows = []
-    for n in args.sizes:
+    for n in progress(args.sizes, desc="bench_chain", unit="size"):
         batch = max(1, (1 << args.log2dofs) // n**3)
         dofs = batch * n**3
         rng = np.random.default_rng(n)
@@ -70,7 +68,6 @@ def main() -> None:
         t_be = best_time(lambda: plans["rescale_be"](X), args.repeat)
         t_co = best_time(lambda: plans["composed"](X), args.repeat)
         ph = phases(plans["rescale_be"], X)
-        ph = {k: v for k, v in ph.items()}
         row = dict(
             n=n,
             batch=batch,
@@ -86,7 +83,6 @@ def main() -> None:
             ),
         )
         rows.append(row)
-        print(f"n={n}: done", flush=True)
 
     print(
         f"\nd = 3, s = {args.s}, ~2^{args.log2dofs} DoFs, best of {args.repeat}, backend '{get_backend().name}'; "
@@ -105,35 +101,7 @@ def main() -> None:
             f"{p['encode'] * 1e3:>6.0f} {p['products'] * 1e3:>6.0f} {p['drop_extend'] * 1e3:>8.0f} {p['decode'] * 1e3:>6.0f}      | "
             f"{m['rescale_be']:>6.0f}/{m['composed']:.0f}/{m['einsum']:.0f}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d"), machine=platform.machine(), cpus=os.cpu_count(),
-                           s=args.s, rows=rows), f, indent=1)
-    if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        ns = [r["n"] for r in rows]
-        for key, label in (("einsum", "numpy float64 einsum"), ("rescale_be", "RescaleBE (residue)"), ("composed", "Composed (residue)")):
-            a1.plot(ns, [r["gdofs"][key] for r in rows], "o-", label=label)
-        a1.set_xscale("log", base=2)
-        a1.set_xlabel("mode size n")
-        a1.set_ylabel("GDoF/s")
-        a1.set_title(f"d = 3, s = {args.s}, CPU ({os.cpu_count()} cores)")
-        a1.legend()
-        bottom = np.zeros(len(rows))
-        for key in ("encode", "products", "drop_extend", "decode"):
-            vals = np.array([r["phases"][key] / sum(r["phases"].values()) for r in rows])
-            a2.bar([str(n) for n in ns], vals, bottom=bottom, label=key)
-            bottom += vals
-        a2.set_xlabel("mode size n")
-        a2.set_ylabel("share of RescaleBE time")
-        a2.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+    save_result(args, "chain_throughput", {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Usage: ``python benchmarks/bench_einsum.py [--sizes 4 8 16] [--batch 4096] [--re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -25,7 +24,7 @@ import numpy as np
 import opt_einsum
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import add_output_options, best_time, progress, save_result
 
 EQ = "eijk,ai,bj,ck->eabc"
 
@@ -71,14 +70,13 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
     rows = []
-    for n in args.sizes:
+    for n in progress(args.sizes, desc="bench_einsum", unit="size"):
         # n = 16 at batch 4096 is 2^24 entries: keep every size near 2^21 DoFs or the given batch, whichever is smaller
         batch = min(args.batch, max(1, (1 << 21) // n**3)) if n > 8 else args.batch
         rows.append(chain_row(n, batch, args.repeat))
-        print(f"n={n}: done", flush=True)
     general = general_rows(args.repeat)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
@@ -99,9 +97,7 @@ def main() -> None:
     for row in general:
         t = {k: v * 1e3 for k, v in row["times"].items()}
         print(f"  {row['expr']:16s} {str(row['shapes']):32s} {t['einsum']:8.1f} {t['numpy']:8.1f} {t['opt_einsum']:8.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "chain": rows, "general": general}, f, indent=1)
+    save_result(args, "einsum_overhead", {"meta": meta, "chain": rows, "general": general})
 
 
 if __name__ == "__main__":

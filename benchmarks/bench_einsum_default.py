@@ -22,14 +22,11 @@ Usage: ``python benchmarks/bench_einsum_default.py [--repeat 5] [--json out.json
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 
 import numpy as np
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import add_output_options, best_time, progress, save_result
 
 DATA = ("uniform", "phi4", "wide")
 CASES = {
@@ -53,11 +50,12 @@ def operand(name: str, shape: tuple, rng) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
     print(f"{'expression':40s} {'data':8s} {'numpy':>9s} {'s=15':>7s} {'default':>8s} {'cost':>6s}  default ran as")
+    bar = progress(total=(len(CASES) + 1) * len(DATA), desc="bench_einsum_default", unit="case")
     for label, (sub, shapes) in CASES.items():
         for data in DATA:
             ops = [operand(data, s, rng) for s in shapes]
@@ -69,7 +67,8 @@ def main() -> None:
             row = dict(expression=label, data=data, numpy_s=t_np, fast_s=t_fast, default_s=t_def,
                        default_over_fast=t_def / t_fast, default_over_numpy=t_def / t_np, ran_as=default.last_evaluation)
             rows.append(row)
-            print(f"{label:40s} {data:8s} {t_np * 1e3:7.2f}ms {t_fast / t_np:6.2f}x {t_def / t_np:7.2f}x "
+            bar.update()
+            bar.write(f"{label:40s} {data:8s} {t_np * 1e3:7.2f}ms {t_fast / t_np:6.2f}x {t_def / t_np:7.2f}x "
                   f"{t_def / t_fast:5.2f}x  {default.last_evaluation}")
     # chain plans: plan_chain(moduli=None) against moduli=15, the same certification beside the plan's run
     ops = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)]
@@ -84,13 +83,11 @@ def main() -> None:
         rows.append(dict(expression=label, data=data, numpy_s=t_np, fast_s=t_fast, default_s=t_def,
                          default_over_fast=t_def / t_fast, default_over_numpy=t_def / t_np,
                          ran_as=default.last_evaluation))
-        print(f"{label:40s} {data:8s} {t_np * 1e3:7.2f}ms {t_fast / t_np:6.2f}x {t_def / t_np:7.2f}x "
+        bar.update()
+        bar.write(f"{label:40s} {data:8s} {t_np * 1e3:7.2f}ms {t_fast / t_np:6.2f}x {t_def / t_np:7.2f}x "
               f"{t_def / t_fast:5.2f}x  {default.last_evaluation}")
-    if args.json:
-        meta = dict(machine=platform.machine(), processor=platform.processor(), cpus=os.cpu_count(),
-                    numpy=np.__version__)
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    bar.close()
+    save_result(args, "einsum_default", {"rows": rows})
 
 
 if __name__ == "__main__":

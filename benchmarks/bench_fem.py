@@ -16,13 +16,12 @@ Usage: ``python benchmarks/bench_fem.py [--degrees 1 2 4] [--repeat 3] [--json o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 
 import numpy as np
-from _timing import best_time
+from _timing import add_output_options, best_time, progress, save_result
 
 from rnstensor.backends import get_backend
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
@@ -97,12 +96,12 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=15)
     ap.add_argument("--curved", type=float, default=0.1)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--plot", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
 
     rows = []
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    bar = progress(total=2 * len(args.degrees), desc="bench_fem", unit="op")
     for p in args.degrees:
         b = TensorBasis(p + 1, dim=3, moduli=args.s)
         n = max(1, round(((1 << args.log2dofs) / b.P**3) ** (1 / 3)))
@@ -123,7 +122,9 @@ def main() -> None:
                 seconds=sec, gdofs={k: mesh.ndof / v / 1e9 for k, v in sec.items()},
                 rel_diff_vs_einsum=err, phases=phases(ops["rescale_be"], u),
             ))
-            print(f"p={p} {kind}: done", flush=True)
+            bar.update()
+            bar.set_postfix_str(f"p={p} {kind}")
+    bar.close()
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
     print(
@@ -146,31 +147,7 @@ def main() -> None:
             f"{s_['composed'] / s_['rescale_be']:>5.2f}x {s_['rescale_be'] / s_['einsum']:>6.1f}x | "
             f"{e['rescale_be']:>11.1e} {e['composed']:>8.1e} | {share}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d"), machine=platform.machine(), cpus=os.cpu_count(),
-                           s=args.s, curved=args.curved, log2dofs=args.log2dofs, loadavg=[load0, load1],
-                           rows=rows), f, indent=1)
-    if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        for ax, kind in zip(axes, ("mass", "poisson")):
-            sel = [r for r in rows if r["kind"] == kind]
-            ps = [r["p"] for r in sel]
-            for key, label in (("einsum", "numpy float64 einsum"), ("rescale_be", "RescaleBE (residue)"),
-                               ("composed", "Composed (residue)")):
-                ax.plot(ps, [r["gdofs"][key] for r in sel], "o-", label=label)
-            ax.set_yscale("log")
-            ax.set_xlabel("polynomial degree p")
-            ax.set_title(f"{kind} operator, 3-D, s = {args.s}, CPU ({os.cpu_count()} cores)")
-        axes[0].set_ylabel("GDoF/s (global nodes)")
-        axes[0].legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+    save_result(args, "fem_throughput", {"rows": rows, "loadavg": [load0, load1]})
 
 
 if __name__ == "__main__":

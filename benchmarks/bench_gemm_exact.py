@@ -27,7 +27,6 @@ Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -35,7 +34,7 @@ import time
 import numpy as np
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import add_output_options, best_time, progress, save_result
 from rnstensor import gemm as G
 from rnstensor.backends import cpu_gemm
 
@@ -65,12 +64,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--complex", action="store_true", help="zgemm on complex U[-1, 1) parts (no FLINT baseline)")
-    ap.add_argument("--json", help="write the rows to this file")
+    add_output_options(ap)
     args = ap.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}, "
           f"flint {getattr(flint, '__version__', 'not installed')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     rows = []
     rng = np.random.default_rng(0)
+    bar = progress(total=len(args.sizes) * args.rounds, desc="bench_gemm_exact", unit="round")
     for N in args.sizes:
         a, b = rng.uniform(-1, 1, (N, N)), rng.uniform(-1, 1, (N, N))
         if args.complex:
@@ -101,11 +101,11 @@ def main() -> None:
             ratios = " ".join(f"{k}/numpy {v / t['numpy']:.2f}" for k, v in t.items() if k != "numpy")
             if "flint" in t:
                 ratios += " " + " ".join(f"{k}/flint {t[k] / t['flint']:.2f}" for k in ENGINES)
-            print(f"N={N} round {rnd}: s={s}, wide {len(mods)} moduli (chunk {chunk}), same bits {same}; "
+            bar.update()
+            bar.write(f"N={N} round {rnd}: s={s}, wide {len(mods)} moduli (chunk {chunk}), same bits {same}; "
                   + " ".join(f"{k} {v * 1e3:.1f} ms" for k, v in t.items()) + f"; {ratios}; phases {phases}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    bar.close()
+    save_result(args, "gemm_exact", {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The ``rnstensor`` command: ``info``, ``demo`` and ``accuracy``."""
+"""The ``rnstensor`` command: ``info``, ``demo``, ``accuracy`` and ``plot``; ``--json`` results, progress bars on stderr."""
 
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ def _info(args) -> int:
     bases = [Basis.int8(s) for s in range(1, len(pool) + 1)]
     parts = optional_parts()
     if args.json:
-        import json
-
         record = {
             "version": __version__,
             "backend": get_backend().name,
@@ -34,9 +32,7 @@ def _info(args) -> int:
             "cuda": describe(),
             "optional": parts,
         }
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-        print(f"JSON written to {args.json}")
+        _write_json(args, "info", record)
         return 0
     print(f"rnstensor {__version__}")
     print(f"backend in use: {get_backend().name} (available: {', '.join(available_backends())})")
@@ -92,6 +88,8 @@ def optional_parts() -> list[dict]:
     except Exception as exc:  # noqa: BLE001 - info reports whatever stops numba
         out.append({"part": "numba", "working": False, "version": None,
                     "line": f"numba: not working ({type(exc).__name__}: {exc}); the 'numpy' backend still runs"})
+    out.append(_nvrtc_part())
+    out.append(_gpu_part())
     for module, what, extra in OPTIONAL_PARTS:
         try:
             mod = importlib.import_module(module)
@@ -102,6 +100,64 @@ def optional_parts() -> list[dict]:
             out.append({"part": module, "working": False, "version": None,
                         "line": f"{module}: {why} ({what}; pip install 'rnstensor[{extra}]')"})
     return out
+
+
+#: The kernel NVRTC compiles for ``rnstensor info``: NVRTC that loads is not NVRTC that compiles.
+_PROBE_KERNEL = b'extern "C" __global__ void rnstensor_probe(int *x) { *x = 42; }'
+
+
+def _nvrtc_part() -> dict:
+    """Whether NVRTC compiles a one-line kernel to a cubin (needs no GPU)."""
+    from .kernels import build
+
+    arch = build.ARCHS[0]
+    try:
+        nv = build._nvrtc()  # the same import (and error message) the kernel builds use
+        major, minor = build.nvrtc_version()
+        t0 = time.perf_counter()
+        err, prog = nv.nvrtcCreateProgram(_PROBE_KERNEL, b"probe.cu", 0, [], [])
+        build._check(nv, err, "nvrtcCreateProgram")
+        try:
+            (err,) = nv.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture={arch}".encode()])
+            build._check(nv, err, "nvrtcCompileProgram", prog)
+            err, size = nv.nvrtcGetCUBINSize(prog)
+            build._check(nv, err, "nvrtcGetCUBINSize", prog)
+        finally:
+            nv.nvrtcDestroyProgram(prog)
+        ms = (time.perf_counter() - t0) * 1e3
+        return {"part": "nvrtc", "working": size > 0, "version": f"{major}.{minor}",
+                "line": f"nvrtc {major}.{minor}: compiles a test kernel for {arch} ({size} bytes, {ms:.0f} ms)"}
+    except Exception as exc:  # noqa: BLE001 - info reports whatever stops NVRTC
+        return {"part": "nvrtc", "working": False, "version": None,
+                "line": f"nvrtc: not working ({exc}); the GPU kernels cannot be built (pip install 'rnstensor[gpu]')"}
+
+
+def _gpu_part() -> dict:
+    """Whether a CUDA GPU is visible and runs a CuPy reduction; "no GPU" otherwise, never an error."""
+    from .arrays import device_module
+    from .backends import cuda
+
+    try:
+        info = cuda.device_info()
+    except Exception as exc:  # noqa: BLE001 - a broken driver is reported, not raised
+        return {"part": "gpu", "working": False, "version": None,
+                "line": f"gpu: no GPU usable ({type(exc).__name__}: {exc}); the CPU backend runs everything"}
+    if not info:
+        try:
+            device_module()
+            why = "CuPy imports, no device visible"
+        except RuntimeError:
+            why = "CuPy not installed: pip install 'rnstensor[gpu]'"
+        return {"part": "gpu", "working": False, "version": None,
+                "line": f"gpu: no GPU ({why}); the CPU backend runs everything"}
+    try:
+        cp = device_module()
+        ok = int(cp.arange(1, 101, dtype=cp.int64).sum()) == 5050  # the device runs a kernel and returns its result
+        state = "runs a test reduction" if ok else "gives a wrong test reduction"
+    except Exception as exc:  # noqa: BLE001
+        ok, state = False, f"fails a test reduction ({type(exc).__name__}: {exc})"
+    return {"part": "gpu", "working": ok, "version": info["capability"], "device": info["name"],
+            "line": f"gpu: {info['name']} (compute capability {info['capability']}, kernels for {info['arch']}) {state}"}
 
 
 def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
@@ -125,12 +181,14 @@ def _demo(args) -> int:
     axes = (1, 2, 3, 1)
     X = rng.uniform(-1, 1, size=(args.batch, n, n, n))
     ops = [rng.uniform(-1, 1, size=(n, n)) for _ in axes]
+    steps: list[dict] = []
 
     print("rnstensor demo: a chain of mode products on a tensor encoded once and decoded once")
     print(f"  X: {X.shape} U[-1,1), operators {n}x{n} U[-1,1), axes {axes}, {basis!r}\n")
     print(f"  {'step':<46} {'moduli':>6} {'log2 bound':>11} {'log2 range':>11}")
 
     def row(label, T):
+        steps.append({"step": label, "moduli": len(T.active), "log2_bound": T.log2_bound, "log2_range": T.log2_range})
         print(f"  {label:<46} {len(T.active):>6} {T.log2_bound:>11.1f} {T.log2_range:>11.1f}")
 
     t0 = time.perf_counter()
@@ -160,33 +218,63 @@ def _demo(args) -> int:
 
     def errs(Z):
         d = np.abs(Z - Yex)
-        return np.linalg.norm(Z - Yex) / np.linalg.norm(Yex), float(np.max(d / np.abs(Yex)))
+        return float(np.linalg.norm(Z - Yex) / np.linalg.norm(Yex)), float(np.max(d / np.abs(Yex)))
 
     print(f"\n  residue chain took {elapsed * 1e3:.1f} ms on the '{_backend_name()}' backend\n")
     print(f"  {'result vs the exact value':<46} {'normwise':>11} {'max elementwise':>16}")
+    errors = []
     for label, Z in (
         ("rnstensor, decode='fp64'", Y),
         ("rnstensor, decode='exact'", Y_exact_dec),
         ("numpy float64 tensordot chain", Y64),
     ):
         nw, mx = errs(Z)
+        errors.append({"result": label, "normwise": nw, "max": mx})
         print(f"  {label:<46} {nw:11.2e} {mx:16.2e}")
     print(
         "\n  The residue chain rounds only at the encode, at each drop (by design, ~2^-53 of the bound)"
         "\n  and at the decode; every product in between is exact integer arithmetic."
     )
+    record = {"steps": steps, "errors": errors, "seconds": elapsed, "accuracy": None}
     if args.accuracy_count > 0:
-        from .accuracy import run_accuracy
-
         print(
             f"\n\nA short [2610.05059] accuracy experiment (n = 8, s = 15, d = 3 and 8, {args.accuracy_count} tensors per "
             "dataset; the full one: rnstensor accuracy)\n"
         )
         t0 = time.perf_counter()
-        result = run_accuracy(depths=(3, 8), count=args.accuracy_count, seed=args.seed)  # the paper's n = 8, s = 15
+        # the paper's n = 8, s = 15
+        result = _run_accuracy_with_bar(dict(depths=(3, 8), count=args.accuracy_count, seed=args.seed), verbose=False)
         print(result.format())
         print(f"\n  ({time.perf_counter() - t0:.1f} s)")
+        record["accuracy"] = result.to_dict()
+    _write_json(args, "demo", record)
     return 0
+
+
+#: Options of ``rnstensor accuracy`` that only one of its targets reads: not in the other's ``params``.
+_TARGET_OPTIONS = {
+    "chain": ("depths", "count", "n", "moduli", "decode", "planner", "input_bits"),
+    "gemm": ("table", "data", "gemm_moduli", "complex", "ks", "size"),
+}
+
+
+def _params(args) -> dict:
+    """The options that shaped a result, as its ``params`` (not ``--json`` and ``-v``, nor the other target's)."""
+    skip = {"json", "verbose"}
+    target = getattr(args, "target", None)
+    for other, names in _TARGET_OPTIONS.items():
+        if target is not None and other != target:
+            skip.update(names)
+    return {k: v for k, v in vars(args).items() if k not in skip}
+
+
+def _write_json(args, kind: str, data: dict) -> None:
+    """``--json PATH``: the result of kind ``kind`` with the options and the machine (:func:`rnstensor.results.write_result`)."""
+    if args.json:
+        from .results import write_result
+
+        write_result(args.json, kind, data, _params(args))
+        print(f"JSON written to {args.json}")
 
 
 def _parse_depths(text: str) -> list[int]:
@@ -222,6 +310,7 @@ def _gemm_moduli_arg(v: str):
 
 def _accuracy_gemm_table7(args) -> int:
     from .gemm_accuracy import EXTENDED_WIDTH, TABLE7_DATASETS, gemm_thresholds
+    from .progress import progress
 
     m, _, n = args.size
     data = args.data or list(TABLE7_DATASETS)
@@ -235,32 +324,29 @@ def _accuracy_gemm_table7(args) -> int:
     def sv(r, c):
         return "-" if r[c] is None else f"{r[c]}[{r[c + '_t']}]"
 
-    def show(r):
-        ne = "/".join("-" if r[c + "_noext"] is None else str(r[c + "_noext"]) for c in ("float64", "cr99.9", "cr100"))
-        pp = "/".join("-" if v is None else str(v) for v in r["paper"]) if r["paper"] else ""
-        print(
-            f"{r['data']:<8} {r['k']:>5} {r['numpy']['componentwise']:>10.2e} {r['numpy']['cr_percent']:>7.2f}  "
-            f"{sv(r, 'float64'):>7} {sv(r, 'unit'):>7} {sv(r, 'cr99.9'):>7} {sv(r, 'cr100'):>7}  {ne:>11}  "
-            f"{r['auto']:>4} {r['default']:>3}  {pp:>8}",
-            flush=True,
-        )
+    with progress(total=len(data) * len(args.ks), desc="table 7", unit="row") as bar:
 
-    rows = gemm_thresholds(datasets=data, ks=args.ks, m=m, n=n, seed=args.seed, progress=show)
-    return _gemm_json(args, rows)
+        def show(r):
+            ne = "/".join("-" if r[c + "_noext"] is None else str(r[c + "_noext"]) for c in ("float64", "cr99.9", "cr100"))
+            pp = "/".join("-" if v is None else str(v) for v in r["paper"]) if r["paper"] else ""
+            bar.write(
+                f"{r['data']:<8} {r['k']:>5} {r['numpy']['componentwise']:>10.2e} {r['numpy']['cr_percent']:>7.2f}  "
+                f"{sv(r, 'float64'):>7} {sv(r, 'unit'):>7} {sv(r, 'cr99.9'):>7} {sv(r, 'cr100'):>7}  {ne:>11}  "
+                f"{r['auto']:>4} {r['default']:>3}  {pp:>8}"
+            )
+            bar.update()
 
+        def scanned(st):
+            bar.set_postfix_str(f"{st['data']} k={st['k']} s={st['s']}")
 
-def _gemm_json(args, rows) -> int:
-    import json
-
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
-        print(f"JSON written to {args.json}")
+        rows = gemm_thresholds(datasets=data, ks=args.ks, m=m, n=n, seed=args.seed, progress=show, step=scanned)
+    _write_json(args, "gemm_thresholds", {"rows": rows})
     return 0
 
 
 def _accuracy_gemm(args) -> int:
     from .gemm_accuracy import gemm_accuracy
+    from .progress import progress
 
     t0 = time.perf_counter()
     table = args.table
@@ -280,53 +366,82 @@ def _accuracy_gemm(args) -> int:
             f"{'data':<10} {'method':<7} {'moduli':>7} {'s':>3} {'t':>4} {'max ulp':>10} {'CR %':>8} "
             f"{'componentwise':>14} {'normwise':>10}"
         )
+        with progress(total=len(data) * (1 + len(moduli)), desc=f"table {table}", unit="row") as bar:
 
-        def show(r):
-            s_, t_ = r.get("s"), r.get("t")
-            print(
-                f"{r['data']:<10} {r['method']:<7} {r['moduli'] or '':>7} {'' if s_ is None else s_:>3} "
-                f"{'' if t_ is None else t_:>4} {r['max_ulp']:>10.3g} {r['cr_percent']:>8.3f} "
-                f"{r['componentwise']:>14.2e} {r['normwise']:>10.2e}",
-                flush=True,
+            def show(r):
+                s_, t_ = r.get("s"), r.get("t")
+                bar.write(
+                    f"{r['data']:<10} {r['method']:<7} {r['moduli'] or '':>7} {'' if s_ is None else s_:>3} "
+                    f"{'' if t_ is None else t_:>4} {r['max_ulp']:>10.3g} {r['cr_percent']:>8.3f} "
+                    f"{r['componentwise']:>14.2e} {r['normwise']:>10.2e}"
+                )
+                bar.update()
+                bar.set_postfix_str(f"{r['data']} {r['method']} {r['moduli'] or ''}")
+
+            rows = gemm_accuracy(
+                datasets=data, moduli=moduli, m=m, k=k, n=n, seed=args.seed, progress=show, complex=args.complex
             )
-
-        rows = gemm_accuracy(
-            datasets=data, moduli=moduli, m=m, k=k, n=n, seed=args.seed, progress=show, complex=args.complex
-        )
     except ValueError as exc:
         print(f"rnstensor accuracy gemm: error: {exc}", file=sys.stderr)
         return 2
     print(f"\n({time.perf_counter() - t0:.1f} s)")
-    return _gemm_json(args, rows)
+    _write_json(args, "gemm_accuracy", {"rows": rows})
+    return 0
+
+
+def _run_accuracy_with_bar(options: dict, verbose: bool):
+    """:func:`rnstensor.accuracy.run_accuracy` with a bar over its depth x dataset steps (``-v``: their lines too)."""
+    from .accuracy import DATASETS, run_accuracy
+    from .progress import progress
+
+    total = len(options["depths"]) * len(options.get("datasets", DATASETS))  # run_accuracy reports each depth x dataset
+    with progress(total=total, desc="accuracy", unit="step") as bar:
+
+        def step(line: str) -> None:
+            bar.update()
+            bar.set_postfix_str(line.split(":", 1)[0])
+            if verbose:
+                bar.write("  " + line, file=sys.stderr)
+
+        return run_accuracy(**options, progress=step)
 
 
 def _accuracy(args) -> int:
     if args.target == "gemm":
         return _accuracy_gemm(args)
-    from .accuracy import run_accuracy
-
     t0 = time.perf_counter()
-    progress = (lambda line: print("  " + line, file=sys.stderr, flush=True)) if args.verbose else None
     try:
-        result = run_accuracy(
-            depths=args.depths,
-            count=args.count,
-            n=args.n,
-            moduli=args.moduli,
-            seed=args.seed,
-            decode=args.decode,
-            planner=args.planner,
-            input_bits=args.input_bits,
-            progress=progress,
+        result = _run_accuracy_with_bar(
+            dict(
+                depths=args.depths,
+                count=args.count,
+                n=args.n,
+                moduli=args.moduli,
+                seed=args.seed,
+                decode=args.decode,
+                planner=args.planner,
+                input_bits=args.input_bits,
+            ),
+            verbose=args.verbose,
         )
     except ValueError as exc:  # bad options and PlanError (too few moduli for a depth): a message, no traceback
         print(f"rnstensor accuracy: error: {exc}", file=sys.stderr)
         return 2
     print(result.format())
     print(f"\n({time.perf_counter() - t0:.1f} s)")
-    if args.json:
-        result.to_json(args.json)
-        print(f"JSON written to {args.json}")
+    _write_json(args, "chain_accuracy", result.to_dict())
+    return 0
+
+
+def _plot(args) -> int:
+    from .plot import plot_result
+
+    try:
+        out = plot_result(args.result, args.output)
+    except (OSError, ValueError, ImportError) as exc:  # a missing file, an unknown kind, no matplotlib: said, no traceback
+        print(f"rnstensor plot: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"figure written to {out}")
     return 0
 
 
@@ -353,6 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default=4,
         help="tensors per dataset in the short accuracy run at d = 3 and 8 (default 4; 0 skips it)",
     )
+    demo.add_argument("--json", metavar="PATH", default=None, help="also write the tables as JSON to PATH")
     acc = sub.add_parser(
         "accuracy",
         help="[2610.05059] Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
@@ -399,11 +515,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="input encoding width of the persistent methods: an integer or 'max' (default: their b)",
     )
     acc.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    acc.add_argument("-v", "--verbose", action="store_true", help="progress lines on stderr")
+    acc.add_argument("-v", "--verbose", action="store_true", help="a line per depth and dataset on stderr")
+    plot = sub.add_parser(
+        "plot", help="draw the figure of a --json result (accuracy vs depth, throughput vs n, DGEMM accuracy vs s, ...)"
+    )
+    plot.add_argument("result", metavar="RESULT.json", help="a file written by --json (rnstensor or a benchmark)")
+    plot.add_argument(
+        "-o", "--output", metavar="OUT.png", default=None, help="the image (default: RESULT.png beside the JSON)"
+    )
     args = parser.parse_args(argv)
     if args.command == "accuracy" and args.count < 1:
         parser.error(f"--count must be at least 1; got {args.count}")
-    return {"info": _info, "demo": _demo, "accuracy": _accuracy}[args.command](args)
+    return {"info": _info, "demo": _demo, "accuracy": _accuracy, "plot": _plot}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -453,6 +453,7 @@ def gemm_thresholds(
     s_min: int = 10,
     s_max: int = 49,
     progress: Optional[Callable[[dict], None]] = None,
+    step: Optional[Callable[[dict], None]] = None,
 ) -> list[dict]:
     """[2610.26945] Table 7: the smallest ``s`` at which :func:`dgemm` reaches each accuracy level of :data:`CRITERIA`.
 
@@ -464,7 +465,9 @@ def gemm_thresholds(
     ``s`` of the scan that meets it; ``<key>_noext`` is the first one with
     width ``t <= EXTENDED_WIDTH`` (62, [2610.26945]'s int64 path), None if
     none does. ``float64`` compares with numpy's float64 matmul on the same
-    data (measured in the same call).
+    data (measured in the same call). ``progress`` is called with each row
+    when it is complete, ``step`` with each scanned ``{'data', 'k', 's',
+    't', ...metrics}`` (the scan of one row can take dozens of products).
 
     Returns
     -------
@@ -502,6 +505,8 @@ def gemm_thresholds(
                     continue
                 met = ref.metrics(dgemm(A, B, moduli=s, min_bits=0))
                 scan.append(dict(s=s, t=t, **met))
+                if step is not None:
+                    step(dict(data=name, k=int(k), **scan[-1]))
                 for crit in CRITERIA:
                     if not _meets(crit, met, npm["componentwise"]):
                         continue
