@@ -1,14 +1,16 @@
 """The greedy (Alg. 2) and error-optimal drop planners side by side, in one run: plan time, apply time, accuracy.
 
-For a chain of ``d = 3`` mode products ``n x n`` (``n`` = 4, 8, 16, U[-1, 1)
-operators, RescaleBE on 15 moduli) it times building each plan and applying it
-to ``2**18`` DoFs (alternating the planners, best of ``--repeat``), then runs
+For a chain of ``d = 3`` mode products ``n x n`` (``n`` = 4, 8, 16 by
+``--sizes``, U[-1, 1) operators, RescaleBE on 15 moduli) it times building each
+plan and applying it to ``2**18`` DoFs (``--log2dofs``; alternating the
+planners, best of ``--repeat``), then runs
 the [2610.05059] accuracy experiment for both planners at ``--depths`` and
 reports the largest elementwise relative error of RescaleBE against the exact
 chain on the Uniform, Smooth and Wide160 data. Decides nothing: it measures
 whether the optimal planner may become the default (issue 18, item 5).
 
-Usage: ``python benchmarks/bench_planners.py [--repeat 5] [--depths 4 8] [--count 8] [--json out.json] [--plot out.png]``
+Usage: ``python benchmarks/bench_planners.py [--repeat 5] [--depths 4 8] [--count 8] [--sizes 4 8 16]
+[--wide-moduli 30 39 48] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--depths", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--count", type=int, default=8)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16], help="mode sizes of the timed chains")
+    ap.add_argument("--log2dofs", type=int, default=18, help="DoFs of the timed applications (2**log2dofs)")
+    ap.add_argument("--wide-moduli", type=int, nargs="+", default=list(range(30, 50, 3)),
+                    help="moduli counts of the optimal planner's timing (default 30 33 ... 48)")
     add_output_options(ap)
     args = ap.parse_args()
     print(f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; best of {args.repeat}")
@@ -38,10 +44,10 @@ def main() -> None:
         rt.plan_chain(warm, [0, 1, 2], planner=planner)(np.ones((2, 4, 4, 4)))
     print(f"{'n':>3} {'planner':>8} {'plan s':>8} {'apply ms':>9} {'drops':>14} {'apply / greedy':>15}")
     timings = []
-    for n in progress((4, 8, 16), desc="plan and apply", unit="size"):
+    for n in progress(args.sizes, desc="plan and apply", unit="size"):
         rng = np.random.default_rng(n)
         ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
-        X = rng.uniform(-1, 1, ((1 << 18) // n**3, n, n, n))
+        X = rng.uniform(-1, 1, (max(1, (1 << args.log2dofs) // n**3), n, n, n))
         plans, plan_s = {}, {}
         for planner in ("greedy", "optimal"):
             t0 = time.perf_counter()
@@ -56,10 +62,11 @@ def main() -> None:
             print(f"{n:>3} {p:>8} {plan_s[p]:>8.3f} {times[p] * 1e3:>9.2f} {str(plans[p].drops):>14} "
                   f"{times[p] / times['greedy']:>15.2f}")
     print()
-    print("optimal planner's time on 30-49 moduli (d products n x n), bounded subset search vs unbounded:")
+    print(f"optimal planner's time on {min(args.wide_moduli)}-{max(args.wide_moduli)} moduli (d products n x n), "
+          "bounded subset search vs unbounded:")
     worst = {"bounded": 0.0, "unbounded": 0.0}
-    cases = [(d, s, n) for d in (3, 5) for s in range(30, 50, 3) for n in (2, 3, 4)]
-    for d, s, n in progress(cases, desc="optimal planner, 30-49 moduli", unit="plan"):
+    cases = [(d, s, n) for d in (3, 5) for s in args.wide_moduli for n in (2, 3, 4)]
+    for d, s, n in progress(cases, desc="optimal planner, many moduli", unit="plan"):
         ops = [np.random.default_rng(100 * d + 10 * s + n).uniform(-1, 1, (n, n)) for _ in range(d)]
         for label, nodes in (("bounded", bounds.SUBSET_NODES), ("unbounded", 1 << 62)):
             saved, bounds.SUBSET_NODES = bounds.SUBSET_NODES, nodes

@@ -335,6 +335,7 @@ def _accuracy_gemm_table7(args) -> int:
                 f"{r['auto']:>4} {r['default']:>3}  {pp:>8}"
             )
             bar.update()
+            bar.set_postfix_str(f"{r['data']} k={r['k']} done")  # and redraw now
 
         def scanned(st):
             bar.set_postfix_str(f"{st['data']} k={st['k']} s={st['s']}")

@@ -262,7 +262,7 @@ def _planners(record: dict):
         a1.plot([r["n"] for r in sel], [r["apply_s"] * 1e3 for r in sel], "o-", label=planner)
     a1.set_xscale("log", base=2)
     a1.set_xlabel("mode size n")
-    a1.set_ylabel("apply ms (2^18 DoFs)")
+    a1.set_ylabel(f"apply ms (2^{record['params'].get('log2dofs', 18)} DoFs)")
     a1.legend()
     acc = record["accuracy"]
     x = np.arange(len(acc))

@@ -1,12 +1,98 @@
-"""The command line: ``rnstensor info`` reports what is installed and working."""
+"""The command line: ``info`` reports what works, ``--json`` holds the printed tables, ``plot`` draws each kind, bars in a terminal only."""
 
+import contextlib
 import importlib.util
+import io
+import json
+import os
+import struct
 import subprocess
 import sys
+import zlib
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rnstensor import cli
+from rnstensor import progress as progress_mod
+from rnstensor.accuracy import DATASETS, METHOD_LABELS, run_accuracy
+from rnstensor.gemm_accuracy import gemm_accuracy, gemm_thresholds
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+class FakeTTY(io.StringIO):
+    """A stream that says it is a terminal: where a bar must appear."""
+
+    def isatty(self):
+        return True
+
+
+def _cli(argv):
+    """``cli.main(argv)`` with its stdout captured: ``(code, stdout)``."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
+
+
+def _bench(name, argv, patch=None):
+    """Run ``benchmarks/<name>.py``'s ``main`` in this process with ``argv``; its stdout."""
+    spec = importlib.util.spec_from_file_location(f"_test_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(BENCHMARKS))  # the scripts import their _timing helpers
+        spec.loader.exec_module(mod)
+        for key, value in (patch or {}).items():
+            mp.setattr(mod, key, value)
+        mp.setattr(sys, "argv", [name, *argv])
+        with contextlib.redirect_stdout(out):
+            mod.main()
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """One small result of every kind: ``kind -> (record, printed stdout, path)``."""
+    d = tmp_path_factory.mktemp("results")
+    runs = {
+        "info": ["info"],
+        "chain_accuracy": ["accuracy", "--depths", "3,4", "--count", "1"],
+        "demo": ["demo", "--batch", "1", "--accuracy-count", "0"],
+        "gemm_accuracy": ["accuracy", "gemm", "--size", "6", "48", "5", "--gemm-moduli", "14", "16", "auto",
+                          "--data", "uniform", "phi2"],
+        "gemm_thresholds": ["accuracy", "gemm", "--table", "7", "--size", "4", "0", "3", "--ks", "32", "--data",
+                            "uniform"],
+    }
+    out = {}
+    for kind, argv in runs.items():
+        path = d / f"{kind}.json"
+        code, text = _cli([*argv, "--json", str(path)])
+        assert code == 0, text
+        out[kind] = (json.loads(path.read_text()), text, path)
+    if BENCHMARKS.is_dir():
+        benches = {
+            "chain_throughput": ("bench_chain", ["--sizes", "4", "8", "--log2dofs", "10", "--repeat", "1"], None),
+            "fem_throughput": ("bench_fem", ["--degrees", "1", "2", "--log2dofs", "8", "--repeat", "1"], None),
+            "gemm_throughput": ("bench_gemm", ["--sizes", "32", "64", "--moduli", "8", "14", "--repeat", "1"], None),
+            "gemm_exact": ("bench_gemm_exact", ["--sizes", "32", "--repeat", "1", "--rounds", "1"], None),
+            "einsum_overhead": ("bench_einsum", ["--sizes", "4", "--batch", "8", "--repeat", "1"], None),
+            "einsum_default": ("bench_einsum_default", ["--repeat", "1"],
+                               {"CASES": {"gemm 16 (ij,jk->ik)": ("ij,jk->ik", [(16, 16), (16, 16)])},
+                                "DATA": ("uniform",)}),
+            "planners": ("bench_planners", ["--repeat", "1", "--depths", "3", "--count", "1", "--sizes", "4",
+                                            "--log2dofs", "8", "--wide-moduli", "30"], None),
+        }
+        for kind, (name, argv, patch) in benches.items():
+            path = d / f"{kind}.json"
+            text = _bench(name, [*argv, "--json", str(path)], patch)
+            out[kind] = (json.loads(path.read_text()), text, path)
+    return out
+
+
+# ----- info --------------------------------------------------------------------------------------------
 
 
 def test_info_reports_every_optional_part(capsys):
@@ -24,9 +110,39 @@ def test_info_reports_every_optional_part(capsys):
             assert f"pip install 'rnstensor[{extra}]'" in line
 
 
+def test_info_says_whether_nvrtc_compiles_and_whether_there_is_a_gpu():
+    from rnstensor.backends.cuda import cuda_available
+    from rnstensor.kernels import build
+
+    parts = {p["part"]: p for p in cli.optional_parts()}
+    try:
+        major, minor = build.nvrtc_version()
+    except build.KernelBuildError:
+        assert not parts["nvrtc"]["working"] and parts["nvrtc"]["line"].startswith("nvrtc: not working")
+    else:
+        assert parts["nvrtc"]["working"], parts["nvrtc"]["line"]
+        assert parts["nvrtc"]["line"].startswith(f"nvrtc {major}.{minor}: compiles a test kernel for {build.ARCHS[0]}")
+    gpu = parts["gpu"]
+    if cuda_available():  # pragma: no cover - GPU machines
+        assert gpu["working"] and gpu["device"] in gpu["line"]
+    else:
+        assert not gpu["working"] and gpu["line"].startswith("gpu: no GPU (") and "CPU backend" in gpu["line"]
+
+
+def test_info_reports_nvrtc_that_does_not_compile(monkeypatch, capsys):
+    from rnstensor.kernels import build
+
+    def broken():
+        raise build.KernelBuildError("NVRTC is not available: a test")
+
+    monkeypatch.setattr(build, "_nvrtc", broken)
+    assert cli.main(["info"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("nvrtc: not working"))
+    assert "a test" in line and "pip install 'rnstensor[gpu]'" in line
+
+
 def test_info_names_only_extras_that_exist():
     import tomllib
-    from pathlib import Path
 
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     if not pyproject.exists():  # pragma: no cover - run from an installed wheel
@@ -46,26 +162,307 @@ def test_info_reports_a_broken_part(monkeypatch, tmp_path):
     assert not broken["working"] and broken["line"].startswith("rnstensor_broken_part: fails to import (RuntimeError)")
 
 
-def test_info_json(tmp_path, capsys):
-    import json
-
+def test_info_json(results):
     from rnstensor.basis import Basis, int8_pool
 
-    path = tmp_path / "info.json"
-    assert cli.main(["info", "--json", str(path)]) == 0
-    record = json.loads(path.read_text())
+    record, out, path = results["info"]
+    assert record["kind"] == "info"
     assert record["int8_pool"] == [int(p) for p in int8_pool()]
     assert [b["s"] for b in record["bases"]] == list(range(1, len(int8_pool()) + 1))
     assert all(b["log2_product"] == Basis.int8(b["s"]).log2_product for b in record["bases"])
     parts = {p["part"]: p for p in record["optional"]}
-    assert set(parts) == {"numba"} | {m for m, _, _ in cli.OPTIONAL_PARTS}
+    assert set(parts) == {"numba", "nvrtc", "gpu"} | {m for m, _, _ in cli.OPTIONAL_PARTS}
     for module, _, _ in cli.OPTIONAL_PARTS:
         assert parts[module]["working"] == (importlib.util.find_spec(module) is not None), module
     assert parts["numba"]["working"] is True
-    assert str(path) in capsys.readouterr().out
+    assert str(path) in out
 
 
 def test_info_runs_as_a_command():
     done = subprocess.run([sys.executable, "-m", "rnstensor", "info"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "numba" in done.stdout and "cuda device:" in done.stdout
+    assert "numba" in done.stdout and "cuda device:" in done.stdout and "\ngpu: " in done.stdout
+
+
+# ----- --json: the printed tables, the parameters, the machine --------------------------------------------
+
+
+def test_every_json_names_its_kind_parameters_and_machine(results):
+    import numba
+
+    from rnstensor.plot import FIGURES
+
+    assert set(results) <= set(FIGURES)
+    for kind, (record, _, _) in results.items():
+        assert record["kind"] == kind
+        m = record["machine"]
+        assert m["numpy"] == np.__version__ and m["numba"] == numba.__version__, kind
+        assert m["cpus"] == os.cpu_count() and m["date"][:4].isdigit() and m["platform"], kind
+        assert "json" not in record["params"] and "plot" not in record["params"], kind
+    assert results["chain_accuracy"][0]["params"]["depths"] == [3, 4]
+    assert "table" not in results["chain_accuracy"][0]["params"]  # the gemm target's options are not its parameters
+    assert results["gemm_accuracy"][0]["params"]["size"] == [6, 48, 5]
+
+
+def _error_table(out: str, metric: str) -> dict:
+    """The printed block of ``metric``: ``(label, dataset) -> list of the printed numbers``."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"{metric}: "))
+    table, ds = {}, None
+    for ln in lines[start + 2:]:
+        if not ln.startswith("  "):
+            break
+        ds = ln[2:11].strip() or ds
+        table[(ln[11:27].strip(), ds)] = ln[27:].split()
+    return table
+
+
+def test_accuracy_json_is_the_printed_table_and_the_library_result(results):
+    record, out, _ = results["chain_accuracy"]
+    for metric in ("normwise", "max", "median"):
+        table = _error_table(out, metric)
+        assert len(table) == len(DATASETS) * len(METHOD_LABELS)
+        for e in record["errors"]:
+            printed = table[(METHOD_LABELS[e["method"]], e["dataset"])][record["config"]["depths"].index(e["depth"])]
+            assert printed == f"{e[metric]:.2e}", (metric, e)
+    # the bar's callback changes nothing: the same numbers as the library's own run, bit for bit
+    again = run_accuracy(depths=[3, 4], count=1).to_dict()
+    assert record["errors"] == again["errors"] and record["table2"] == json.loads(json.dumps(again["table2"]))
+
+
+def test_demo_json_is_its_tables(results):
+    record, out, _ = results["demo"]
+    lines = out.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.split()[:2] == ["step", "moduli"])
+    for ln, st in zip(lines[head + 1: head + 1 + len(record["steps"])], record["steps"]):
+        assert ln[2:48].strip() == st["step"]
+        assert ln[48:].split() == [str(st["moduli"]), f"{st['log2_bound']:.1f}", f"{st['log2_range']:.1f}"]
+    assert lines[head + 1 + len(record["steps"])].strip() == ""  # and no printed step is missing from the JSON
+    assert record["steps"][0]["step"].startswith("encode") and len(record["steps"]) == 1 + 4 + 3 * 2
+    for e in record["errors"]:
+        ln = next(x for x in lines if x[2:48].strip() == e["result"])
+        assert ln[48:].split() == [f"{e['normwise']:.2e}", f"{e['max']:.2e}"]
+    assert record["accuracy"] is None  # --accuracy-count 0
+
+
+def test_gemm_json_is_the_printed_rows_and_the_library_rows(results):
+    record, out, _ = results["gemm_accuracy"]
+    printed = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0] in ("uniform", "phi2")]
+    assert len(printed) == len(record["rows"]) == 2 * 4
+    for p, r in zip(printed, record["rows"]):
+        assert p[:2] == [r["data"], r["method"]]
+        assert p[-3:] == [f"{r['cr_percent']:.3f}", f"{r['componentwise']:.2e}", f"{r['normwise']:.2e}"]
+    lib = gemm_accuracy(["uniform", "phi2"], [14, 16, "auto"], m=6, k=48, n=5)
+    assert record["rows"] == json.loads(json.dumps(lib))
+
+
+def test_table7_json_is_the_printed_row_and_the_library_row(results):
+    record, out, _ = results["gemm_thresholds"]
+    (row,) = record["rows"]
+    line = next(ln.split() for ln in out.splitlines() if ln.startswith("uniform"))
+    assert line[:4] == ["uniform", "32", f"{row['numpy']['componentwise']:.2e}", f"{row['numpy']['cr_percent']:.2f}"]
+    assert line[4:8] == [f"{row[c]}[{row[c + '_t']}]" for c in ("float64", "unit", "cr99.9", "cr100")]
+    assert row == json.loads(json.dumps(gemm_thresholds(["uniform"], [32], m=4, n=3)[0]))
+
+
+def test_table7_step_callback_sees_every_scanned_s_and_changes_nothing():
+    steps = []
+    with_steps = gemm_thresholds(["phi2"], [32], m=3, n=3, step=steps.append)
+    plain = gemm_thresholds(["phi2"], [32], m=3, n=3)
+    assert with_steps == plain
+    assert steps == [dict(data="phi2", k=32, **e) for e in plain[0]["scan"]] and len(steps) > 1
+
+
+def test_benchmark_json_is_the_printed_table(results):
+    if "chain_throughput" not in results:  # pragma: no cover - run from an installed wheel
+        pytest.skip("benchmarks/ not beside the tests")
+    record, out, _ = results["chain_throughput"]
+    assert [r["n"] for r in record["rows"]] == record["params"]["sizes"] == [4, 8]
+    for r in record["rows"]:
+        ln = next(x.split() for x in out.splitlines() if x.split()[:2] == [str(r["n"]), str(r["batch"])])
+        g = r["gdofs"]
+        assert ln[3:6] == [f"{g['einsum']:.3f}", f"{g['rescale_be']:.3f}", f"{g['composed']:.3f}"]
+        assert r["batch"] * r["n"] ** 3 == r["dofs"] and g["einsum"] == r["dofs"] / r["seconds"]["einsum"] / 1e9
+    fem = results["fem_throughput"][0]
+    assert [(r["kind"], r["p"]) for r in fem["rows"]] == [(k, p) for p in (1, 2) for k in ("mass", "poisson")]
+    gemm = results["gemm_throughput"][0]
+    assert [(r["N"], r["s"]) for r in gemm["rows"]] == [(N, s) for N in (32, 64) for s in (8, 14)]
+    assert all(r["gflops"] == 2 * r["N"] ** 3 / r["seconds"] / 1e9 for r in gemm["rows"])
+    assert [r["N"] for r in results["gemm_exact"][0]["rows"]] == [32]
+    assert [r["n"] for r in results["einsum_overhead"][0]["chain"]] == [4]
+    assert [r["data"] for r in results["einsum_default"][0]["rows"]] == ["uniform", "uniform"]
+    planners = results["planners"][0]
+    assert {(t["n"], t["planner"]) for t in planners["timings"]} == {(4, "greedy"), (4, "optimal")}
+    assert [(a["depth"], a["dataset"]) for a in planners["accuracy"]] == [(3, ds) for ds in DATASETS]
+
+
+# ----- progress bars: on stderr in a terminal, nowhere else ---------------------------------------------------
+
+
+def test_no_progress_output_without_a_terminal(capsys):
+    assert cli.main(["accuracy", "--depths", "3", "--count", "1"]) == 0
+    assert capsys.readouterr().err == ""
+    done = subprocess.run([sys.executable, "-m", "rnstensor", "accuracy", "gemm", "--size", "4", "32", "3",
+                           "--gemm-moduli", "16", "--data", "uniform"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == "" and "dgemm" in done.stdout
+
+
+def test_a_bar_appears_in_a_terminal(monkeypatch, capsys):
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert cli.main(["accuracy", "--depths", "3,4", "--count", "1"]) == 0
+    bar = tty.getvalue()
+    steps = 2 * len(DATASETS)  # one step per depth and dataset
+    assert "accuracy:" in bar and f"{steps}/{steps}" in bar and "d=4 wide160" in bar
+    out = capsys.readouterr().out
+    assert "Table 2" in out and "accuracy:" not in out and "\r" not in out  # the tables stay clean
+
+    tty.seek(0), tty.truncate()
+    assert cli.main(["accuracy", "gemm", "--size", "4", "32", "3", "--gemm-moduli", "16", "20", "--data", "uniform"]) == 0
+    assert "table 6:" in tty.getvalue() and "3/3" in tty.getvalue()
+    assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("uniform")] == \
+        ["numpy", "dgemm", "dgemm"]
+    tty.seek(0), tty.truncate()
+    assert cli.main(["accuracy", "gemm", "--table", "7", "--size", "3", "0", "3", "--ks", "32", "--data", "uniform"]) == 0
+    assert "table 7:" in tty.getvalue() and "1/1" in tty.getvalue() and "uniform k=32 s=" in tty.getvalue()
+
+
+def test_a_bar_appears_on_a_real_terminal():
+    pty = pytest.importorskip("pty")
+    import fcntl
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "rnstensor", "accuracy", "--depths", "3", "--count", "1"],
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out, _ = proc.communicate(timeout=300)
+    bar = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, bar
+    assert "accuracy:" in bar and "%|" in bar and f"/{len(DATASETS)}" in bar
+    assert "Table 2" in out and "%|" not in out
+
+
+def test_progress_helper_quiet_stand_in_and_missing_tqdm(monkeypatch, capsys):
+    from tqdm import tqdm
+
+    tty = FakeTTY()
+    with progress_mod.progress(range(4), desc="work", file=tty) as bar:
+        assert isinstance(bar, tqdm) and sum(bar) == 6
+    assert "work:" in tty.getvalue()
+    quiet = io.StringIO()
+    with progress_mod.progress(range(4), desc="work", file=quiet) as bar:
+        assert not isinstance(bar, tqdm) and list(bar) == [0, 1, 2, 3] and bar.total == 4
+        bar.write("a line")
+    assert quiet.getvalue() == "" and capsys.readouterr().out == "a line\n"
+    # no tqdm: the run works, a terminal is told once how to get bars, a file is told nothing
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(progress_mod, "_hinted", False)
+    monkeypatch.setattr(sys, "stderr", tty)
+    tty.seek(0), tty.truncate()
+    assert cli.main(["accuracy", "--depths", "3", "--count", "1"]) == 0
+    assert cli.main(["accuracy", "--depths", "3", "--count", "1"]) == 0
+    assert tty.getvalue() == progress_mod.HINT + "\n"
+    assert capsys.readouterr().out.count("Table 2") == 2
+    monkeypatch.setattr(progress_mod, "_hinted", False)
+    with progress_mod.progress(range(2), file=quiet) as bar:
+        assert list(bar) == [0, 1]
+    assert quiet.getvalue() == ""
+
+
+def test_verbose_lines_go_above_the_bar_on_stderr(capsys):
+    assert cli.main(["accuracy", "--depths", "3", "--count", "1", "-v"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [ln.split(":")[0].strip() for ln in err] == [f"d=3 {ds}" for ds in DATASETS]
+
+
+def test_benchmark_bars(monkeypatch):
+    if not BENCHMARKS.is_dir():  # pragma: no cover
+        pytest.skip("benchmarks/ not beside the tests")
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    _bench("bench_gemm", ["--sizes", "16", "--moduli", "10", "12", "--repeat", "1"])
+    assert "bench_gemm:" in tty.getvalue() and "2/2" in tty.getvalue()
+
+
+# ----- plot ------------------------------------------------------------------------------------------------
+
+
+def _assert_png(path: Path) -> None:
+    """A complete PNG with a valid header chunk, of a real size, not one flat colour."""
+    from matplotlib.image import imread
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and data[-8:-4] == b"IEND"
+    assert zlib.crc32(data[12:29]) == struct.unpack(">I", data[29:33])[0]
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 300 and height >= 200
+    img = imread(path)
+    assert img.shape[:2] == (height, width) and float(img[..., :3].std()) > 0.01
+
+
+def test_plot_draws_every_kind(results, tmp_path):
+    from rnstensor.plot import FIGURES
+
+    if BENCHMARKS.is_dir():
+        assert set(results) == set(FIGURES)  # a result of every kind there is a figure for
+    for kind, (_, _, path) in results.items():
+        out = tmp_path / f"{kind}.png"
+        code, text = _cli(["plot", str(path), "-o", str(out)])
+        assert code == 0 and str(out) in text, kind
+        _assert_png(out)
+
+
+def test_plot_default_output_and_as_a_command(results, tmp_path):
+    src = tmp_path / "acc.json"
+    src.write_text(results["chain_accuracy"][2].read_text())
+    done = subprocess.run([sys.executable, "-m", "rnstensor", "plot", str(src)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    _assert_png(tmp_path / "acc.png")
+
+
+def test_benchmark_plot_option(results, tmp_path):
+    if not BENCHMARKS.is_dir():  # pragma: no cover
+        pytest.skip("benchmarks/ not beside the tests")
+    out = tmp_path / "chain.png"
+    _bench("bench_chain", ["--sizes", "4", "--log2dofs", "8", "--repeat", "1", "--plot", str(out)])
+    _assert_png(out)
+
+
+def test_plot_errors(results, tmp_path, monkeypatch, capsys):
+    from rnstensor.plot import FIGURES
+
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"kind": "nonsense", "rows": []}))
+    assert cli.main(["plot", str(unknown)]) == 2
+    err = capsys.readouterr().err
+    assert "'nonsense'" in err and all(k in err for k in FIGURES)
+    assert cli.main(["plot", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    nokind = tmp_path / "old.json"
+    nokind.write_text(json.dumps([{"n": 4}]))
+    assert cli.main(["plot", str(nokind)]) == 2
+    assert "no 'kind'" in capsys.readouterr().err
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("not json")
+    assert cli.main(["plot", str(garbage)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    # matplotlib missing: the error names the extra, and no image is written
+    for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, mod, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "none.png"
+    assert cli.main(["plot", str(results["info"][2]), "-o", str(out)]) == 2
+    assert "pip install 'rnstensor[plot]'" in capsys.readouterr().err and not out.exists()
