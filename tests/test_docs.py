@@ -40,7 +40,9 @@ def test_html_builds_without_warnings(site):
     assert html.returncode == 0, f"sphinx -W -b html failed:\n{html.stdout}\n{html.stderr}"
     for page in ["index", "how_it_works", "chains", "fem", "gemm", "gpu", "dask", "api"]:
         assert (root / "html" / f"{page}.html").is_file(), page
-    assert (root / "html" / "_static" / "pipeline.svg").is_file()
+    # the one picture, copied beside the page that shows it
+    assert (root / "html" / "_images" / "pipeline.svg").is_file()
+    assert 'src="_images/pipeline.svg"' in (root / "html" / "how_it_works.html").read_text()
 
 
 def test_reference_has_a_page_for_every_public_name(site):
