@@ -9,11 +9,12 @@ from typing import Sequence, Union
 import numpy as np
 
 from ..encode import check_float_array
-from .operators import InvertedElementError
+from .meshop import MeshOperator
+from .operators import InvertedElementError, MassOperator, PoissonOperator
 from .program import voigt_index
 from .tensorbasis import TensorBasis
 
-__all__ = ["BoxMesh", "box_mesh", "element_geometry", "Geometry"]
+__all__ = ["BoxMesh", "box_mesh", "element_geometry", "Geometry", "FEMesh"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,16 @@ class Geometry:
 
 def _interp_grad(basis: TensorBasis, x: np.ndarray):
     """Float64 interpolation and reference gradient of element fields ``x`` (nelem, P..P, ncomp)."""
-    d, B, D = basis.dim, basis.B, basis.D
+    return tensor_interp_grad(basis.B, basis.D, x)
+
+
+def tensor_interp_grad(B: np.ndarray, D: np.ndarray, x: np.ndarray):
+    """``(B ⊗ ... ⊗ B) x`` and its reference gradient (``D`` on axis ``k``) for fields ``x`` (nelem, n..n, ncomp).
+
+    ``B``, ``D`` of shape ``(Q, n)``; float64 einsum. Returns
+    ``(nelem, Q..Q, ncomp)`` and ``(nelem, Q..Q, ncomp, dim)``.
+    """
+    d = x.ndim - 2
     idx = "ijk"[:d]
     out = "abc"[:d]
 
@@ -114,7 +124,119 @@ def _geometry(basis: TensorBasis, xq: np.ndarray, J: np.ndarray) -> Geometry:
     return Geometry(J, detJ, qdata, G, xq)
 
 
-class BoxMesh:
+class FEMesh:
+    """What every mesh offers: the geometric fields, continuous gather/scatter, boundary masks, bound operators.
+
+    A subclass sets ``basis``, ``nelem``, ``ndof``, ``dofs`` (nelem, P..P),
+    ``coords`` (ndof, dim), ``boundary`` (ndof,) and ``geometry``.
+    """
+
+    basis: TensorBasis
+    nelem: int
+    ndof: int
+    dofs: np.ndarray
+    coords: np.ndarray
+    boundary: np.ndarray
+    geometry: Geometry
+
+    @property
+    def detJ(self) -> np.ndarray:
+        """``detJ`` at the quadrature points, ``(nelem, Q, ..., Q)``."""
+        return self.geometry.detJ
+
+    @property
+    def qdata(self) -> np.ndarray:
+        """``w * detJ``: the mass operator's field."""
+        return self.geometry.qdata
+
+    @property
+    def G(self) -> np.ndarray:
+        """Packed ``w adj(J) adj(J)^T / detJ``: the Poisson operator's field."""
+        return self.geometry.G
+
+    @property
+    def xq(self) -> np.ndarray:
+        """Physical coordinates of the quadrature points, ``(nelem, Q, ..., Q, dim)``."""
+        return self.geometry.xq
+
+    def gather(self, u) -> np.ndarray:
+        """Global nodal values ``(ndof,)`` to element-local ``(nelem, P, ..., P)`` (E: copies shared nodes)."""
+        u = np.asarray(u)
+        if u.shape != (self.ndof,):
+            raise ValueError(f"u must have shape ({self.ndof},) (one value per global node); got {u.shape}")
+        return u[self.dofs]
+
+    def scatter(self, v) -> np.ndarray:
+        """Element-local values ``(nelem, P, ..., P)`` summed into global nodes ``(ndof,)`` (E^T)."""
+        v = np.asarray(v, dtype=np.float64)
+        if v.shape != self.dofs.shape:
+            raise ValueError(f"v must have shape {self.dofs.shape} (nelem, P, ..., P); got {v.shape}")
+        return np.bincount(self.dofs.reshape(-1), weights=v.reshape(-1), minlength=self.ndof)
+
+    def boundary_dofs(self, where=None) -> np.ndarray:
+        """Boolean mask ``(ndof,)`` of boundary nodes: all of them (``None``) or those where ``where(x)`` holds.
+
+        ``where`` is called once with the coordinates ``x`` of shape
+        ``(n, dim)`` of the boundary nodes and must return ``n`` booleans
+        (e.g. ``lambda x: x[:, 0] < 1e-12``). Interior nodes are never
+        selected.
+        """
+        mask = np.asarray(self.boundary, dtype=bool).copy()
+        if where is None:
+            return mask
+        if not callable(where):
+            raise TypeError(f"where must be None or a predicate on coordinates (callable); got {type(where).__name__}")
+        return _predicate_mask(where, self.coords, mask)
+
+    def load_vector(self, f) -> np.ndarray:
+        """The load vector ``b_i = int f phi_i`` on the global nodes, by the basis's quadrature (float64).
+
+        Parameters
+        ----------
+        f : callable or array_like
+            ``f(x)`` with ``x`` the quadrature points ``(nelem, Q, ..., Q, dim)``
+            returning ``(nelem, Q, ..., Q)`` values, or those values, or a number.
+
+        Returns
+        -------
+        ndarray of float64, shape (ndof,)
+        """
+        d = self.basis.dim
+        want = self.qdata.shape
+        vals = check_float_array(np.asarray(f(self.xq) if callable(f) else f, dtype=np.float64), "f")
+        if vals.ndim == 0:
+            vals = np.full(want, float(vals))
+        if vals.shape != want:
+            raise ValueError(f"f must give one value per quadrature point, shape {want}; got {vals.shape}")
+        bq = self.qdata * vals
+        for ax in range(1, d + 1):  # B^T along every axis: quadrature points to nodes
+            bq = np.moveaxis(np.tensordot(self.basis.B.T, bq, axes=([1], [ax])), 0, ax)
+        return self.scatter(bq)
+
+    def poisson(self, **kwargs) -> "MeshOperator":
+        """The Poisson (stiffness) operator on the global nodes: ``PoissonOperator.on(self, **kwargs)``."""
+        return MeshOperator(self, PoissonOperator(self.basis, self.G, **kwargs))
+
+    def mass(self, **kwargs) -> "MeshOperator":
+        """The mass operator on the global nodes: ``MassOperator.on(self, **kwargs)``."""
+        return MeshOperator(self, MassOperator(self.basis, self.qdata, **kwargs))
+
+
+def _predicate_mask(where, coords: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """``among`` restricted to the nodes where the predicate ``where(coords[among])`` holds."""
+    sel = np.asarray(where(coords[among]))
+    n = int(among.sum())
+    if sel.shape != (n,) or sel.dtype != bool:
+        raise ValueError(
+            f"where(x) must return {n} booleans (one per node of x, shape ({n}, {coords.shape[1]})); "
+            f"got an array of shape {sel.shape} and dtype {sel.dtype}"
+        )
+    out = np.zeros_like(among)
+    out[np.flatnonzero(among)[sel]] = True
+    return out
+
+
+class BoxMesh(FEMesh):
     """A structured mesh of a box by ``shape`` elements of degree ``P - 1``, with a continuous H1 numbering.
 
     Built by :func:`box_mesh`.
@@ -189,40 +311,6 @@ class BoxMesh:
                 J[..., c, c] = L[c] / (2 * shape[c])
             self.geometry = _geometry(basis, xq, J)
         self.volume = float(np.prod(L))
-
-    @property
-    def detJ(self) -> np.ndarray:
-        """``detJ`` at the quadrature points, ``(nelem, Q, ..., Q)``."""
-        return self.geometry.detJ
-
-    @property
-    def qdata(self) -> np.ndarray:
-        """``w * detJ``: the mass operator's field."""
-        return self.geometry.qdata
-
-    @property
-    def G(self) -> np.ndarray:
-        """Packed ``w adj(J) adj(J)^T / detJ``: the Poisson operator's field."""
-        return self.geometry.G
-
-    @property
-    def xq(self) -> np.ndarray:
-        """Physical coordinates of the quadrature points, ``(nelem, Q, ..., Q, dim)``."""
-        return self.geometry.xq
-
-    def gather(self, u) -> np.ndarray:
-        """Global nodal values ``(ndof,)`` to element-local ``(nelem, P, ..., P)`` (E: copies shared nodes)."""
-        u = np.asarray(u)
-        if u.shape != (self.ndof,):
-            raise ValueError(f"u must have shape ({self.ndof},) (one value per global node); got {u.shape}")
-        return u[self.dofs]
-
-    def scatter(self, v) -> np.ndarray:
-        """Element-local values ``(nelem, P, ..., P)`` summed into global nodes ``(ndof,)`` (E^T)."""
-        v = np.asarray(v, dtype=np.float64)
-        if v.shape != self.dofs.shape:
-            raise ValueError(f"v must have shape {self.dofs.shape} (nelem, P, ..., P); got {v.shape}")
-        return np.bincount(self.dofs.reshape(-1), weights=v.reshape(-1), minlength=self.ndof)
 
     def __repr__(self) -> str:
         return f"BoxMesh({self.basis!r}, shape={self.shape}, ndof={self.ndof}, curved={self.curved})"

@@ -164,6 +164,18 @@ class _Operator:
 
     kind = ""
 
+    @classmethod
+    def on(cls, mesh, **kwargs):
+        """This operator on a mesh's elements, bound to its global numbering: a :class:`~rnstensor.fem.MeshOperator`.
+
+        ``kwargs`` go to the constructor (``method``, ``bits``, ...). The mesh
+        is any :class:`~rnstensor.fem.FEMesh` (``box_mesh``, ``read_mesh``).
+        """
+        from .meshop import MeshOperator  # the layer above: gather, operator, scatter
+
+        field = mesh.qdata if cls.kind == "mass" else mesh.G
+        return MeshOperator(mesh, cls(mesh.basis, field, **kwargs))
+
     def _setup(self, basis, method, bits, backend, min_bits):
         if not isinstance(basis, TensorBasis):
             raise TypeError(f"basis must be a rnstensor.fem.TensorBasis; got {type(basis).__name__}")
@@ -522,10 +534,27 @@ class MassOperator(_Operator):
         T = self._residue_fields()["W"]
         return {"W": _field_error(self.qdata, T, tuple(range(1, self.qdata.ndim)))}
 
+    def element_diagonal(self) -> np.ndarray:
+        """The diagonals of the element matrices, ``(nelem, P, ..., P)``, in float64 (sum factorized).
+
+        ``sum_q W_q prod_k B[q_k, j_k]**2``: the diagonal of :meth:`dense`,
+        without forming it.
+        """
+        B2 = self.basis.B * self.basis.B
+        return _diagonal_term(self.qdata, [B2] * self.basis.dim)
+
     def dense(self, e: int) -> np.ndarray:
         """The dense element matrix of element ``e`` in float64 (Kronecker products; for tests and small cases)."""
         K = _kron_all([self.basis.B] * self.basis.dim)
         return K.T @ (self.qdata[e].reshape(-1)[:, None] * K)
+
+
+def _diagonal_term(F: np.ndarray, mats) -> np.ndarray:
+    """``sum_q F[e, q] prod_k mats[k][q_k, j_k]`` for every element ``e`` and node ``j`` (float64 einsum)."""
+    d = len(mats)
+    q, j = "abc"[:d], "ijk"[:d]
+    subs = ",".join(f"{a}{b}" for a, b in zip(q, j))
+    return np.einsum(f"e{q},{subs}->e{j}", F, *mats, optimize=True)
 
 
 def _kron_all(mats) -> np.ndarray:
@@ -629,6 +658,21 @@ class PoissonOperator(_Operator):
         axes = tuple(range(1, self.G.ndim))
         fm, fe, fd, fu = _field_error(self.G, T, axes)
         return {("G", c): (fm, fe, fd, fu) for c in range(self.G.shape[1])}
+
+    def element_diagonal(self) -> np.ndarray:
+        """The diagonals of the element matrices, ``(nelem, P, ..., P)``, in float64 (sum factorized).
+
+        ``sum_ij sum_q G_ij,q prod_k M_i[q_k, j_k] M_j[q_k, j_k]`` with
+        ``M_i`` = ``D`` on axis ``i``, ``B`` elsewhere: the diagonal of
+        :meth:`dense`, without forming it.
+        """
+        d, b = self.basis.dim, self.basis
+        out = np.zeros((self._nelem,) + (b.P,) * d)
+        for i in range(d):
+            for j in range(i, d):
+                mats = [(b.D if a == i else b.B) * (b.D if a == j else b.B) for a in range(d)]
+                out += (1.0 if i == j else 2.0) * _diagonal_term(self.G[:, voigt_index(i, j, d)], mats)
+        return out
 
     def dense(self, e: int) -> np.ndarray:
         """The dense element matrix of element ``e`` in float64 (Kronecker products; for tests and small cases)."""
