@@ -355,9 +355,11 @@ def test_dirichlet_by_tag_predicate_and_points(tmp_path):
     # fixed on x = 0 only, Neumann elsewhere: u = 1 + x solves -Laplace u = 0, u = 1 on x = 0, du/dn = 1 on
     # x = 1 and 0 on the other faces; the discrete solution is exact (u is in the space)
     A = mesh.poisson()
-    rhs = A.dirichlet_rhs(face_load(mesh, x[:, 0] == 1), left, values=1.0)
-    u, info = sla.cg(A.as_linear_operator(left), rhs, rtol=1e-13, M=A.jacobi(left))
+    rhs = A.dirichlet_rhs(face_load(mesh, x[:, 0] == 1), "left", values=1.0)
+    assert np.array_equal(rhs, A.dirichlet_rhs(face_load(mesh, x[:, 0] == 1), left, values=np.ones(mesh.ndof)))
+    u, info = sla.cg(A.as_linear_operator("left"), rhs, rtol=1e-13, M=A.jacobi(np.flatnonzero(left)))
     assert info == 0 and np.abs(u - (1 + x[:, 0])).max() < 1e-9
+    assert np.array_equal(A.constrained(7), left) and np.array_equal(A.constrained(lambda y: y[:, 0] < 1e-12), left)
 
 
 def face_load(mesh, face):
@@ -389,7 +391,7 @@ def test_topological_boundary_of_a_curved_domain():
 
 # ----- I/O ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("suffix,kw", [(".vtu", {}), (".msh", {"file_format": "gmsh", "binary": True})])
+@pytest.mark.parametrize("suffix,kw", [(".vtu", {}), (".vtk", {}), (".msh", {"file_format": "gmsh", "binary": True})])
 def test_write_and_read_back(tmp_path, suffix, kw):
     mm = structured(2, "hexahedron27", warp=1.0, seed=6)
     mesh = read_mesh(mm, degree=3)
@@ -453,8 +455,10 @@ def test_bad_meshes_and_arguments(tmp_path):
     bad = pts.copy()
     corner = hexa[0, 6]
     bad[corner] = [-0.4, -0.4, -0.4]  # pulled through the opposite corner: detJ changes sign inside the cell
-    with pytest.raises(InvertedElementError, match="detJ"):
+    with pytest.raises(InvertedElementError, match="quadrature point.s., the first in element 0"):
         read_mesh(meshio.Mesh(bad, [("hexahedron", hexa)]))
+    with pytest.raises(ValueError, match="point ids"):
+        read_mesh(meshio.Mesh(pts, [("hexahedron", hexa + 1)]))
     with pytest.raises(InvertedElementError, match="reorient=True"):
         read_mesh(meshio.Mesh(pts, [("hexahedron", hexa[:, [4, 5, 6, 7, 0, 1, 2, 3]])]))
     with pytest.raises(ValueError, match="repeat a vertex"):
@@ -484,6 +488,10 @@ def test_bad_meshes_and_arguments(tmp_path):
         A.diagonal(dirichlet=np.array([mesh.ndof]))
     with pytest.raises(ValueError, match="one value per global node"):
         A.apply(np.ones(mesh.ndof + 1))
+    with pytest.raises(TypeError, match="real"):
+        A.as_linear_operator() @ np.ones(mesh.ndof, dtype=complex)
+    with pytest.raises(TypeError, match="boolean mask"):
+        A.as_linear_operator(dirichlet=np.ones(mesh.ndof))
     with pytest.raises(ValueError, match="one value per quadrature point"):
         mesh.load_vector(lambda x: x)
     with pytest.raises(ValueError, match="one value per global node"):

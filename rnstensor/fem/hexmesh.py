@@ -124,6 +124,8 @@ class HexMesh(FEMesh):
         Coordinates of the global nodes.
     boundary : ndarray of bool, shape (ndof,)
         The nodes on the topological boundary (faces of only one cell).
+    boundary_faces : ndarray of int64, shape (nfaces, 4)
+        Those faces, as vertex ids in cyclic order.
     x : ndarray, shape (nelem, P, P, P, 3)
         Element node coordinates.
     geometry : Geometry
@@ -419,6 +421,9 @@ def _hex_cells(mesh) -> tuple[str, np.ndarray]:
 
 
 def _check_cells(points: np.ndarray, cells: np.ndarray) -> None:
+    if cells.min() < 0 or cells.max() >= points.shape[0]:
+        raise ValueError(f"the cells name point ids in [{cells.min()}, {cells.max()}], but the mesh has "
+                         f"{points.shape[0]} points (ids 0 .. {points.shape[0] - 1})")
     corners = np.sort(cells[:, :8], axis=1)
     rep = np.flatnonzero((np.diff(corners, axis=1) == 0).any(axis=1))
     if rep.size:

@@ -25,9 +25,10 @@ class MeshOperator:
     Poisson as soon as ``C`` is not empty (on a connected mesh), so
     :func:`scipy.sparse.linalg.cg` accepts it; :meth:`dirichlet_rhs` gives
     the right-hand side ``[b_F - A_FC g_C, g_C]`` whose solution equals the
-    prescribed values ``g`` on ``C``. A ``dirichlet`` argument is a boolean
-    mask ``(ndof,)``, integer node indices, or anything the mesh's
-    :meth:`boundary_dofs` reads (a predicate on coordinates, a tag name).
+    prescribed values ``g`` on ``C``. A ``dirichlet`` argument is ``None``
+    (no constraint), a NumPy array (a boolean mask ``(ndof,)`` or integer
+    global node indices), or anything else the mesh's ``boundary_dofs``
+    reads (a predicate on coordinates, a tag name or number, a list of tags).
 
     Attributes
     ----------
@@ -70,6 +71,8 @@ class MeshOperator:
     __call__ = apply
 
     def _vector(self, u, name: str) -> np.ndarray:
+        if np.iscomplexobj(u):
+            raise TypeError(f"{name} must be real: the operator is real, apply it to u.real and u.imag separately")
         v = np.asarray(u, dtype=np.float64)
         if v.shape not in ((self.ndof,), (self.ndof, 1)):
             raise ValueError(f"{name} must have shape ({self.ndof},) (one value per global node); got {v.shape}")
@@ -80,9 +83,8 @@ class MeshOperator:
         n = self.ndof
         if dirichlet is None:
             return np.zeros(n, dtype=bool)
-        if isinstance(dirichlet, np.ndarray) or isinstance(dirichlet, (list, tuple)) and all(
-                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in dirichlet):
-            a = np.asarray(dirichlet)
+        if isinstance(dirichlet, np.ndarray):
+            a = dirichlet
             if a.dtype == bool:
                 if a.shape != (n,):
                     raise ValueError(f"dirichlet as a boolean mask must have shape ({n},) (one per global node); "
@@ -112,7 +114,7 @@ class MeshOperator:
         free = ~fixed
 
         def matvec(v):
-            v = np.asarray(v, dtype=np.float64).reshape(-1)
+            v = self._vector(v, "v")
             y = self.apply(np.where(free, v, 0.0))
             return np.where(free, y, v)
 
@@ -135,7 +137,7 @@ class MeshOperator:
         inv = 1.0 / self.diagonal(dirichlet)
 
         def matvec(v):
-            return inv * np.asarray(v, dtype=np.float64).reshape(-1)
+            return inv * self._vector(v, "v")
 
         return LinearOperator((self.ndof, self.ndof), matvec=matvec, rmatvec=matvec, dtype=np.float64)
 
