@@ -289,6 +289,9 @@ def test_high_degree_energy_on_affine_unstructured_mesh():
         l2 = np.sum(wq * u(X) ** 2)
         assert abs(v @ mesh.poisson().apply(v) - energy) < 1e-12 * energy
         assert abs(v @ mesh.mass().apply(v) - l2) < 1e-12 * l2
+        # u is in the space: its interpolant at the quadrature points is u there, its load vector M u
+        assert np.abs(mesh.at_quadrature(v) - u(mesh.xq)).max() < 1e-12 * np.abs(v).max()
+        assert rel(mesh.load_vector(u), mesh.mass().apply(v)) < 1e-12
 
 
 def test_diagonal_is_the_assembled_diagonal():

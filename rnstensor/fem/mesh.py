@@ -208,10 +208,15 @@ class FEMesh:
             vals = np.full(want, float(vals))
         if vals.shape != want:
             raise ValueError(f"f must give one value per quadrature point, shape {want}; got {vals.shape}")
-        bq = self.qdata * vals
-        for ax in range(1, d + 1):  # B^T along every axis: quadrature points to nodes
-            bq = np.moveaxis(np.tensordot(self.basis.B.T, bq, axes=([1], [ax])), 0, ax)
-        return self.scatter(bq)
+        return self.scatter(_along_axes(self.basis.B.T, self.qdata * vals, d))
+
+    def at_quadrature(self, u) -> np.ndarray:
+        """Global nodal values ``(ndof,)`` interpolated to the quadrature points, ``(nelem, Q, ..., Q)`` (float64).
+
+        With :attr:`xq` and :attr:`qdata`: ``sqrt(sum(qdata * (at_quadrature(u) - exact(xq))**2))`` is the
+        L2 error by the basis's quadrature.
+        """
+        return _along_axes(self.basis.B, self.gather(u).astype(np.float64), self.basis.dim)
 
     def poisson(self, **kwargs) -> "MeshOperator":
         """The Poisson (stiffness) operator on the global nodes: ``PoissonOperator.on(self, **kwargs)``."""
@@ -220,6 +225,13 @@ class FEMesh:
     def mass(self, **kwargs) -> "MeshOperator":
         """The mass operator on the global nodes: ``MassOperator.on(self, **kwargs)``."""
         return MeshOperator(self, MassOperator(self.basis, self.qdata, **kwargs))
+
+
+def _along_axes(M: np.ndarray, x: np.ndarray, d: int) -> np.ndarray:
+    """The 1-D matrix ``M`` applied along each of the ``d`` element axes of ``x`` (nelem, n, ..., n) in float64."""
+    for ax in range(1, d + 1):
+        x = np.moveaxis(np.tensordot(M, x, axes=([1], [ax])), 0, ax)
+    return x
 
 
 def _predicate_mask(where, coords: np.ndarray, among: np.ndarray) -> np.ndarray:
