@@ -9,13 +9,12 @@ tiles of N/2, k in two chunks summed in residues). Every Dask result is
 checked bit for bit against the in-memory one. Reports wall seconds and the
 speed-up of 2 workers over 1. Prints a table and writes JSON (``--json PATH``).
 
-Usage: ``python benchmarks/bench_dask.py [--elements 8192] [--n 1024] [--repeat 3] [--json out.json]``
+Usage: ``python benchmarks/bench_dask.py [--elements 8192] [--n 1024] [--repeat 3] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -28,7 +27,7 @@ import numpy as np  # noqa: E402
 
 import rnstensor as rt  # noqa: E402
 import rnstensor.dask as rd  # noqa: E402
-from _timing import best_time  # noqa: E402
+from _timing import add_output_options, best_time, progress, save_result  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +35,7 @@ def main() -> None:
     ap.add_argument("--elements", type=int, default=8192)
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
     r = np.random.default_rng(0)
     X = r.uniform(-1, 1, (args.elements, 8, 8, 8))
@@ -49,7 +48,7 @@ def main() -> None:
         {"workload": "chain n=8", "workers": 0, "seconds": best_time(lambda: plan(X), args.repeat)},
         {"workload": f"dgemm N={N}", "workers": 0, "seconds": best_time(lambda: rt.dgemm(A, B), args.repeat)},
     ]
-    for workers in (1, 2):
+    for workers in progress((1, 2), desc="bench_dask", unit="cluster"):
         with distributed.LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
         ) as cluster, distributed.Client(cluster) as client:
@@ -63,7 +62,6 @@ def main() -> None:
             assert np.array_equal(gemm.compute(), ref_gemm)
             rows.append({"workload": "chain n=8", "workers": workers, "seconds": best_time(chain.compute, args.repeat)})
             rows.append({"workload": f"dgemm N={N}", "workers": workers, "seconds": best_time(gemm.compute, args.repeat)})
-        print(f"{workers} worker(s): done", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "load_avg": os.getloadavg()}
     print(f"\nrnstensor.dask strong scaling; {meta['machine']}, {meta['date']}, load average {meta['load_avg'][0]:.2f}")
@@ -71,9 +69,7 @@ def main() -> None:
     for w in ("chain n=8", f"dgemm N={N}"):
         t = {row["workers"]: row["seconds"] for row in rows if row["workload"] == w}
         print(f"{w:15s} | {t[0]:17.3f} s | {t[1]:7.3f} s | {t[2]:8.3f} s | {t[1] / t[2]:5.2f}x | {t[0] / t[2]:5.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    save_result(args, "dask_scaling", {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ constants (encoded once), of the equivalent ``mode_chain`` plan
 expressions (a batched GEMM and a three-operand network) show the general
 path. Prints a table and writes JSON (``--json PATH``).
 
-Usage: ``python benchmarks/bench_einsum.py [--sizes 4 8 16] [--batch 4096] [--repeat 5] [--json out.json]``
+Usage: ``python benchmarks/bench_einsum.py [--sizes 4 8 16] [--batch 4096] [--repeat 5] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Data: ``uniform`` U[-1, 1), ``phi4`` ([2610.26945]'s ``(U - 1/2) exp(4 N)``),
 ``wide``: uniform with one entry per operand 2**-600 times the rest (its
 slice spans 600 binades: the composed path).
 
-Usage: ``python benchmarks/bench_einsum_default.py [--repeat 5] [--json out.json]``
+Usage: ``python benchmarks/bench_einsum_default.py [--repeat 5] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations

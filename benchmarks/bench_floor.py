@@ -20,13 +20,12 @@ In one run on one machine:
 * peak memory (tracemalloc) of the fused chain and of numpy's einsum, and the fused chain's per-thread block
   scratch (numba's allocator, which tracemalloc does not see: :func:`~rnstensor.backends.cpu_fused.scratch_bytes`).
 
-Usage: ``python benchmarks/bench_floor.py [--sizes 4 8 16] [--repeat 7] [--json out.json]``
+Usage: ``python benchmarks/bench_floor.py [--sizes 4 8 16] [--repeat 7] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -38,7 +37,7 @@ import numpy as np
 from numba import njit
 
 import rnstensor as rt
-from _timing import best_time, peak_mib
+from _timing import add_output_options, best_time, peak_mib, progress, save_result
 from rnstensor.backends import cpu_fused
 
 
@@ -131,7 +130,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--log2dofs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
 
     peak = fma_peak(args.repeat)
@@ -139,7 +138,7 @@ def main() -> None:
     print(f"float32 FMA peak {peak / 1e9:.1f} G lane-ops/s, triad bandwidth {bw / 1e9:.1f} GB/s "
           f"({_threads()} threads)", flush=True)
     rows = []
-    for n in args.sizes:
+    for n in progress(args.sizes, desc="bench_floor", unit="size"):
         B = max(1, (1 << args.log2dofs) // n**3)
         rng = np.random.default_rng(n)
         X = rng.uniform(-1, 1, (B, n, n, n))
@@ -162,7 +161,6 @@ def main() -> None:
                    input=X.nbytes / 2**20, scratch_per_thread=cpu_fused.scratch_bytes(prog) / 2**20)
         rows.append(dict(n=n, batch=B, seconds=t, lane_ops_per_tensor=cnt, arith_floor=arith_floor,
                          memory_floor=mem_floor, peak_mib=mem, default_ran=default.last_evaluation))
-        print(f"n={n}: done", flush=True)
 
     print(f"\nd = 3, s = 15, ~2^{args.log2dofs} DoFs, best of {args.repeat}; {platform.machine()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
@@ -177,10 +175,7 @@ def main() -> None:
               f"{r['arith_floor'] / s['fused']:>7.0%} {r['memory_floor'] * 1e3:>12.2f} | "
               f"{r['peak_mib']['fused']:>6.1f}/{r['peak_mib']['numpy']:.1f}/{r['peak_mib']['input']:.1f} "
               f"(+{r['peak_mib']['scratch_per_thread']:.2f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d"), machine=platform.machine(), cpus=os.cpu_count(),
-                           fma_peak=peak, bandwidth=bw, rows=rows), f, indent=1)
+    save_result(args, "floor", {"fma_peak": peak, "bandwidth": bw, "rows": rows})
 
 
 if __name__ == "__main__":

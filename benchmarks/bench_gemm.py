@@ -11,7 +11,7 @@ choice, the rest of the wall time). ZGEMM (3M, ``8 N^3`` flops) with
 ``--complex``. Prints a table and writes JSON (``--json PATH``) with the
 1-minute load average per row.
 
-Usage: ``python benchmarks/bench_gemm.py [--sizes 256 512 1024 2048] [--moduli 8 12 16 20] [--complex] [--repeat 3] [--json out.json]``
+Usage: ``python benchmarks/bench_gemm.py [--sizes 256 512 1024 2048] [--moduli 8 12 16 20] [--complex] [--repeat 3] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def main() -> None:
         flops = flops_per * N**3
         for s in args.moduli:
             t_np = best_time(lambda: a @ b, args.repeat)  # right before each s: the ratio survives load changes
-            t, phases = _best_instrumented(lambda: gemm(a, b, moduli=s, min_bits=0), args.repeat)  # every s, however few bits
+            # min_bits=0: every s is timed, however few bits it keeps
+            t, phases = _best_instrumented(lambda: gemm(a, b, moduli=s, min_bits=0), args.repeat)
             total = t
             row = dict(
                 N=N,

@@ -23,20 +23,18 @@ sliced).
 Then ``moduli='auto'`` on the wide data (``--auto-sizes``): rows beyond 49
 moduli split exactly, each entry's slice products summed in Python integers.
 
-Usage: ``python benchmarks/bench_gemm_default.py [--sizes 256 512 1024] [--repeat 3] [--accuracy-n 96] [--auto-sizes 64 128 256] [--json out.json]``
+Usage: ``python benchmarks/bench_gemm_default.py [--sizes 256 512 1024] [--repeat 3] [--accuracy-n 96] [--auto-sizes 64 128 256] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 
 import numpy as np
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import add_output_options, best_time, progress, save_result
 from rnstensor import gemm_accuracy as GA
 
 DATA = ("uniform", "normal", "phi2", "phi4", "wide")
@@ -63,8 +61,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--accuracy-n", type=int, default=96)
     ap.add_argument("--auto-sizes", type=int, nargs="+", default=[64, 128, 256])
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
+    bar = progress(total=len(args.data) * (len(args.sizes) + 1) + len(args.auto_sizes), desc="bench_gemm_default",
+                   unit="case")
     rows = []
     print(f"{'data':8} {'N':>5} {'s fast':>6} {'s def':>6} {'numpy ms':>9} {'fast ms':>8} {'def ms':>8} "
           f"{'same-s':>8} {'def/fast':>8} {'def/same':>8} {'def/numpy':>9}")
@@ -81,12 +81,13 @@ def main() -> None:
                        default_ms=1e3 * t_def, same_s_ms=1e3 * t_same, default_vs_fast=t_def / t_fast,
                        default_vs_same_s=t_def / t_same, default_vs_numpy=t_def / t_np, load=os.getloadavg()[0])
             rows.append(row)
-            print(f"{name:8} {N:5d} {s_fast:6d} {s_def:6d} {row['numpy_ms']:9.1f} {row['fast_ms']:8.1f} "
+            bar.update()
+            bar.write(f"{name:8} {N:5d} {s_fast:6d} {s_def:6d} {row['numpy_ms']:9.1f} {row['fast_ms']:8.1f} "
                   f"{row['default_ms']:8.1f} {row['same_s_ms']:8.1f} {row['default_vs_fast']:8.2f} "
                   f"{row['default_vs_same_s']:8.2f} {row['default_vs_numpy']:9.1f}")
     auto_rows = []
-    print(f"\nmoduli='auto' on the wide data (split beyond 49 moduli, exact sums in Python integers):")
-    print(f"{'N':>5} {'s':>4} {'numpy ms':>9} {'default ms':>11} {'auto ms':>9} {'auto/default':>12}")
+    bar.write("\nmoduli='auto' on the wide data (split beyond 49 moduli, exact sums in Python integers):")
+    bar.write(f"{'N':>5} {'s':>4} {'numpy ms':>9} {'default ms':>11} {'auto ms':>9} {'auto/default':>12}")
     for N in args.auto_sizes:
         a, b = dataset("wide", N)
         t_np = best_time(lambda: a @ b, args.repeat)
@@ -95,23 +96,23 @@ def main() -> None:
         row = dict(N=N, s=rt.gemm_moduli(a, b, "auto"), numpy_ms=1e3 * t_np, default_ms=1e3 * t_def,
                    auto_ms=1e3 * t_auto)
         auto_rows.append(row)
-        print(f"{N:5d} {row['s']:4d} {row['numpy_ms']:9.2f} {row['default_ms']:11.1f} {row['auto_ms']:9.1f} "
+        bar.update()
+        bar.write(f"{N:5d} {row['s']:4d} {row['numpy_ms']:9.2f} {row['default_ms']:11.1f} {row['auto_ms']:9.1f} "
               f"{t_auto / t_def:12.1f}")
     acc = []
     n = args.accuracy_n
-    print(f"\nmax componentwise error / (gamma_k |A||B|), {n} x {n} x {n} against the exact product:")
-    print(f"{'data':8} {'numpy':>10} {'fast':>10} {'default':>10}")
+    bar.write(f"\nmax componentwise error / (gamma_k |A||B|), {n} x {n} x {n} against the exact product:")
+    bar.write(f"{'data':8} {'numpy':>10} {'fast':>10} {'default':>10}")
     for name in args.data:
         a, b = dataset(name, n, seed=1)
         got = {"numpy": a @ b, "fast": rt.dgemm(a, b, moduli="fast"), "default": rt.dgemm(a, b)}
         ref = GA.exact_gemm(a, b)
         e = {key: _componentwise(ref, C, a, b) for key, C in got.items()}
         acc.append(dict(data=name, N=n, **e))
-        print(f"{name:8} {e['numpy']:10.3g} {e['fast']:10.3g} {e['default']:10.3g}")
-    if args.json:
-        meta = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count())
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, speed=rows, auto=auto_rows, accuracy=acc), f, indent=1)
+        bar.update()
+        bar.write(f"{name:8} {e['numpy']:10.3g} {e['fast']:10.3g} {e['default']:10.3g}")
+    bar.close()
+    save_result(args, "gemm_default", {"speed": rows, "auto": auto_rows, "accuracy": acc})
 
 
 def _componentwise(ref, C, A, B) -> float:

@@ -21,7 +21,7 @@ own ``cpu_gemm.PHASES``) is printed.
 ``--complex``: ``zgemm(moduli='auto')`` (the 3M form on either engine) on
 complex U[-1, 1) data against numpy's complex128 product, no FLINT row.
 
-Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 3] [--rounds 2] [--complex] [--json out.json]``
+Usage: ``python benchmarks/bench_gemm_exact.py [--sizes 256 512 1024] [--repeat 3] [--rounds 2] [--complex] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations

@@ -6,21 +6,19 @@ table and writes JSON (``--json PATH``). The numpy reference of the exact
 decode loops over Python ints per entry, so it is timed on a 2^16-entry slice
 and reported per entry (marked ``*``).
 
-Usage: ``python benchmarks/bench_primitives.py [--log2n 22] [--repeat 3] [--json out.json]``
+Usage: ``python benchmarks/bench_primitives.py [--log2n 22] [--repeat 3] [--json out.json] [--plot out.png]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import time
 
 import numpy as np
 
 import rnstensor as rt
-from _timing import best_time
+from _timing import add_output_options, best_time, progress, save_result
 from rnstensor.backends import get_backend
 
 
@@ -29,7 +27,7 @@ def main() -> None:
     ap.add_argument("--log2n", type=int, default=22)
     ap.add_argument("--s", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     args = ap.parse_args()
 
     n = 8
@@ -57,7 +55,7 @@ def main() -> None:
     t = best_time(lambda: np.einsum("jk,bkmn->bjmn", A, x, optimize=True), args.repeat)
     record("float64 einsum, n=8 mode product", "numpy", t, 16 * N)
 
-    for name in ("numpy", "cpu"):
+    for name in progress(("numpy", "cpu"), desc="bench_primitives", unit="backend"):
         be = get_backend(name)
         planes = be.encode(x, e, basis.moduli, 53)
         t = best_time(lambda: be.encode(x, e, basis.moduli, 53), args.repeat)
@@ -89,9 +87,7 @@ def main() -> None:
             f"{speed:12.1f}x {r['seconds'] / yard:13.2f}x {r['note']}"
         )
     print("* numpy reference exact decode timed on a 2^16-entry slice, scaled per entry")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(entries=N, s=L, repeat=args.repeat, date=time.strftime("%Y-%m-%d"), results=results), f, indent=1)
+    save_result(args, "primitives", {"entries": N, "rows": results})
 
 
 if __name__ == "__main__":

@@ -10,19 +10,20 @@ children: the page faults of a call otherwise follow the order of its
 allocations and frees, a few ms either way at these sizes. Prints per case the
 best time of each and the ratio new / old, and writes JSON (``--json``).
 
-Usage: ``python benchmarks/bench_revisions.py OLD_DIR NEW_DIR [--rounds 3] [--repeat 5] [--json out.json]``
+Usage: ``python benchmarks/bench_revisions.py OLD_DIR NEW_DIR [--rounds 3] [--repeat 5] [--json out.json] [--plot out.png]``
 (for example ``git worktree add /tmp/old <rev>`` for the old checkout).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
 import sys
 import time
+
+from _timing import add_output_options, progress, save_result
 
 # each case: (name, setup code, timed expression); numpy as np, rnstensor as rt, rng = default_rng(0)
 CASES = [
@@ -108,31 +109,30 @@ def main() -> None:
     ap.add_argument("new")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap)
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--pinned-malloc", action="store_true", help="fix glibc's mmap / trim thresholds in the children")
     args = ap.parse_args()
     global PINNED
     PINNED = args.pinned_malloc
     rows = []
-    for name, setup, expr in CASES:
-        if args.only and args.only not in name:
-            continue
+    cases = [c for c in CASES if not args.only or args.only in c[0]]
+    bar = progress(total=len(cases) * args.rounds * 2, desc="bench_revisions", unit="child")
+    for name, setup, expr in cases:
         best = {"old": float("inf"), "new": float("inf")}
         for r in range(args.rounds):
             for which in (("old", "new") if r % 2 == 0 else ("new", "old")):
                 path = args.old if which == "old" else args.new
                 best[which] = min(best[which], _time(path, setup, expr, args.repeat))
+                bar.update()
         rows.append({"case": name, "old_s": best["old"], "new_s": best["new"], "ratio": best["new"] / best["old"]})
-        print(f"{name:<44} old {best['old'] * 1e3:9.2f} ms  new {best['new'] * 1e3:9.2f} ms  "
-              f"new/old {best['new'] / best['old']:5.2f}", flush=True)
+        bar.write(f"{name:<44} old {best['old'] * 1e3:9.2f} ms  new {best['new'] * 1e3:9.2f} ms  "
+                  f"new/old {best['new'] / best['old']:5.2f}")
+    bar.close()
     print(f"\n{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}; "
           f"best of {args.repeat} calls x {args.rounds} alternating rounds per checkout"
           + ("; malloc thresholds pinned" if PINNED else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "cpus": os.cpu_count(),
-                       "old": args.old, "new": args.new, "pinned_malloc": PINNED, "rows": rows}, f, indent=1)
+    save_result(args, "revisions", {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,39 @@ def _new_figure(ncols: int, width: float = 5.0, height: float = 4.0, **kw):
     return fig, list(axes)
 
 
+def _axes(ax, xlabel: str, ylabel: str, title: str = "", logx: bool = True, logy: bool = True) -> None:
+    """The usual log-log axes of a timing against a size: labels, a small title, the legend."""
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend()
+
+
+def _log(v: float) -> float:
+    """``v`` where a log axis can show it; NaN (not drawn) for an exact 0, which would squash the axis to 1e-300."""
+    return v if v > 0 else float("nan")
+
+
+def _bars(ax, labels: list, series: dict, ylabel: str, title: str = "", logy: bool = True, rotation: int = 0) -> None:
+    """Grouped bars: a group per label, in it a bar per series (``name -> values``), and the legend."""
+    import numpy as np
+
+    x = np.arange(len(labels))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, [_log(v) if logy else v for v in values], width, label=name)
+    if rotation:
+        ax.set_xticks(x, labels, rotation=rotation, ha="right", fontsize=7)
+    else:
+        ax.set_xticks(x, labels)
+    _axes(ax, "", ylabel, title, logx=False, logy=logy)
+
+
 def _machine(record: dict) -> str:
     m = record.get("machine") or {}
     return f"{m.get('cpu', '?')}, {m.get('cpus', '?')} cores, {m.get('date', '?')[:10]}"
@@ -41,8 +74,9 @@ def _chain_accuracy(record: dict):
     fig, axes = _new_figure(len(cfg["datasets"]), sharey=True)
     for ax, ds in zip(axes, cfg["datasets"]):
         for m in cfg["methods"]:
-            pts = sorted((e["depth"], e["normwise"]) for e in record["errors"] if e["method"] == m and e["dataset"] == ds)
-            ax.plot([d for d, _ in pts], [max(v, 1e-300) for _, v in pts], "o-", label=METHOD_LABELS.get(m, m))
+            pts = sorted((e["depth"], e["normwise"]) for e in record["errors"]
+                         if e["method"] == m and e["dataset"] == ds)
+            ax.plot([d for d, _ in pts], [_log(v) for _, v in pts], "o-", label=METHOD_LABELS.get(m, m))
         ax.axhline(2.0**-53, color="gray", ls=":", lw=1, label="u = 2^-53")
         ax.set_yscale("log")
         ax.set_xticks(cfg["depths"])
@@ -86,8 +120,8 @@ def _gemm_accuracy(record: dict):
     rows = record["rows"]
     fig, (a1, a2) = _new_figure(2)
 
-    def val(r, key):  # an error of exactly 0 still shows on the log axis
-        return r[key] if key == "cr_percent" else max(r[key], 1e-300)
+    def val(r, key):
+        return r[key] if key == "cr_percent" else _log(r[key])
 
     names = list(dict.fromkeys(r["data"] for r in rows))
     for i, name in enumerate(names):
@@ -97,9 +131,12 @@ def _gemm_accuracy(record: dict):
         named = [r for r in mine if r["method"] != "numpy" and not str(r["moduli"]).isdigit()]
         for ax, key in ((a1, "componentwise"), (a2, "cr_percent")):
             ax.plot([r["s"] for r in swept], [val(r, key) for r in swept], "o-", color=color, label=name)
-            for r in named:  # 'auto', 'default', 'fast': a marker at the s each chose
-                ax.plot([r["s"]], [val(r, key)], "D", color=color, mfc="none")
-                ax.annotate(r["moduli"], (r["s"], val(r, key)), fontsize=7)
+            at: dict = {}  # 'auto', 'default', 'fast': a marker at the s each chose, one label where they coincide
+            for r in named:
+                at.setdefault(r["s"], (val(r, key), []))[1].append(str(r["moduli"]))
+            for s_, (v, names_) in at.items():
+                ax.plot([s_], [v], "D", color=color, mfc="none")
+                ax.annotate("/".join(names_), (s_, v), fontsize=7)
             for r in mine:
                 if r["method"] == "numpy":
                     ax.axhline(val(r, key), color=color, ls="--", lw=1)
@@ -122,8 +159,8 @@ def _gemm_thresholds(record: dict):
     for i, r in enumerate(record["rows"]):
         color, scan = f"C{i % 10}", r["scan"]
         label = f"{r['data']} k={r['k']}"
-        a1.plot([p["s"] for p in scan], [max(p["componentwise"], 1e-300) for p in scan], "o-", color=color, label=label)
-        a1.axhline(max(r["numpy"]["componentwise"], 1e-300), color=color, ls="--", lw=1)
+        a1.plot([p["s"] for p in scan], [_log(p["componentwise"]) for p in scan], "o-", color=color, label=label)
+        a1.axhline(_log(r["numpy"]["componentwise"]), color=color, ls="--", lw=1)
         a2.plot([p["s"] for p in scan], [p["cr_percent"] for p in scan], "o-", color=color, label=label)
     a1.axhline(2.0**-53, color="gray", ls=":", lw=1)
     a1.set_yscale("log")
@@ -136,7 +173,9 @@ def _gemm_thresholds(record: dict):
     return fig
 
 
-_CHAIN_METHODS = (("einsum", "numpy float64 einsum"), ("rescale_be", "RescaleBE (residue)"), ("composed", "Composed (residue)"))
+_CHAIN_METHODS = (
+    ("einsum", "numpy float64 einsum"), ("rescale_be", "RescaleBE (residue)"), ("composed", "Composed (residue)")
+)
 
 
 def _chain_throughput(record: dict):
@@ -148,11 +187,7 @@ def _chain_throughput(record: dict):
     ns = [r["n"] for r in rows]
     for key, label in _CHAIN_METHODS:
         a1.plot(ns, [r["gdofs"][key] for r in rows], "o-", label=label)
-    a1.set_xscale("log", base=2)
-    a1.set_xlabel("mode size n")
-    a1.set_ylabel("GDoF/s")
-    a1.set_title(f"d = 3, s = {record['params'].get('s')}; {_machine(record)}", fontsize=9)
-    a1.legend()
+    _axes(a1, "mode size n", "GDoF/s", f"d = 3, s = {record['params'].get('s')}; {_machine(record)}", logy=False)
     bottom = np.zeros(len(rows))
     for key in ("encode", "products", "drop_extend", "decode"):
         vals = np.array([r["phases"][key] / sum(r["phases"].values()) for r in rows])
@@ -191,12 +226,7 @@ def _gemm_throughput(record: dict):
     for r in rows:  # numpy's rate was measured before each s: its best per N
         by_n[r["N"]] = max(by_n.get(r["N"], 0.0), r["numpy_gflops"])
     ax.plot(sorted(by_n), [by_n[n] for n in sorted(by_n)], "k--", label="numpy float64")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("N (N x N x N)")
-    ax.set_ylabel("GFLOP/s")
-    ax.set_title(f"{'zgemm' if record['params'].get('complex') else 'dgemm'}; {_machine(record)}", fontsize=9)
-    ax.legend()
+    _axes(ax, "N (N x N x N)", "GFLOP/s", f"{'zgemm' if record['params'].get('complex') else 'dgemm'}; {_machine(record)}")
     return fig
 
 
@@ -211,12 +241,7 @@ def _gemm_exact(record: dict):
             if key in r["ms"]:
                 best[r["N"]] = min(best.get(r["N"], float("inf")), r["ms"][key])
         ax.plot(sorted(best), [best[n] for n in sorted(best)], "o-", label=key)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("N (N x N x N)")
-    ax.set_ylabel("ms (best round)")
-    ax.set_title(f"moduli='auto' GEMM; {_machine(record)}", fontsize=9)
-    ax.legend()
+    _axes(ax, "N (N x N x N)", "ms (best round)", f"moduli='auto' GEMM; {_machine(record)}")
     return fig
 
 
@@ -226,52 +251,101 @@ def _einsum_overhead(record: dict):
     fig, (ax,) = _new_figure(1, width=6.0)
     for key in rows[0]["times"]:
         ax.plot([r["n"] for r in rows], [r["times"][key] * 1e3 for r in rows], "o-", label=key)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("mode size n")
-    ax.set_ylabel("ms per call")
-    ax.set_title(f"{rows[0]['expr']}; {_machine(record)}", fontsize=9)
-    ax.legend()
+    _axes(ax, "mode size n", "ms per call", f"{rows[0]['expr']}; {_machine(record)}")
     return fig
 
 
 def _einsum_default(record: dict):
     """benchmarks/bench_einsum_default.py: time of moduli=None and of s = 15 over numpy's, per expression and data."""
-    import numpy as np
-
     rows = record["rows"]
     fig, (ax,) = _new_figure(1, width=10.0, height=4.5)
-    x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r["fast_s"] / r["numpy_s"] for r in rows], 0.4, label="s = 15 / numpy")
-    ax.bar(x + 0.2, [r["default_over_numpy"] for r in rows], 0.4, label="default / numpy")
-    ax.set_xticks(x, [f"{r['expression'].split(' (')[0]} {r['data']}" for r in rows], rotation=70, ha="right", fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("time / numpy einsum")
-    ax.set_title(f"einsum's classical default; {_machine(record)}", fontsize=9)
-    ax.legend()
+    _bars(ax, [f"{r['expression'].split(' (')[0]} {r['data']}" for r in rows],
+          {"s = 15 / numpy": [r["fast_s"] / r["numpy_s"] for r in rows],
+           "default / numpy": [r["default_over_numpy"] for r in rows]},
+          "time / numpy einsum", f"einsum's classical default; {_machine(record)}", rotation=70)
     return fig
 
 
 def _planners(record: dict):
     """benchmarks/bench_planners.py: apply time per planner against n, and RescaleBE's max error per planner."""
-    import numpy as np
-
     fig, (a1, a2) = _new_figure(2)
     for planner in ("greedy", "optimal"):
         sel = [r for r in record["timings"] if r["planner"] == planner]
         a1.plot([r["n"] for r in sel], [r["apply_s"] * 1e3 for r in sel], "o-", label=planner)
-    a1.set_xscale("log", base=2)
-    a1.set_xlabel("mode size n")
-    a1.set_ylabel(f"apply ms (2^{record['params'].get('log2dofs', 18)} DoFs)")
-    a1.legend()
+    _axes(a1, "mode size n", f"apply ms (2^{record['params'].get('log2dofs', 18)} DoFs)", logy=False)
     acc = record["accuracy"]
-    x = np.arange(len(acc))
-    a2.bar(x - 0.2, [a["greedy"] for a in acc], 0.4, label="greedy")
-    a2.bar(x + 0.2, [a["optimal"] for a in acc], 0.4, label="optimal")
-    a2.set_xticks(x, [f"d={a['depth']} {a['dataset']}" for a in acc], rotation=60, ha="right", fontsize=7)
-    a2.set_yscale("log")
-    a2.set_ylabel("RescaleBE max elementwise error")
-    a2.legend()
+    _bars(a2, [f"d={a['depth']} {a['dataset']}" for a in acc], {p: [a[p] for a in acc] for p in ("greedy", "optimal")},
+          "RescaleBE max elementwise error", rotation=60)
+    return fig
+
+
+def _dask_scaling(record: dict):
+    """benchmarks/bench_dask.py: seconds per workload in memory and on 1 and 2 Dask workers."""
+    rows = record["rows"]
+    fig, (ax,) = _new_figure(1, width=6.0)
+    loads = list(dict.fromkeys(r["workload"] for r in rows))
+    series = {}
+    for w in sorted({r["workers"] for r in rows}):
+        t = {r["workload"]: r["seconds"] for r in rows if r["workers"] == w}
+        series["in memory" if w == 0 else f"{w} worker{'s' if w > 1 else ''}"] = [t[name] for name in loads]
+    _bars(ax, loads, series, "seconds", f"rnstensor.dask strong scaling; {_machine(record)}", logy=False)
+    return fig
+
+
+def _floor(record: dict):
+    """benchmarks/bench_floor.py: the chain's time over numpy's against n, and the fused chain's share of its floor."""
+    rows = record["rows"]
+    fig, (a1, a2) = _new_figure(2)
+    ns = [r["n"] for r in rows]
+    for key in ("steps", "fused", "default"):
+        a1.plot(ns, [r["seconds"][key] / r["seconds"]["numpy"] for r in rows], "o-", label=key)
+    a1.axhline(1.0, color="k", ls="--", lw=1, label="numpy einsum")
+    _axes(a1, "mode size n", "time / numpy einsum", f"d = 3, s = 15; {_machine(record)}", logy=False)
+    a2.plot(ns, [r["arith_floor"] / r["seconds"]["fused"] for r in rows], "o-", label="arithmetic floor / fused")
+    a2.plot(ns, [r["memory_floor"] / r["seconds"]["fused"] for r in rows], "s-", label="memory floor / fused")
+    _axes(a2, "mode size n", "share of the fused chain's time", logy=False)
+    return fig
+
+
+def _gemm_default(record: dict):
+    """benchmarks/bench_gemm_default.py: the default's time over 'fast' against N per data set, and its errors."""
+    fig, (a1, a2) = _new_figure(2)
+    rows = record["speed"]
+    for name in dict.fromkeys(r["data"] for r in rows):
+        sel = sorted((r for r in rows if r["data"] == name), key=lambda r: r["N"])
+        a1.plot([r["N"] for r in sel], [r["default_vs_fast"] for r in sel], "o-", label=name)
+    _axes(a1, "N (N x N x N)", "time of moduli=None / moduli='fast'", f"dgemm's classical default; {_machine(record)}",
+          logy=False)
+    acc = record["accuracy"]
+    _bars(a2, [a["data"] for a in acc], {k: [a[k] for a in acc] for k in ("numpy", "fast", "default")},
+          "max componentwise error / (gamma_k |A||B|)")
+    return fig
+
+
+def _primitives(record: dict):
+    """benchmarks/bench_primitives.py: ms per primitive, numpy reference against the CPU backend."""
+    rows = record["rows"]
+    fig, (ax,) = _new_figure(1, width=8.0, height=4.5)
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    series = {}
+    for be in dict.fromkeys(r["backend"] for r in rows):
+        t = {r["op"]: r["seconds"] * 1e3 for r in rows if r["backend"] == be}
+        series[be] = [t.get(op, float("nan")) for op in ops]  # the yardstick has no CPU-backend bar
+    _bars(ax, ops, series, f"ms ({record.get('entries', '?')} entries)", f"residue primitives; {_machine(record)}",
+          rotation=30)
+    return fig
+
+
+def _revisions(record: dict):
+    """benchmarks/bench_revisions.py: time of the new checkout over the old one, case by case."""
+    rows = record["rows"]
+    fig, (ax,) = _new_figure(1, width=8.0, height=4.5)
+    ax.barh(range(len(rows)), [r["ratio"] for r in rows])
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_yticks(range(len(rows)), [r["case"] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("new / old time")
+    ax.set_title(f"{record['params'].get('new')} vs {record['params'].get('old')}; {_machine(record)}", fontsize=9)
     return fig
 
 
@@ -289,6 +363,11 @@ FIGURES: dict[str, tuple[str, Callable[[dict], object]]] = {
     "einsum_overhead": ("benchmarks/bench_einsum.py: time against n per entry point", _einsum_overhead),
     "einsum_default": ("benchmarks/bench_einsum_default.py: the default's cost per expression", _einsum_default),
     "planners": ("benchmarks/bench_planners.py: apply time and error per planner", _planners),
+    "dask_scaling": ("benchmarks/bench_dask.py: seconds per workload and workers", _dask_scaling),
+    "floor": ("benchmarks/bench_floor.py: time over numpy and over the floors against n", _floor),
+    "gemm_default": ("benchmarks/bench_gemm_default.py: the default's cost and errors", _gemm_default),
+    "primitives": ("benchmarks/bench_primitives.py: ms per primitive and backend", _primitives),
+    "revisions": ("benchmarks/bench_revisions.py: new / old time per case", _revisions),
 }
 
 

@@ -15,7 +15,7 @@ _hinted = False
 
 
 def is_terminal(stream: Optional[IO] = None) -> bool:
-    """Whether ``stream`` (default ``sys.stderr``) is an interactive terminal; False for files, pipes, closed streams."""
+    """Whether ``stream`` (default ``sys.stderr``) is a terminal; False for files, pipes and closed streams."""
     stream = sys.stderr if stream is None else stream
     try:
         return bool(stream.isatty())

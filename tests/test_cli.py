@@ -1,4 +1,4 @@
-"""The command line: ``info`` reports what works, ``--json`` holds the printed tables, ``plot`` draws each kind, bars in a terminal only."""
+"""The command line: ``info`` says what works, ``--json`` holds the tables, ``plot`` draws them, bars only in a terminal."""
 
 import contextlib
 import importlib.util
@@ -83,12 +83,27 @@ def results(tmp_path_factory):
                                {"CASES": {"gemm 16 (ij,jk->ik)": ("ij,jk->ik", [(16, 16), (16, 16)])},
                                 "DATA": ("uniform",)}),
             "planners": ("bench_planners", ["--repeat", "1", "--depths", "3", "--count", "1", "--sizes", "4",
-                                            "--log2dofs", "8", "--wide-moduli", "30"], None),
+                                            "--log2dofs", "8", "--wide-moduli", "16"], None),
+            "floor": ("bench_floor", ["--sizes", "4", "--log2dofs", "8", "--repeat", "1"], None),
+            "gemm_default": ("bench_gemm_default", ["--sizes", "16", "--data", "uniform", "wide", "--repeat", "1",
+                                                    "--accuracy-n", "6", "--auto-sizes", "8"], None),
+            "primitives": ("bench_primitives", ["--log2n", "10", "--repeat", "1"], None),
+            # the same checkout twice, one case: the children's start-up is most of it
+            "revisions": ("bench_revisions", [str(BENCHMARKS.parent)] * 2 + ["--rounds", "1", "--repeat", "1"],
+                          {"CASES": [("sum", "x = np.arange(8.0)", "x.sum()")]}),
         }
         for kind, (name, argv, patch) in benches.items():
             path = d / f"{kind}.json"
             text = _bench(name, [*argv, "--json", str(path)], patch)
             out[kind] = (json.loads(path.read_text()), text, path)
+        # bench_dask starts worker processes (half a minute): a record of the shape the script writes, for its figure
+        from rnstensor.results import write_result
+
+        rows = [{"workload": w, "workers": k, "seconds": 0.1 * (k + 1) + (w == "dgemm")}
+                for w in ("chain n=8", "dgemm") for k in (0, 1, 2)]
+        path = d / "dask_scaling.json"
+        write_result(path, "dask_scaling", {"meta": {}, "rows": rows}, {"elements": 64})
+        out["dask_scaling"] = (json.loads(path.read_text()), "", path)
     return out
 
 
@@ -318,12 +333,14 @@ def test_a_bar_appears_in_a_terminal(monkeypatch, capsys):
     assert "Table 2" in out and "accuracy:" not in out and "\r" not in out  # the tables stay clean
 
     tty.seek(0), tty.truncate()
-    assert cli.main(["accuracy", "gemm", "--size", "4", "32", "3", "--gemm-moduli", "16", "20", "--data", "uniform"]) == 0
+    argv = ["accuracy", "gemm", "--size", "4", "32", "3", "--gemm-moduli", "16", "20", "--data", "uniform"]
+    assert cli.main(argv) == 0
     assert "table 6:" in tty.getvalue() and "3/3" in tty.getvalue()
     assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("uniform")] == \
         ["numpy", "dgemm", "dgemm"]
     tty.seek(0), tty.truncate()
-    assert cli.main(["accuracy", "gemm", "--table", "7", "--size", "3", "0", "3", "--ks", "32", "--data", "uniform"]) == 0
+    argv = ["accuracy", "gemm", "--table", "7", "--size", "3", "0", "3", "--ks", "32", "--data", "uniform"]
+    assert cli.main(argv) == 0
     assert "table 7:" in tty.getvalue() and "1/1" in tty.getvalue() and "uniform k=32 s=" in tty.getvalue()
 
 
