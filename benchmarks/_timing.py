@@ -4,7 +4,7 @@ import time
 import tracemalloc
 
 from rnstensor.progress import progress
-from rnstensor.results import result_record, write_result
+from rnstensor.results import output_path, result_record, write_result
 
 __all__ = ["best_time", "peak_mib", "progress", "add_output_options", "save_result"]
 
@@ -29,11 +29,12 @@ def peak_mib(fn) -> float:
     return peak / 2**20
 
 
-def add_output_options(ap, plot: bool = True) -> None:
-    """``--json PATH`` (the result, for ``rnstensor plot``) and, where the script has a figure, ``--plot OUT.png``."""
-    ap.add_argument("--json", metavar="PATH", default=None, help="write the rows, parameters and machine as JSON to PATH")
-    if plot:
-        ap.add_argument("--plot", metavar="OUT.png", default=None, help="draw the figure (as rnstensor plot does)")
+def add_output_options(ap) -> None:
+    """``--json PATH`` (the result, for ``rnstensor plot``) and ``--plot OUT.png`` (its figure, drawn at once)."""
+    ap.add_argument("--json", metavar="PATH", type=output_path, default=None,
+                    help="write the rows, parameters and machine as JSON to PATH")
+    ap.add_argument("--plot", metavar="OUT.png", type=output_path, default=None,
+                    help="draw the figure (as rnstensor plot does)")
 
 
 def save_result(args, kind: str, data: dict) -> dict:

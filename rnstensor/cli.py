@@ -9,6 +9,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .results import output_path as _writable
+
 __all__ = ["main"]
 
 
@@ -457,7 +459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="rnstensor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
-    info.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON to PATH")
+    info.add_argument("--json", metavar="PATH", type=_writable, default=None, help="write the report as JSON to PATH")
     demo = sub.add_parser("demo", help="encode -> mode products -> drop -> base extension -> decode, checked")
     demo.add_argument("--n", type=int, default=8, help="mode size (default 8)")
     demo.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")
@@ -469,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default=4,
         help="tensors per dataset in the short accuracy run at d = 3 and 8 (default 4; 0 skips it)",
     )
-    demo.add_argument("--json", metavar="PATH", default=None, help="also write the tables as JSON to PATH")
+    demo.add_argument("--json", metavar="PATH", type=_writable, default=None, help="also write the tables as JSON to PATH")
     acc = sub.add_parser(
         "accuracy",
         help="[2610.05059] Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
@@ -515,14 +517,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default=None,
         help="input encoding width of the persistent methods: an integer or 'max' (default: their b)",
     )
-    acc.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    acc.add_argument("--json", metavar="PATH", type=_writable, help="also write the results as JSON to PATH")
     acc.add_argument("-v", "--verbose", action="store_true", help="a line per depth and dataset on stderr")
     plot = sub.add_parser(
         "plot", help="draw the figure of a --json result (accuracy vs depth, throughput vs n, DGEMM accuracy vs s, ...)"
     )
     plot.add_argument("result", metavar="RESULT.json", help="a file written by --json (rnstensor or a benchmark)")
     plot.add_argument(
-        "-o", "--output", metavar="OUT.png", default=None, help="the image (default: RESULT.png beside the JSON)"
+        "-o", "--output", metavar="OUT.png", type=_writable, default=None,
+        help="the image (default: RESULT.png beside the JSON)"
     )
     args = parser.parse_args(argv)
     if args.command == "accuracy" and args.count < 1:

@@ -9,7 +9,28 @@ import time
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["machine_facts", "result_record", "write_result", "read_result"]
+__all__ = ["machine_facts", "result_record", "write_result", "read_result", "output_path"]
+
+
+def output_path(path: str) -> str:
+    """``path`` if its folder exists: an argparse ``type`` that says a bad ``--json`` before a long run, not after it.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        If the folder does not exist (argparse reports it with the option's name).
+
+    Examples
+    --------
+    >>> output_path("result.json")
+    'result.json'
+    """
+    import argparse
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} of {path!r} does not exist; create it or write elsewhere")
+    return path
 
 
 def _cpu_model() -> str:

@@ -458,6 +458,21 @@ def test_benchmark_plot_option(results, tmp_path):
     _assert_png(out)
 
 
+def test_output_in_a_missing_folder_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    missing = tmp_path / "no such folder" / "out.json"
+    for argv in (["accuracy", "--json", str(missing)], ["accuracy", "gemm", "--json", str(missing)],
+                 ["demo", "--json", str(missing)], ["info", "--json", str(missing)],
+                 ["plot", str(missing), "-o", str(missing.with_suffix(".png"))]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert "does not exist" in err and ("--json" in err or "--output" in err), argv
+    if BENCHMARKS.is_dir():
+        with pytest.raises(SystemExit):
+            _bench("bench_chain", ["--sizes", "4", "--plot", str(missing.with_suffix(".png"))])
+        assert "argument --plot" in capsys.readouterr().err
+
+
 def test_plot_errors(results, tmp_path, monkeypatch, capsys):
     from rnstensor.plot import FIGURES
 
