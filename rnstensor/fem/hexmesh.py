@@ -315,7 +315,8 @@ class HexMesh(FEMesh):
         blocks = []  # (cell type, indices into the block) per block
         if isinstance(tag, str):
             if tag in (m.cell_sets or {}):
-                blocks = [(blk.type, np.asarray(idx, dtype=np.int64)) for blk, idx in zip(m.cells, m.cell_sets[tag])]
+                blocks = [(blk.type, np.asarray([] if idx is None else idx, dtype=np.int64))
+                          for blk, idx in zip(m.cells, m.cell_sets[tag])]
             elif tag in (m.field_data or {}) and "gmsh:physical" in m.cell_data:
                 blocks = _physical(m, int(np.asarray(m.field_data[tag]).reshape(-1)[0]))
             elif tag in m.point_data:
