@@ -1,8 +1,13 @@
 """Sphinx configuration of the rnstensor docs: numpydoc docstrings, an autosummary API reference, no network."""
 
+import sys
+
 import sphinx.ext.autosummary as _autosummary
+from sphinx.errors import PycodeError
+from sphinx.pycode import ModuleAnalyzer
 
 import rnstensor
+import rnstensor.dask  # noqa: F401  (its page is in the reference; listed in submodules below)
 
 # the summary tables cut a docstring's first line at its first ". "; the papers' "Alg. 5" and "Eq. 21" are no
 # sentence ends (autosummary keeps a tuple of such abbreviations, "e.g." and the like, that it reads per call)
@@ -35,6 +40,12 @@ autodoc_typehints = "none"  # numpydoc's Parameters sections say the types; sign
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 
+# the module template tells a re-exported submodule (rnstensor.fem in rnstensor's __all__) from a constant
+autosummary_context = {"submodules": {}}
+for _name in sorted(m for m in sys.modules if m.startswith("rnstensor.")):
+    _parent, _, _short = _name.rpartition(".")
+    autosummary_context["submodules"].setdefault(_parent, []).append(_short)
+
 templates_path = ["_templates"]
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
@@ -47,12 +58,33 @@ html_theme_options = {"description": "Float64-accurate tensor contractions in ex
 doctest_test_doctest_blocks = ""
 
 
-def _no_builtin_type_docstring(app, what, name, obj, options, lines):
-    """A constant without a doc comment of its own would show its type's docstring (``tuple``'s); show none."""
+def _defining_comment(name: str, obj) -> list:
+    """The ``#:`` comment above ``obj``'s assignment in the submodule it is re-exported from (``[]``: none).
+
+    autodoc reads doc comments in the module a constant is documented under
+    (``rnstensor.fem``), not in the one that assigns it (``rnstensor.fem.operators``).
+    """
+    package, _, attr = name.rpartition(".")
+    for modname, module in sorted(sys.modules.items()):
+        if modname.startswith(package + ".") and getattr(module, attr, None) is obj:
+            try:
+                comment = ModuleAnalyzer.for_module(modname).find_attr_docs().get(("", attr))
+            except PycodeError:
+                continue
+            if comment:
+                return list(comment)
+    return []
+
+
+def _constant_docstring(app, what, name, obj, options, lines):
+    """A re-exported constant: its doc comment where it is assigned, never its type's docstring (``tuple``'s)."""
+    if what not in ("data", "attribute"):
+        return
     own = " ".join(" ".join(lines).split())
-    if what in ("data", "attribute") and own and own == " ".join((type(obj).__doc__ or "").split()):
-        lines.clear()
+    if not own or own == " ".join((type(obj).__doc__ or "").split()):
+        lines[:] = _defining_comment(name, obj)
 
 
 def setup(app):
-    app.connect("autodoc-process-docstring", _no_builtin_type_docstring)
+    # before numpydoc (priority 500) reformats the lines
+    app.connect("autodoc-process-docstring", _constant_docstring, priority=100)
