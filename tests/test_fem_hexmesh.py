@@ -355,7 +355,9 @@ def test_dirichlet_by_tag_predicate_and_points(tmp_path):
     # cell sets of a meshio.Mesh (as other readers give them)
     m = tagged_cube()
     m.cell_sets = {"left": [np.array([], dtype=int), np.arange(len(m.cells[1].data)), np.array([], dtype=int)]}
-    assert np.array_equal(read_mesh(m, degree=3).boundary_dofs("left"), left)
+    m.point_data = {"wall": (m.points[:, 0] == 0).astype(np.int32)}  # tagged points as point data
+    again = read_mesh(m, degree=3)
+    assert np.array_equal(again.boundary_dofs("left"), left) and np.array_equal(again.boundary_dofs("wall"), left)
     # fixed on x = 0 only, Neumann elsewhere: u = 1 + x solves -Laplace u = 0, u = 1 on x = 0, du/dn = 1 on
     # x = 1 and 0 on the other faces; the discrete solution is exact (u is in the space)
     A = mesh.poisson()
