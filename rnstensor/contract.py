@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+import string
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import opt_einsum
-from opt_einsum import parser as oe_parser
 
 from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
@@ -47,22 +47,156 @@ def _unique(term: str) -> str:
 # ----- input checks -------------------------------------------------------------------------
 
 
-def _parse(operands: Sequence[Any], shapes: bool) -> tuple[list[str], str, list]:
-    """opt_einsum's parser: ``...`` expanded, the interleaved form converted, implicit output made explicit."""
+#: numpy's labels: letters only; in the interleaved form the integers 0..25 are A..Z and 26..51 are a..z
+_LETTERS = string.ascii_uppercase + string.ascii_lowercase
+
+
+def _term(t: str, what: str) -> tuple[str, Optional[str]]:
+    """A term's labels before and after its ``...`` (``after`` None: no ellipsis)."""
+    before, after = t, None
+    if "." in t:
+        if t.count(".") != 3 or t.count("...") != 1:
+            raise ValueError(f"einsum: {what} {t!r} has an invalid ellipsis; write exactly one '...' per term")
+        before, after = t.split("...")
+    bad = [c for c in before + (after or "") if c not in _LETTERS]
+    if bad:
+        raise ValueError(f"einsum: invalid subscript character(s) {bad!r} in {what} {t!r}; use letters a-z, A-Z")
+    return before, after
+
+
+def _parse_subscripts(subscripts: str, shapes: Sequence[tuple[int, ...]]) -> tuple[list[str], str]:
+    """numpy's parse of ``subscripts`` on operands of ``shapes``: ``...`` expanded into free letters (numpy's
+    broadcasting: right-aligned), the implicit output (``...`` first, then the labels seen once, sorted) made
+    explicit; spaces ignored."""
+    s = subscripts.replace(" ", "")
+    if "-" in s or ">" in s:
+        if s.count("->") != 1 or s.count("-") != 1 or s.count(">") != 1:
+            raise ValueError(f"einsum: subscripts {subscripts!r} must contain '->' at most once (and no lone '-' or '>')")
+        ins, out = s.split("->")
+    else:
+        ins, out = s, None
+    raw = ins.split(",")
+    if len(raw) != len(shapes):
+        raise ValueError(
+            f"einsum: Number of einsum subscripts ({len(raw)} in {subscripts!r}) must equal the number of operands "
+            f"({len(shapes)} given); write one comma-separated term per operand"
+        )
+    parts = [_term(t, f"the term of operand {i}") for i, t in enumerate(raw)]
+    broadcast = []  # how many dimensions each operand's '...' stands for
+    for i, ((before, after), shape) in enumerate(zip(parts, shapes)):
+        named, nd = len(before) + len(after or ""), len(shape)
+        if (after is None and named != nd) or named > nd:
+            raise ValueError(
+                f"einsum: subscripts {raw[i]!r} of operand {i} name {named} indices but the operand has {nd} "
+                f"dimensions (shape {tuple(shape)})" + ("; add '...' to broadcast the others" if named < nd else "")
+            )
+        broadcast.append(0 if after is None else nd - named)
+    used = set(s)
+    free = [c for c in _LETTERS[26:] + _LETTERS[:26] if c not in used]
+    nb = max(broadcast, default=0)
+    if nb > len(free):
+        raise ValueError(f"einsum: {subscripts!r} needs {nb} letters for the dimensions '...' stands for, but only "
+                         f"{len(free)} of the 52 are unused; name fewer indices")
+    ell = "".join(free[:nb])
+    terms = [b + (ell[nb - k:] if a is not None else "") + (a or "") for (b, a), k in zip(parts, broadcast)]
+    if out is None:
+        letters = "".join(b + (a or "") for b, a in parts)
+        output = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    else:
+        before, after = _term(out, "output")
+        if after is None and nb:
+            raise ValueError(
+                f"einsum: the operands' '...' stands for {nb} dimension(s) but the output {out!r} has no '...'; "
+                f"add '...' to the output (or sum them explicitly)"
+            )
+        output = before + (ell + after if after is not None else "")
+        for c in output:
+            if output.count(c) > 1:
+                raise ValueError(f"einsum: output subscripts {out!r} repeat the index {c!r}")
+            if not any(c in t for t in terms):
+                raise ValueError(f"einsum: output index {c!r} does not appear in the inputs {ins!r}")
+    return terms, output
+
+
+def _sublist(sub, what: str) -> str:
+    """One sublist of the interleaved form as letters (numpy's: 0..25 -> A..Z, 26..51 -> a..z, ``...``)."""
+    if isinstance(sub, str) or not hasattr(sub, "__iter__"):
+        raise TypeError(f"einsum: {what} must be a list of integers 0..51 and Ellipsis (the interleaved form "
+                        f"einsum(a, [0, 1], b, [1, 2], [0, 2])); got {sub!r}")
+    out = []
+    for v in sub:
+        if v is Ellipsis:
+            out.append("...")
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            if not 0 <= v < len(_LETTERS):
+                raise ValueError(f"einsum: subscript {v} in {what} is outside 0..51 (numpy's 52 labels)")
+            out.append(_LETTERS[int(v)])
+        else:
+            raise TypeError(f"einsum: each subscript in {what} must be an integer 0..51 or Ellipsis; got {v!r}")
+    return "".join(out)
+
+
+def _parse(operands: Sequence[Any]) -> tuple[list[str], str, list]:
+    """``(terms, output, arrays)`` from ``subscripts, a, b, ...`` or the interleaved ``a, [0, 1], b, [1, 2], [out]``."""
     if not operands:
         raise ValueError("einsum: no subscripts given; call einsum('ij,jk->ik', a, b)")
-    inputs, output, ops = oe_parser.parse_einsum_input(tuple(operands), shapes=shapes)
-    terms = inputs.split(",")
-    for t in terms + [output]:
-        bad = [c for c in t if not c.isalpha()]
-        if bad:
-            raise ValueError(f"einsum: invalid subscript character(s) {bad!r}; use letters a-z, A-Z")
-    if len(set(output)) != len(output):
-        raise ValueError(f"einsum: output subscripts {output!r} repeat an index")
-    for c in output:
-        if c not in inputs:
-            raise ValueError(f"einsum: output index {c!r} does not appear in the inputs {inputs!r}")
-    return terms, output, list(ops)
+    if isinstance(operands[0], str):
+        subscripts, arrays = operands[0], list(operands[1:])
+        if not arrays:
+            raise ValueError(f"einsum: subscripts {subscripts!r} but no operands; pass the arrays after them")
+    else:
+        pairs = len(operands) // 2
+        arrays = list(operands[0:2 * pairs:2])
+        subscripts = ",".join(_sublist(sub, f"the sublist of operand {i}") for i, sub in enumerate(operands[1:2 * pairs:2]))
+        if len(operands) % 2:
+            subscripts += "->" + _sublist(operands[-1], "the output sublist")
+    terms, output = _parse_subscripts(subscripts, [_shape_of(x) for x in arrays])
+    return terms, output, arrays
+
+
+class EinsumPathError(ValueError, RuntimeError):
+    """An explicit ``optimize=`` path that does not contract every operand (a RuntimeError in numpy)."""
+
+
+def _path_option(optimize, n: int) -> tuple[Any, Optional[int]]:
+    """numpy's ``optimize`` (and opt_einsum's) as opt_einsum's ``(optimize, memory_limit)``, hashable.
+
+    ``False``: one contraction of every operand (numpy's unoptimized order); ``True``: ``'greedy'``;
+    ``(algorithm, memory_limit)``; a path, with or without numpy's leading ``'einsum_path'``, checked here.
+    """
+    if optimize is False:
+        return (tuple(range(n)),), None
+    if optimize is True:
+        return "greedy", None
+    if isinstance(optimize, str):
+        return optimize, None
+    if (isinstance(optimize, tuple) and len(optimize) == 2 and isinstance(optimize[0], str)
+            and isinstance(optimize[1], (int, float, np.integer, np.floating)) and not isinstance(optimize[1], bool)):
+        algorithm, limit = optimize
+        if limit < 1:  # no intermediate may be formed: numpy's single contraction
+            return (tuple(range(n)),), None
+        return algorithm, int(limit)
+    if isinstance(optimize, (list, tuple)):
+        steps = list(optimize)
+        if steps and isinstance(steps[0], str) and steps[0] == "einsum_path":
+            steps = steps[1:]
+        left, path = n, []
+        for st in steps:
+            if not isinstance(st, (list, tuple)) or not st or \
+                    any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) for i in st):
+                raise EinsumPathError(f"einsum: optimize path step {st!r} must be a tuple of operand positions")
+            st = tuple(int(i) for i in st)
+            if len(set(st)) != len(st) or not all(0 <= i < left for i in st):
+                raise EinsumPathError(f"einsum: optimize path step {st} names positions outside 0..{left - 1} "
+                                      f"(or one twice); each step contracts distinct operands of the current list")
+            left -= len(st) - 1
+            path.append(st)
+        if left != 1:
+            raise EinsumPathError(f"einsum: invalid optimize path {optimize!r}: {left - 1} more operand(s) have to "
+                                  f"be contracted; the steps must leave one result")
+        return tuple(path), None
+    raise TypeError(f"einsum: optimize={optimize!r} is not understood; pass False, True, 'greedy', 'optimal', "
+                    f"another opt_einsum strategy, (strategy, memory_limit) or a path ['einsum_path', (0, 1), ...]")
 
 
 def _label_sizes(terms: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
@@ -159,6 +293,7 @@ class _Node:
     slot: int = -1
     drops: tuple = ()
     reencode: bool = False
+    need: float = math.inf  # 'input' / 'const': the width at which the encoding is exact (where known)
 
 
 def _abs_sum_max(ints: np.ndarray, labels: str, keep: str) -> int:
@@ -173,6 +308,29 @@ def _abs_sum_max(ints: np.ndarray, labels: str, keep: str) -> int:
     return int(np.max(s)) if np.size(s) else 0
 
 
+def _shared_axes(labels: str, output: str) -> tuple[int, ...]:
+    """An operand's axes that share one exponent: exponents vary only along output indices, so nothing ever
+    summed needs aligning."""
+    return tuple(a for a, lab in enumerate(labels) if lab not in output)
+
+
+def _exact_width(x, shared: tuple[int, ...]) -> float:
+    """A width at which :func:`rnstensor.encode` holds the operand ``x`` exactly (``inf``: none below 53 bits).
+
+    Cheap where it cannot help: measured data shows full 53-bit significands in its first entries. Integers
+    (numpy's test data, counts) encode exactly at the bit length of the largest (two passes); others are scanned.
+    """
+    xp = array_module(x)
+    flat = x.reshape(-1)
+    m, _ = xp.frexp(flat[:64])
+    if bool(xp.any(xp.abs(m * 2.0**53) % 2 == 1)):  # an odd 53-bit significand: 53 bits or more are needed
+        return math.inf
+    big = float(xp.abs(flat).max()) if flat.size else 0.0
+    if big < 2.0**53 and bool(xp.all(flat == xp.rint(flat))):
+        return max(1, math.frexp(big)[1])  # 2**(E-1) <= big < 2**E: every slice's integers fit E bits
+    return exact_bits_needed(x, shared)
+
+
 def _alignment_shift(T: RNSTensor, shared: tuple[int, ...]) -> int:
     """How many bits aligning an RNSTensor operand's exponents along ``shared`` axes costs."""
     e = T.exponent().astype(np.int64, copy=False)
@@ -185,7 +343,7 @@ class _Planner:
     """Walks opt_einsum's contraction list with bounds only, choosing widths and drops."""
 
     def __init__(self, terms, output, sizes, kinds, cplx, consts, tensors, basis: Basis, method: str, cap: int,
-                 exact: bool = False):
+                 exact: bool = False, widths: Optional[tuple] = None):
         self.terms, self.output, self.sizes = terms, output, sizes
         self.basis, self.method, self.P = basis, method, basis.product
         self.exact = exact  # decode='exact': correctly rounded, so nothing may round on the way (no drops)
@@ -219,14 +377,15 @@ class _Planner:
                     )
                 n = _Node(labels, bound, "tensor", leaf=i)
             else:
-                n = _Node(labels, 1 << self.width, kinds[i], cplx=bool(cplx[i]), leaf=i, bits=self.width)
+                need = widths[i] if widths else math.inf
+                bits = int(min(self.width, need))  # no wider than the operand needs: its bound is then the data's
+                n = _Node(labels, 1 << bits, kinds[i], cplx=bool(cplx[i]), leaf=i, bits=bits, need=need)
                 if n.kind == "const":
                     self._const_ints(n)
             self.nodes.append(n)
 
     def shared_axes(self, labels: str) -> tuple[int, ...]:
-        """Exponents vary only along output indices, so nothing ever summed needs aligning."""
-        return tuple(a for a, lab in enumerate(labels) if lab not in self.output)
+        return _shared_axes(labels, self.output)
 
     def _const_ints(self, n: _Node) -> None:
         v, _ = encode_integers(self.consts[n.leaf], n.bits, self.shared_axes(n.labels))
@@ -291,7 +450,8 @@ class _Planner:
             if n.kind in ("input", "const"):
                 self._emit(ir.Encode(n.slot, n.leaf, n.bits, self.shared_axes(n.labels), n.labels, n.bound,
                                      constant=n.kind == "const", complex=n.cplx))
-                self.kept = min(self.kept, n.bits)
+                if n.bits < n.need:  # an exact encoding keeps every bit, however narrow
+                    self.kept = min(self.kept, n.bits)
             elif n.kind == "tensor":
                 self._emit(ir.Operand(n.slot, n.leaf, self.shared_axes(n.labels), n.labels, n.bound))
         if n.reencode:
@@ -474,8 +634,10 @@ class ContractExpression:
         self.nonfinite = check_nonfinite(nonfinite)
         self.classical = bool(classical)
         self.sizes = _label_sizes(terms, self.shapes)
+        opt, limit = _path_option(optimize, len(self.terms))
         self.path, self._info = opt_einsum.contract_path(
-            self.subscripts, *self.shapes, shapes=True, optimize=optimize
+            self.subscripts, *self.shapes, shapes=True, optimize=list(opt) if isinstance(opt, tuple) else opt,
+            memory_limit=limit,
         )
         self._plans: dict = {}
         self._const_cache: dict = {}
@@ -513,14 +675,17 @@ class ContractExpression:
             return self.bits
         return self.basis.product.bit_length() if self.decode == "exact" else 53
 
-    def _plan(self, kinds: tuple, cplx: tuple, tensors: dict) -> ir.Program:
-        key = (kinds, cplx)
+    def _plan(self, kinds: tuple, cplx: tuple, tensors: dict, widths: Optional[tuple] = None) -> ir.Program:
+        """The program for these operand kinds; ``widths``: the widths at which the operands encode exactly (an
+        operand is encoded no wider)."""
+        key = (kinds, cplx, widths)
         if tensors or key not in self._plans:
             consts = {i: self._const_array(i, cplx[i]) for i in self.constants}
 
             def planned(cap: int) -> ir.Program:
                 return _Planner(self.terms, self.output, self.sizes, kinds, cplx, consts, tensors, self.basis,
-                                self.method, cap, exact=self.decode == "exact").run(self._info.contraction_list)
+                                self.method, cap, exact=self.decode == "exact", widths=widths
+                                ).run(self._info.contraction_list)
 
             try:
                 plan = planned(self._cap())
@@ -548,6 +713,8 @@ class ContractExpression:
                             self.min_bits, self._cap(), "use more moduli")
             if tensors:
                 return plan
+            if widths is not None and len(self._plans) > 64:  # plans for the data's widths: a bounded cache
+                self._plans.clear()
             self._plans[key] = plan
         return self._plans[key]
 
@@ -685,20 +852,28 @@ class ContractExpression:
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
             return -group_exponents(leaf(st), st.bits, st.shared)
 
+        # operands float64 holds in fewer bits (integers, short mantissas) encoded no wider: exactly, with their data's
+        # bound; where that makes the whole plan exact (no drop), the result is the exact integer, as numpy's float64
+        # is on such data. Otherwise the plan as planned (the explicit basis's, bit for bit).
+        widths = tuple(_exact_width(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t), self.output))
+                       for i, t in enumerate(self.terms))
         cap = 53
         while cap <= self._WIDEST:
             expr = self._rung(cap, kinds, cplx)
             if expr is None:
                 break
-            plan = expr._plan(kinds, cplx, {})
+            used = widths if min(widths, default=math.inf) < cap else None
+            plan = expr._plan(kinds, cplx, {}, used)
+            if used is not None and plan.kept_bits != math.inf:
+                used, plan = None, expr._plan(kinds, cplx, {})
             m = classical_terms(plan, self.sizes)
             obs = ClassicalErrors(leaf, exponents).run(plan)
             if obs.certified(m):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
-                    return expr._bound(arrays, backend, mode, parsed)
-                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed)
+                    return expr._bound(arrays, backend, mode, parsed, used)
+                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, used)
                 return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
             if obs.excess is None:  # refused: wider encodings do not help
                 break
@@ -791,8 +966,8 @@ class ContractExpression:
             return self._classical(arrays, backend, bound=True)
         return self._bound(arrays, backend, self.decode)
 
-    def _bound(self, arrays, backend, mode: str, parsed: Optional[tuple] = None):
-        out = self._run(arrays, backend, True, parsed)
+    def _bound(self, arrays, backend, mode: str, parsed: Optional[tuple] = None, widths: Optional[tuple] = None):
+        out = self._run(arrays, backend, True, parsed, widths)
         if not isinstance(out, tuple):
             return array_module(out).zeros(np.shape(out))
         T, plan, (M, D), _, nonfinite = out
@@ -805,20 +980,22 @@ class ContractExpression:
         return D
 
     def _leaves(self, ops, kinds, cplx, xp) -> Callable:
-        """``leaf(step)``: an :class:`~.ir.Encode` step's operand as encoded (constants from the cache), made once."""
+        """``leaf(step)``: an :class:`~.ir.Encode` step's operand (or operand ``i``'s) as encoded (constants from the
+        cache), made once."""
         leaves: dict = {}
 
         def leaf(st):
-            if st.source not in leaves:
-                i = st.source
+            i = st if isinstance(st, int) else st.source
+            if i not in leaves:
                 leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
                              else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
-            return leaves[st.source]
+            return leaves[i]
 
         return leaf
 
-    def _run(self, arrays, backend, track: bool, parsed: Optional[tuple] = None):
-        """Execute on ``arrays`` (``parsed``: their :meth:`_operands`, where the caller has them)."""
+    def _run(self, arrays, backend, track: bool, parsed: Optional[tuple] = None, widths: Optional[tuple] = None):
+        """Execute on ``arrays`` (``parsed``: their :meth:`_operands`, where the caller has them; ``widths``: see
+        :meth:`_plan`)."""
         ops, kinds, cplx, tensors, nonfinite = parsed or self._operands(arrays)
         out_cplx = any(cplx)
         if tensors and out_cplx:
@@ -828,8 +1005,9 @@ class ContractExpression:
         if any(n == 0 for n in self.sizes.values()):
             if self.decode is None:
                 raise ValueError("einsum: decode=None needs non-empty operands")
-            return xp.zeros(out_shape, np.complex128 if out_cplx else np.float64)
-        plan = self._plan(kinds, cplx, tensors)
+            z = xp.zeros(out_shape, np.complex128 if out_cplx else np.float64)
+            return z[()] if z.ndim == 0 and xp is np else z  # a 0-d result is a scalar, as numpy's
+        plan = self._plan(kinds, cplx, tensors, widths)
         leaf = self._leaves(ops, kinds, cplx, xp)
 
         def encoded(st):
@@ -1103,7 +1281,9 @@ def contract_expression(
                 raise TypeError(
                     f"operand {i} of contract_expression must be a shape (tuple of ints), or list {i} in constants"
                 ) from None
-    terms, output, _ = _parse((subscripts, *shapes), shapes=True)
+    if not isinstance(subscripts, str):
+        raise TypeError(f"contract_expression: subscripts must be a string like 'ij,jk->ik'; got {subscripts!r}")
+    terms, output = _parse_subscripts(subscripts, shapes)
     return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend, min_bits,
                               nonfinite, classical)
 
@@ -1119,6 +1299,7 @@ def einsum(
     min_bits: int = MIN_BITS,
     out: Optional[np.ndarray] = None,
     nonfinite: str = "propagate",
+    dtype: Any = None,
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -1188,46 +1369,64 @@ def einsum(
     >>> float(rt.einsum("ii", np.eye(3)))
     3.0
     """
-    if operands and isinstance(operands[0], str):
-        arrays = list(operands[1:])
-        shaped = [operands[0]] + [_shape_of(x) for x in arrays]
-    else:
-        # interleaved: array, sublist, array, sublist, ..., [output sublist]
-        body = operands[:-1] if len(operands) % 2 else operands
-        arrays = list(body[0::2])
-        shaped = [_shape_of(x) if k % 2 == 0 and k < len(body) else x for k, x in enumerate(operands)]
+    want = _result_dtype(dtype)
+    if out is not None and not (isinstance(out, np.ndarray) or is_device_array(out)):
+        raise TypeError(f"einsum: out must be an array (numpy.ndarray, or a CuPy array for CuPy operands); "
+                        f"got {type(out).__name__}")
+    terms, output, arrays = _parse(operands)
     tensors = [x for x in arrays if isinstance(x, RNSTensor)]
+    if want == np.float64:
+        cplx = [i for i, x in enumerate(arrays) if not isinstance(x, RNSTensor) and np.iscomplexobj(x)]
+        if cplx:
+            raise TypeError(f"einsum: dtype=float64 cannot hold complex operand {cplx[0]} (numpy's casting='safe' "
+                            f"refuses it too); pass dtype=complex128 or None")
     classical = moduli is None and not tensors
     if moduli is None:
         moduli = tensors[0].basis if tensors else 15
     if decode == "auto":
         decode = None if tensors and len(tensors) == len(arrays) else "fp64"
     basis = _check_options(method, decode, moduli, bits)
-    terms, output, shapes = _parse(shaped, shapes=True)
-    if len(terms) != len(arrays):
-        raise ValueError(f"einsum: {len(terms)} subscript terms for {len(arrays)} operands")
-    key_opt = _hashable(optimize)
     expr = _cached_expression(
-        tuple(terms), output, tuple(map(tuple, shapes)), basis, method, key_opt, decode, bits, backend, min_bits,
-        check_nonfinite(nonfinite), classical,
+        tuple(terms), output, tuple(_shape_of(x) for x in arrays), basis, method, optimize, decode, bits, backend,
+        min_bits, check_nonfinite(nonfinite), classical,
     )
     res = expr(*arrays)
+    if isinstance(res, RNSTensor):
+        if out is not None or want is not None:
+            raise ValueError("einsum: out= and dtype= need a decoded result (decode='fp64' or 'exact')")
+        return res
+    if want == np.complex128 and res.dtype != np.complex128:
+        res = res.astype(np.complex128)  # exact: a real float64 is a complex128
     if out is None:
         return res
-    if isinstance(res, RNSTensor):
-        raise ValueError("einsum: out= needs a decoded result (decode='fp64' or 'exact')")
     device = is_device_array(res)
     res = res if device else np.asarray(res)
     kind = "CuPy array" if device else "ndarray"
-    if is_device_array(out) != device or not hasattr(out, "shape") or out.shape != res.shape \
+    if is_device_array(out) != device or out.shape != res.shape \
             or not np.can_cast(res.dtype, out.dtype, "safe") or out.dtype not in (np.float64, np.complex128):
         raise ValueError(
             f"einsum: out must be a float64/complex128 {kind} of shape {res.shape} that holds {res.dtype} "
             f"(where the operands live); got {type(out).__name__} {getattr(out, 'shape', '')} "
             f"{getattr(out, 'dtype', '')}"
         )
-    out[...] = res
+    out[...] = res  # the whole result exists before out is written: out may alias an operand
     return out
+
+
+def _result_dtype(dtype) -> Optional[type]:
+    """``dtype=`` of :func:`einsum`: None, float64 or complex128; others raise TypeError."""
+    if dtype is None:
+        return None
+    try:
+        d = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"einsum: dtype={dtype!r} is not a data type ({e}); pass None, np.float64 or np.complex128") from None
+    if d not in (np.float64, np.complex128):
+        raise TypeError(
+            f"einsum: dtype={d} is not supported; rnstensor.einsum computes float64 or complex128 results "
+            f"(float64-accurate); pass dtype=None, np.float64 or np.complex128 and convert the result with .astype"
+        )
+    return d.type
 
 
 def _tensor_diagonal(T: RNSTensor, term: str) -> RNSTensor:
@@ -1258,22 +1457,16 @@ def _shape_of(x) -> tuple:
     return tuple(np.shape(x))
 
 
-def _hashable(optimize):
-    if isinstance(optimize, list):
-        return tuple(tuple(p) for p in optimize)
-    return optimize
-
-
 _EXPR_CACHE: dict = {}
 
 
 def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits,
                        nonfinite, classical=False) -> ContractExpression:
-    key = (terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits, nonfinite, classical)
+    key = (terms, output, shapes, basis, method, _path_option(optimize, len(terms)), decode, bits, backend, min_bits,
+           nonfinite, classical)
     expr = _EXPR_CACHE.get(key)
     if expr is None:
-        opt = [tuple(p) for p in optimize] if isinstance(optimize, tuple) else optimize
-        expr = ContractExpression(terms, output, shapes, {}, basis, method, opt, decode, bits, backend, min_bits,
+        expr = ContractExpression(terms, output, shapes, {}, basis, method, optimize, decode, bits, backend, min_bits,
                                   nonfinite, classical)
         if len(_EXPR_CACHE) > 256:
             _EXPR_CACHE.clear()
