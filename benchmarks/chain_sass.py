@@ -28,13 +28,12 @@ at 16 lanes per SM, one shared-memory wavefront per SM clock); its rates are
 Hopper leads, not measurements. The GPU run measures what the kernel reaches
 against both.
 
-    python benchmarks/chain_sass.py            # table; --json FILE writes the numbers
+    python benchmarks/chain_sass.py            # table; --json FILE writes the numbers, --plot FILE.png their figure
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rnstensor as rt  # noqa: E402
+from _timing import add_output_options, progress, save_result  # noqa: E402
 from rnstensor.kernels import build, fused  # noqa: E402
 from sass_count import find_loops, parse_sass  # noqa: E402
 
@@ -167,10 +167,16 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--n", type=int, nargs="*", default=[4, 8, 16])
     ap.add_argument("--fem", nargs="*", default=["mass:4", "mass:8", "poisson:4"],
                     help="FEM operators as kind:P (the Poisson build takes about two minutes)")
-    ap.add_argument("--json", type=Path)
+    add_output_options(ap)
     args = ap.parse_args(argv)
-    rows = [measure(n) for n in args.n]
-    rows += [measure_fem(k, int(p)) for k, p in (f.split(":") for f in args.fem)]
+    builds = [(measure, (n,)) for n in args.n]
+    builds += [(measure_fem, (k, int(p))) for k, p in (f.split(":") for f in args.fem)]
+    rows = []
+    with progress(total=len(builds), desc="chain_sass (NVRTC builds)", unit="program") as bar:
+        for fn, fargs in builds:
+            bar.set_postfix_str(" ".join(str(a) for a in fargs))
+            rows.append(fn(*fargs))
+            bar.update()
     print(f"{'program':<14} {'ops':>4} {'instr/DoF':>10} {'regs':>5} {'generic regs':>12} {'compile s':>9} "
           f"{'issue bound':>11} {'pipe bound':>10} {'busiest':>9}   stages (body x iterations per tensor)")
     for r in rows:
@@ -181,8 +187,7 @@ def main(argv=None) -> list[dict]:
     print("pipe cycles per DoF:", "; ".join(f"{r['program']}: " + ", ".join(
         f"{k} {v}" for k, v in r["pipe_cycles_per_dof"].items()) for r in rows))
     print("GDoF/s on an H200 (132 SMs, 1.98 GHz); the pipe rates are Hopper leads, not measurements")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    save_result(args, "chain_sass", {"rows": rows})
     return rows
 
 

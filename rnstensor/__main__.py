@@ -1,3 +1,7 @@
-from .cli import main
+"""``python -m rnstensor``: the command line of :mod:`rnstensor.cli`."""
+
 import sys
+
+from .cli import main
+
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The ``rnstensor`` command: ``info``, ``demo``, ``accuracy`` and ``plot``; ``--json`` results, progress bars on stderr."""
+"""The ``rnstensor`` command: ``info``, ``demo``, ``accuracy``, ``plot``; ``--json`` results, bars on stderr."""
 
 from __future__ import annotations
 
@@ -66,10 +66,12 @@ OPTIONAL_PARTS = (
 
 
 def optional_parts() -> list[dict]:
-    """What ``rnstensor info`` says of numba (threads, whether its JIT runs) and of each optional module.
+    """What ``rnstensor info`` says of numba (threads, whether its JIT runs), NVRTC, the GPU and each optional module.
 
     One record per part: ``part``, ``working`` (bool), ``version`` (or None) and
-    ``line``, the sentence printed. Never fails: a part that is missing or
+    ``line``, the sentence printed. "Working" is tried, not assumed: numba
+    compiles a function, NVRTC compiles a kernel to a cubin, the GPU runs a
+    CuPy reduction, the modules import. Never fails: a part that is missing or
     broken is said in its line, with the extra that installs it.
     """
     import importlib
@@ -159,7 +161,8 @@ def _gpu_part() -> dict:
     except Exception as exc:  # noqa: BLE001
         ok, state = False, f"fails a test reduction ({type(exc).__name__}: {exc})"
     return {"part": "gpu", "working": ok, "version": info["capability"], "device": info["name"],
-            "line": f"gpu: {info['name']} (compute capability {info['capability']}, kernels for {info['arch']}) {state}"}
+            "line": f"gpu: {info['name']} (compute capability {info['capability']}, kernels for {info['arch']}) "
+                    f"{state}"}
 
 
 def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:

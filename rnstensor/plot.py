@@ -349,6 +349,19 @@ def _revisions(record: dict):
     return fig
 
 
+def _chain_sass(record: dict):
+    """benchmarks/chain_sass.py: instructions per DoF of each specialized build, and its H200 issue and pipe bounds."""
+    rows = record["rows"]
+    fig, (a1, a2) = _new_figure(2)
+    labels = [r["program"] for r in rows]
+    _bars(a1, labels, {"instructions per DoF": [r["instructions_per_dof"] for r in rows]}, "SASS instructions per DoF",
+          "fused kernel, specialized build (static count)", logy=False, rotation=30)
+    _bars(a2, labels, {"issue bound": [r["issue_bound_gdofs"] for r in rows],
+                       "pipe bound": [r["pipe_bound_gdofs"] for r in rows]},
+          "GDoF/s on an H200 (bounds)", logy=False, rotation=30)
+    return fig
+
+
 #: ``kind -> (what the figure shows, the function drawing it)``; the ``kind`` field of every ``--json`` result.
 FIGURES: dict[str, tuple[str, Callable[[dict], object]]] = {
     "chain_accuracy": ("rnstensor accuracy: error against chain depth", _chain_accuracy),
@@ -368,6 +381,7 @@ FIGURES: dict[str, tuple[str, Callable[[dict], object]]] = {
     "gemm_default": ("benchmarks/bench_gemm_default.py: the default's cost and errors", _gemm_default),
     "primitives": ("benchmarks/bench_primitives.py: ms per primitive and backend", _primitives),
     "revisions": ("benchmarks/bench_revisions.py: new / old time per case", _revisions),
+    "chain_sass": ("benchmarks/chain_sass.py: instructions per DoF and bounds per program", _chain_sass),
 }
 
 
