@@ -187,6 +187,17 @@ def test_every_rotation_gives_the_same_global_operator(ctype, p):
         assert rel(A, ref[np.ix_(perm, perm)]) < 1e-13, k
 
 
+@pytest.mark.parametrize("ctype", ["hexahedron", "hexahedron27"])
+@pytest.mark.parametrize("p", [2, 5])
+def test_numbering_of_shuffled_rotated_grids(ctype, p):
+    # a 2 x 2 x 2 grid, cells in random order and orientation: the continuous space has (2p + 1)^3 nodes
+    mesh = read_mesh(structured(2, ctype, warp=1.0, seed=p), degree=p)
+    m = 2 * p + 1
+    assert mesh.ndof == m**3 and int(mesh.boundary.sum()) == m**3 - (m - 2) ** 3
+    assert np.abs(mesh.coords[mesh.dofs] - mesh.x).max() < 1e-14
+    assert len(np.unique(mesh.dofs[0])) == (p + 1) ** 3
+
+
 def test_mirrored_cells_raise_or_are_reoriented():
     rots = cube_symmetries(True)
     good = read_mesh(two_cells("hexahedron27", rots[0], rots[0]), degree=3)
