@@ -24,6 +24,8 @@ MODULES = [
     "rnstensor.fem.operators",
     "rnstensor.fem.mesh",
     "rnstensor.fem.program",
+    "rnstensor.fem.hexmesh",
+    "rnstensor.fem.meshop",
     "rnstensor.planner.drops",
 ]
 

@@ -48,6 +48,7 @@ from .tensorbasis import TensorBasis
 
 __all__ = ["MassOperator", "PoissonOperator", "METHODS", "InvertedElementError"]
 
+#: The methods an operator runs: 'rescale_be' and 'composed' in residues, 'float64' in plain float64 (to compare).
 METHODS = ("rescale_be", "composed", "float64")
 _INFLATE = 1.0 + 2.0**-45  # covers the float rounding of the error-bound arithmetic (all terms positive)
 
