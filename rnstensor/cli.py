@@ -384,8 +384,12 @@ def _accuracy_gemm(args) -> int:
                 bar.update()
                 bar.set_postfix_str(f"{r['data']} {r['method']} {r['moduli'] or ''}")
 
+            def reference(st):
+                bar.set_postfix_str(f"{st['data']}: the exact product")
+
             rows = gemm_accuracy(
-                datasets=data, moduli=moduli, m=m, k=k, n=n, seed=args.seed, progress=show, complex=args.complex
+                datasets=data, moduli=moduli, m=m, k=k, n=n, seed=args.seed, progress=show, complex=args.complex,
+                step=reference,
             )
     except ValueError as exc:
         print(f"rnstensor accuracy gemm: error: {exc}", file=sys.stderr)

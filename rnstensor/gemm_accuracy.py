@@ -375,6 +375,7 @@ def gemm_accuracy(
     include_numpy: bool = True,
     progress: Optional[Callable[[dict], None]] = None,
     complex: bool = False,
+    step: Optional[Callable[[dict], None]] = None,
 ) -> list[dict]:
     """[2610.26945] Table 6 / 8 rows: for each data set, numpy matmul and :func:`dgemm` (or :func:`zgemm`) at each ``moduli``.
 
@@ -385,7 +386,9 @@ def gemm_accuracy(
     and ``t`` its width (None for numpy). ``complex=True`` runs
     :func:`zgemm` on :func:`zgemm_dataset` data against :func:`exact_zgemm`
     (errors over real and imaginary parts). ``progress`` is called with each
-    row. Errors come from :class:`ExactReference` (exact CR counts).
+    row, ``step`` with ``{'data', 'stage': 'reference'}`` before each data
+    set's exact product (Python ints: the slow part of a short sweep).
+    Errors come from :class:`ExactReference` (exact CR counts).
 
     Examples
     --------
@@ -400,6 +403,8 @@ def gemm_accuracy(
     kind = "complex" if complex else "real"
     gemm = zgemm if complex else dgemm
     for name in datasets:
+        if step is not None:
+            step({"data": name, "stage": "reference"})
         if complex:
             A, B = zgemm_dataset(name, m, k, n, seed)
             re, im = exact_zgemm(A, B)

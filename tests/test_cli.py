@@ -287,6 +287,13 @@ def test_table7_json_is_the_printed_row_and_the_library_row(results):
     assert row == json.loads(json.dumps(gemm_thresholds(["uniform"], [32], m=4, n=3)[0]))
 
 
+def test_gemm_step_callback_sees_every_reference_and_changes_nothing():
+    steps = []
+    with_steps = gemm_accuracy(["uniform", "cancel"], [14, "auto"], m=3, k=32, n=2, step=steps.append)
+    assert with_steps == gemm_accuracy(["uniform", "cancel"], [14, "auto"], m=3, k=32, n=2)
+    assert steps == [{"data": "uniform", "stage": "reference"}, {"data": "cancel", "stage": "reference"}]
+
+
 def test_table7_step_callback_sees_every_scanned_s_and_changes_nothing():
     steps = []
     with_steps = gemm_thresholds(["phi2"], [32], m=3, n=3, step=steps.append)
@@ -342,7 +349,7 @@ def test_a_bar_appears_in_a_terminal(monkeypatch, capsys):
     tty.seek(0), tty.truncate()
     argv = ["accuracy", "gemm", "--size", "4", "32", "3", "--gemm-moduli", "16", "20", "--data", "uniform"]
     assert cli.main(argv) == 0
-    assert "table 6:" in tty.getvalue() and "3/3" in tty.getvalue()
+    assert "table 6:" in tty.getvalue() and "3/3" in tty.getvalue() and "uniform: the exact product" in tty.getvalue()
     assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("uniform")] == \
         ["numpy", "dgemm", "dgemm"]
     tty.seek(0), tty.truncate()
