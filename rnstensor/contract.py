@@ -24,7 +24,8 @@ from .program.errors import EntrywiseErrors, decoded, inflate
 from .program.execute import Value, execute, moved, permuted, tensor_of, value_of
 from .tensor import RNSTensor, Scale
 
-__all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS"]
+__all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS",
+           "EinsumPathError"]
 
 #: ``'rescale_be'``: residues from one encode per operand to one decode (drops and base
 #: extensions keep every intermediate in range). ``'composed'``: every intermediate is
@@ -1216,8 +1217,14 @@ def contract_expression(
         plan uncertified. An explicit basis is the fast opt-out: that plan,
         as planned.
     method : {'rescale_be', 'composed'}
-    optimize : str, bool or path
-        Passed to :func:`opt_einsum.contract_path`.
+    optimize : str, bool, tuple or path
+        The contraction order, as :func:`numpy.einsum` takes it: ``False``
+        (one contraction of every operand, numpy's default), ``True``
+        (``'greedy'``), an :func:`opt_einsum.contract_path` strategy
+        (``'auto'``, ``'greedy'``, ``'optimal'``, ...), ``(strategy,
+        memory_limit)``, or a path (``['einsum_path', (0, 1), ...]`` or
+        ``[(0, 1), ...]``; one that leaves operands uncontracted raises
+        :class:`EinsumPathError`). Results meet the same bound on any path.
     decode : {'fp64', 'exact', None}
         ``'fp64'``: faithfully rounded from the result's integer (exact where
         that is a float64). ``'exact'``: the correctly rounded value of the
@@ -1312,7 +1319,11 @@ def einsum(
     index order, dtype). The contraction order comes from
     opt_einsum; each pairwise step runs as a residue operation (a mode
     product, a batched GEMM, a Hadamard/outer product, or a sum), with drops
-    and base extensions wherever a bound would leave the range.
+    and base extensions wherever a bound would leave the range. Unlike numpy:
+    no ``order=`` or ``casting=``; the result is always a new array (numpy
+    returns views of pure transposes and diagonals); integer, bool and
+    float16/32 operands give float64 results (numpy computes in their type,
+    wrapping or rounding).
 
     Parameters
     ----------
@@ -1324,8 +1335,9 @@ def einsum(
         Default: the classical float64 bound on float operands (see
         :func:`contract_expression`), or the basis of the RNSTensor operands.
     method : {'rescale_be', 'composed'}
-    optimize : str, bool or path
-        Passed to :func:`opt_einsum.contract_path` (default ``'auto'``).
+    optimize : str, bool, tuple or path
+        The contraction order (default ``'auto'``); numpy's values too, see
+        :func:`contract_expression`.
     decode : {'auto', 'fp64', 'exact', None}
         How the result leaves the residues; ``None`` returns an
         :class:`RNSTensor` (real operands only). ``'auto'`` (default) is
@@ -1342,11 +1354,27 @@ def einsum(
     out : ndarray, optional
         Where to write the result (numpy's ``out``): the result's shape, and
         float64 or complex128 as the result (complex128 also takes a real result);
-        a CuPy array for CuPy operands.
+        a CuPy array for CuPy operands. The result is complete before ``out``
+        is written, so ``out`` may be one of the operands. Returned.
+    dtype : {None, float64, complex128}
+        numpy's ``dtype``: ``complex128`` returns a complex result for real
+        operands (exactly); ``float64`` refuses complex operands.
 
     Returns
     -------
     ndarray (or numpy scalar for a 0-d result), or RNSTensor
+
+    Raises
+    ------
+    ValueError
+        Subscripts that do not fit the operands (numpy's rules), sizes that
+        disagree, integers beyond ``2**53``, ``out`` of the wrong shape or
+        dtype; :class:`EinsumPathError` (also a ``RuntimeError``, as in numpy)
+        for an incomplete ``optimize`` path.
+    TypeError
+        Operands of other dtypes (object, longdouble), ``dtype`` other than
+        float64 / complex128, ``out`` not an array, interleaved sublists that
+        are not integers 0..51 and ``Ellipsis``.
 
     Notes
     -----

@@ -174,6 +174,127 @@ def test_out_argument_like_numpy():
         rt.einsum("ij,jk->ik", a + 1j, b, out=np.empty((3, 2)))
 
 
+def _ints(shape, seed: int, lo: int = -9, hi: int = 10) -> np.ndarray:
+    """Small integers as float64: numpy's float64 einsum is exact on them, so exact results are expected."""
+    return np.random.default_rng(seed).integers(lo, hi, shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("args,eq,shape", [
+    (lambda a, b: (a, [Ellipsis, 0, 0], [Ellipsis, 0]), "xii->xi", (2, 3)),
+    (lambda a, b: (a.transpose(1, 2, 0), [0, 0, Ellipsis], [Ellipsis, 0]), "iix->xi", (2, 3)),
+    (lambda a, b: (a, [Ellipsis]), "ijk->ijk", (2, 3, 3)),
+    (lambda a, b: (a, [0, 1, 2], b, [2, 51]), "ijk,kl->ijl", (2, 3, 4)),  # 51 is 'z': implicit output A, B, z
+    (lambda a, b: (a, np.array([0, 1, 1]), [1]), "ijj->j", (3,)),  # numpy integer arrays as sublists (gh-15961)
+    (lambda a, b: (b, [30, 4]), "ij->ji", (4, 3)),  # 30 is 'e', 4 is 'E': the implicit output sorts 'E' first
+    (lambda a, b: (a, [0, 1, 2], b, [2, Ellipsis], [Ellipsis, 0]), "ijk,kl->li", (4, 2)),
+    (lambda a, b: (" i j k , k l -> l i ", a, b), "ijk,kl->li", (4, 2)),  # spaces are ignored, as numpy's
+    (lambda a, b: ("Bai,iA", a, b), "Bai,iA->ABa", (4, 2, 3)),  # implicit output: uppercase sorts before lowercase
+])
+def test_interleaved_form_with_ellipsis_and_integer_labels_like_numpy(args, eq, shape):
+    """numpy's labels in the interleaved form (0..25 are A..Z, 26..51 a..z), ``Ellipsis``, implicit outputs."""
+    a, b = _ints((2, 3, 3), 1), _ints((3, 4), 2)
+    call = args(a, b)
+    got = rt.einsum(*call)
+    ops = [x for x in call if isinstance(x, np.ndarray) and x.dtype == np.float64]
+    re, _, e = _exact(eq, ops)  # the same contraction written out by hand, Python ints
+    assert got.shape == shape == np.einsum(*call).shape
+    assert np.array_equal(got, _round(re, e))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda a: (a, [0, 52, 1]), ValueError, "outside 0..51"),
+    (lambda a: (a, [-1, 0, 1]), ValueError, "outside 0..51"),
+    (lambda a: (a, [0, "a", 1]), TypeError, "integer 0..51 or Ellipsis"),
+    (lambda a: (a, 0), TypeError, "must be a list"),
+    (lambda a: ("...i->i", a), ValueError, "has no '...'"),
+    (lambda a: ("i..", a), ValueError, "invalid ellipsis"),
+    (lambda a: (".i...", a), ValueError, "invalid ellipsis"),
+    (lambda a: ("ij", a), ValueError, "name 2 indices but the operand has 3 dimensions"),
+    (lambda a: (a, [0, 0]), ValueError, "name 2 indices but the operand has 3 dimensions"),
+    (lambda a: ("ijk->->", a), ValueError, "'->' at most once"),
+    (lambda a: ("ijk,", a), ValueError, "Number of einsum subscripts"),
+    (lambda a: ("ijé", a), ValueError, "invalid subscript"),  # letters a-z, A-Z only, as numpy's
+])
+def test_bad_subscripts_follow_numpy(call, exc, match):
+    with pytest.raises(exc, match=match):
+        rt.einsum(*call(np.ones((2, 3, 3))))
+
+
+@pytest.mark.parametrize("optimize", [
+    False, True, "greedy", "optimal", ("greedy", 0), ("optimal", 10**6),
+    ["einsum_path", (0, 1), (0, 1)], ["einsum_path", (1, 2), (0, 1)], [(0, 2), (0, 1)], ["einsum_path", (0, 1, 2)],
+], ids=str)
+def test_optimize_takes_numpy_values(optimize):
+    """numpy's optimize values; ['einsum_path', ...] raised "TypeError: 'str' object cannot be interpreted as an integer"."""
+    ops = [_ints((3, 4), 3), _ints((4, 5), 4), _ints((5, 2), 5)]
+    re, _, e = _exact("ab,bc,cd->ad", ops)
+    assert np.array_equal(rt.einsum("ab,bc,cd->ad", *ops, optimize=optimize), _round(re, e))
+
+
+def test_optimize_path_with_an_internal_trace_and_invalid_paths():
+    x, y = _ints((2, 3, 4), 6), _ints((2, 5, 5), 7)
+    re, _, e = _exact("cab,cdd->ab", [x, y])
+    assert np.array_equal(rt.einsum("cab,cdd->ab", x, y, optimize=["einsum_path", (1,), (0, 1)]), _round(re, e))
+    ops = [np.ones((2, 2))] * 4
+    for bad in (["einsum_path", (2, 3), (0, 1)], ["einsum_path", (0, 4), (0, 1), (0, 1)], [(0, 0), (0, 1)]):
+        with pytest.raises(contract_mod.EinsumPathError, match="optimize path") as info:
+            rt.einsum("ab,bc,cd,de->ae", *ops, optimize=bad)
+        assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)  # numpy's, and ours
+    with pytest.raises(TypeError, match="optimize=3.5 is not understood"):
+        rt.einsum("ab,bc->ac", *ops[:2], optimize=3.5)
+
+
+def test_integer_data_is_exact_as_in_numpy():
+    """On operands float64 holds in few bits the default plan drops nothing: numpy's float64 result is exact there,
+    so must ours be (a three-matrix product of aranges gave 7329.999999999999 for 7330)."""
+    a, b, c = np.arange(12).reshape(3, 4), np.arange(20).reshape(4, 5), np.arange(30).reshape(5, 6)
+    want = np.einsum("ij,jk,kl", a.astype(object), b.astype(object), c.astype(object)).astype(np.float64)
+    for opt in (False, True):
+        assert np.array_equal(rt.einsum("ij,jk,kl", a, b, c, optimize=opt), want)
+        assert np.array_equal(rt.einsum(a * 1.0, [0, 1], b * 1.0, [1, 2], c * 1.0, [2, 3], optimize=opt), want)
+    ones = [np.ones((5, 12, 4, 2, 3)), np.ones((5, 12, 11)), np.ones((5, 12, 11))]
+    assert rt.einsum("ijklm,ijn,ijn->", *ones) == 5 * 12 * 24 * 11
+    # short mantissas that are not integers (the scanned width): multiples of 1/8
+    ops = [_ints((3, 4), 8) / 8, _ints((4, 5), 9) / 8, _ints((5, 4), 10) / 8, _ints((4, 2), 11) / 8]
+    re, _, e = _exact("ab,bc,cd,de->ae", ops)
+    assert np.array_equal(rt.einsum("ab,bc,cd,de->ae", *ops), _round(re, e))
+
+
+def test_dtype_argument_like_numpy():
+    a, b = _ints((3, 4), 12), _ints((4, 2), 13)
+    re, _, e = _exact("ij,jk", [a, b])
+    got = rt.einsum("ij,jk", a, b, dtype=np.complex128)
+    assert got.dtype == np.complex128 and np.array_equal(got.real, _round(re, e)) and not got.imag.any()
+    assert np.array_equal(rt.einsum("ij,jk", a, b, dtype="f8"), _round(re, e))
+    assert np.iscomplexobj(rt.einsum("i,i", np.ones(3), np.ones(3), dtype="c16"))  # a 0-d result too
+    with pytest.raises(TypeError, match="dtype=float64 cannot hold complex operand 1"):
+        rt.einsum("ij,jk", a, b + 1j, dtype=np.float64)
+    with pytest.raises(TypeError, match="dtype=float32 is not supported"):
+        rt.einsum("ij,jk", a, b, dtype=np.float32)
+    with pytest.raises(TypeError, match="not a data type"):
+        rt.einsum("ij,jk", a, b, dtype="bad_data_type")
+
+
+def test_out_may_be_an_operand_and_must_be_an_array():
+    a = _ints((3, 3), 14)
+    b = _ints((3, 3), 15)
+    re, _, e = _exact("ij,jk->ik", [a, b])
+    assert rt.einsum("ij,jk->ik", a, b, out=b) is b  # the whole result exists before out is written
+    assert np.array_equal(b, _round(re, e))
+    out = np.array(0.0)
+    assert rt.einsum("i,i->", np.ones(7), np.ones(7), out=out, optimize="optimal") is out and out == 7.0
+    view = np.ones(10)[::2]  # a strided out
+    rt.einsum("mi,mi,mi->m", *[np.ones((5, 5))] * 3, out=view)
+    assert np.array_equal(view.base, np.where(np.arange(10) % 2 == 0, 5.0, 1.0))
+    with pytest.raises(TypeError, match="out must be an array"):
+        rt.einsum("i->", np.ones(3), out="test")
+
+
+def test_empty_contraction_to_a_scalar_is_a_numpy_scalar():
+    got = rt.einsum("i,i", np.ones(0), np.ones(0))
+    assert type(got) is np.float64 and got == 0.0
+
+
 def test_scalar_result_is_a_numpy_scalar_like_numpy():
     x = np.arange(1.0, 4.0)
     got = rt.einsum("i,i", x, x)
