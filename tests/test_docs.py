@@ -12,7 +12,8 @@ import pytest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # the modules whose __all__ the API reference promises to cover, name by name
-REFERENCED = ["rnstensor", "rnstensor.fem", "rnstensor.dask", "rnstensor.backends", "rnstensor.backends.cuda", "rnstensor.errors"]
+REFERENCED = ["rnstensor", "rnstensor.fem", "rnstensor.dask", "rnstensor.backends", "rnstensor.backends.cuda", "rnstensor.errors",
+              "rnstensor.progress", "rnstensor.results", "rnstensor.plot", "rnstensor.cli"]
 
 _missing = [m for m in ("sphinx", "numpydoc") if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(
