@@ -228,6 +228,7 @@ def _label_sizes(terms: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dic
 
 
 _EXACT = 2**53  # every integer up to this magnitude is a float64
+_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")  # numpy's rules, for dtype= and out=
 
 
 def _as_float(x, i: int, what: str = "operand"):
@@ -1307,6 +1308,7 @@ def einsum(
     out: Optional[np.ndarray] = None,
     nonfinite: str = "propagate",
     dtype: Any = None,
+    casting: str = "safe",
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -1320,7 +1322,7 @@ def einsum(
     opt_einsum; each pairwise step runs as a residue operation (a mode
     product, a batched GEMM, a Hadamard/outer product, or a sum), with drops
     and base extensions wherever a bound would leave the range. Unlike numpy:
-    no ``order=`` or ``casting=``; the result is always a new array (numpy
+    no ``order=``; the result is always a new array (numpy
     returns views of pure transposes and diagonals); integer, bool and
     float16/32 operands give float64 results (numpy computes in their type,
     wrapping or rounding).
@@ -1358,7 +1360,12 @@ def einsum(
         is written, so ``out`` may be one of the operands. Returned.
     dtype : {None, float64, complex128}
         numpy's ``dtype``: ``complex128`` returns a complex result for real
-        operands (exactly); ``float64`` refuses complex operands.
+        operands (exactly); ``float64`` takes complex operands only with
+        ``casting='unsafe'`` (their real parts, as numpy).
+    casting : {'no', 'equiv', 'safe', 'same_kind', 'unsafe'}
+        numpy's rule for casting the operands to ``dtype`` and the float64 /
+        complex128 result into ``out`` (``'unsafe'`` writes it into an int
+        or float32 ``out`` as numpy's assignment does: truncated, rounded).
 
     Returns
     -------
@@ -1369,7 +1376,7 @@ def einsum(
     ValueError
         Subscripts that do not fit the operands (numpy's rules), sizes that
         disagree, integers beyond ``2**53``, ``out`` of the wrong shape or
-        dtype; :class:`EinsumPathError` (also a ``RuntimeError``, as in numpy)
+        a dtype ``casting`` does not allow, an unknown ``casting``; :class:`EinsumPathError` (also a ``RuntimeError``, as in numpy)
         for an incomplete ``optimize`` path.
     TypeError
         Operands of other dtypes (object, longdouble), ``dtype`` other than
@@ -1402,12 +1409,18 @@ def einsum(
         raise TypeError(f"einsum: out must be an array (numpy.ndarray, or a CuPy array for CuPy operands); "
                         f"got {type(out).__name__}")
     terms, output, arrays = _parse(operands)
+    if casting not in _CASTINGS:
+        raise ValueError(f"einsum: casting must be one of {_CASTINGS}; got {casting!r}")
     tensors = [x for x in arrays if isinstance(x, RNSTensor)]
-    if want == np.float64:
-        cplx = [i for i, x in enumerate(arrays) if not isinstance(x, RNSTensor) and np.iscomplexobj(x)]
-        if cplx:
-            raise TypeError(f"einsum: dtype=float64 cannot hold complex operand {cplx[0]} (numpy's casting='safe' "
-                            f"refuses it too); pass dtype=complex128 or None")
+    if want is not None:  # numpy casts each operand to dtype under the casting rule
+        for i, x in enumerate(arrays):
+            dt = None if isinstance(x, RNSTensor) else x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+            if dt is not None and not np.can_cast(dt, want, casting):
+                hint = " or casting='unsafe' (numpy's: the real parts)" if want == np.float64 and dt.kind == "c" else ""
+                raise TypeError(f"einsum: operand {i} ({dt}) cannot be cast to dtype={np.dtype(want)} under "
+                                f"casting={casting!r}; pass dtype=complex128 or None{hint}")
+            if dt is not None and want == np.float64 and dt.kind == "c":
+                arrays[i] = np.real(x)  # casting='unsafe' asked for it: numpy's complex -> float cast
     classical = moduli is None and not tensors
     if moduli is None:
         moduli = tensors[0].basis if tensors else 15
@@ -1430,11 +1443,10 @@ def einsum(
     device = is_device_array(res)
     res = res if device else np.asarray(res)
     kind = "CuPy array" if device else "ndarray"
-    if is_device_array(out) != device or out.shape != res.shape \
-            or not np.can_cast(res.dtype, out.dtype, "safe") or out.dtype not in (np.float64, np.complex128):
+    if is_device_array(out) != device or out.shape != res.shape or not np.can_cast(res.dtype, out.dtype, casting):
         raise ValueError(
-            f"einsum: out must be a float64/complex128 {kind} of shape {res.shape} that holds {res.dtype} "
-            f"(where the operands live); got {type(out).__name__} {getattr(out, 'shape', '')} "
+            f"einsum: out must be a {kind} of shape {res.shape} that takes the {res.dtype} result under "
+            f"casting={casting!r} (where the operands live); got {type(out).__name__} {getattr(out, 'shape', '')} "
             f"{getattr(out, 'dtype', '')}"
         )
     out[...] = res  # the whole result exists before out is written: out may alias an operand

@@ -267,8 +267,19 @@ def test_dtype_argument_like_numpy():
     assert got.dtype == np.complex128 and np.array_equal(got.real, _round(re, e)) and not got.imag.any()
     assert np.array_equal(rt.einsum("ij,jk", a, b, dtype="f8"), _round(re, e))
     assert np.iscomplexobj(rt.einsum("i,i", np.ones(3), np.ones(3), dtype="c16"))  # a 0-d result too
-    with pytest.raises(TypeError, match="dtype=float64 cannot hold complex operand 1"):
+    with pytest.raises(TypeError, match=r"operand 1 \(complex128\) cannot be cast to dtype=float64 under casting='safe'"):
         rt.einsum("ij,jk", a, b + 1j, dtype=np.float64)
+    # numpy's casting='unsafe': the real parts; and the result into a narrower out, as numpy's assignment
+    assert np.array_equal(rt.einsum("ij,jk", a, b + 1j, dtype=np.float64, casting="unsafe"), _round(re, e))
+    with pytest.raises(TypeError, match="cannot be cast to dtype=float64 under casting='no'"):
+        rt.einsum("ij,jk", a.astype(np.int64), b, dtype=np.float64, casting="no")
+    c = np.zeros((3, 2), np.int64)
+    assert rt.einsum("ij,jk", a / 2, b, out=c, casting="unsafe") is c
+    assert c.tolist() == [[int(Fraction(int(v)) * Fraction(2) ** e / 2) for v in row] for row in re]  # truncated
+    with pytest.raises(ValueError, match="out must be .* under casting='same_kind'"):
+        rt.einsum("ij,jk", a + 1j, b, out=np.zeros((3, 2)), casting="same_kind")
+    with pytest.raises(ValueError, match="casting must be one of"):
+        rt.einsum("ij,jk", a, b, casting="blah")
     with pytest.raises(TypeError, match="dtype=float32 is not supported"):
         rt.einsum("ij,jk", a, b, dtype=np.float32)
     with pytest.raises(TypeError, match="not a data type"):
