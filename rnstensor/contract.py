@@ -163,13 +163,14 @@ def _path_option(optimize, n: int) -> tuple[Any, Optional[int]]:
     """numpy's ``optimize`` (and opt_einsum's) as opt_einsum's ``(optimize, memory_limit)``, hashable.
 
     ``False``: one contraction of every operand (numpy's unoptimized order); ``True``: ``'greedy'``;
-    ``(algorithm, memory_limit)``; a path, with or without numpy's leading ``'einsum_path'``, checked here.
+    ``(algorithm, memory_limit)``; a path, with or without numpy's leading ``'einsum_path'``, checked here;
+    opt_einsum's strategy names and ``PathOptimizer`` objects as they are.
     """
     if optimize is False:
         return (tuple(range(n)),), None
     if optimize is True:
         return "greedy", None
-    if isinstance(optimize, str):
+    if isinstance(optimize, (str, opt_einsum.paths.PathOptimizer)):
         return optimize, None
     if (isinstance(optimize, tuple) and len(optimize) == 2 and isinstance(optimize[0], str)
             and isinstance(optimize[1], (int, float, np.integer, np.floating)) and not isinstance(optimize[1], bool)):
@@ -316,21 +317,35 @@ def _shared_axes(labels: str, output: str) -> tuple[int, ...]:
     return tuple(a for a, lab in enumerate(labels) if lab not in output)
 
 
+#: Operands up to this size that are not integers are scanned for short mantissas (about 100 ns an entry).
+_SCANNED = 1 << 16
+
+
 def _exact_width(x, shared: tuple[int, ...]) -> float:
-    """A width at which :func:`rnstensor.encode` holds the operand ``x`` exactly (``inf``: none below 53 bits).
+    """A width at which :func:`rnstensor.encode` holds the operand ``x`` exactly (``inf``: none found below 53 bits).
 
     Cheap where it cannot help: measured data shows full 53-bit significands in its first entries. Integers
-    (numpy's test data, counts) encode exactly at the bit length of the largest (two passes); others are scanned.
+    (numpy's test data, counts) encode exactly at the bit length of the largest (two passes); other operands are
+    scanned (:func:`~rnstensor.encode.exact_bits_needed`) where they are small.
     """
     xp = array_module(x)
     flat = x.reshape(-1)
-    m, _ = xp.frexp(flat[:64])
+    head = flat[:64]
+    m, _ = xp.frexp(head)
     if bool(xp.any(xp.abs(m * 2.0**53) % 2 == 1)):  # an odd 53-bit significand: 53 bits or more are needed
+        return math.inf
+    if flat.size > _SCANNED and not bool(xp.all(head == xp.rint(head))):  # neither integers nor scanned
         return math.inf
     big = float(xp.abs(flat).max()) if flat.size else 0.0
     if big < 2.0**53 and bool(xp.all(flat == xp.rint(flat))):
         return max(1, math.frexp(big)[1])  # 2**(E-1) <= big < 2**E: every slice's integers fit E bits
-    return exact_bits_needed(x, shared)
+    return exact_bits_needed(x, shared) if flat.size <= _SCANNED else math.inf
+
+
+def _rounds_inside(plan: ir.Program, cap: int) -> bool:
+    """Whether ``plan`` rounds anywhere but in encodings at the full width ``cap`` (a drop, a narrower encoding)."""
+    return any(isinstance(st, (ir.Drop, ir.Reencode)) or (isinstance(st, ir.Encode) and st.bits < cap)
+               for st in plan.steps)
 
 
 def _alignment_shift(T: RNSTensor, shared: tuple[int, ...]) -> int:
@@ -854,20 +869,24 @@ class ContractExpression:
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
             return -group_exponents(leaf(st), st.bits, st.shared)
 
-        # operands float64 holds in fewer bits (integers, short mantissas) encoded no wider: exactly, with their data's
-        # bound; where that makes the whole plan exact (no drop), the result is the exact integer, as numpy's float64
-        # is on such data. Otherwise the plan as planned (the explicit basis's, bit for bit).
-        widths = tuple(_exact_width(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t), self.output))
-                       for i, t in enumerate(self.terms))
+        widths = None
         cap = 53
         while cap <= self._WIDEST:
             expr = self._rung(cap, kinds, cplx)
             if expr is None:
                 break
-            used = widths if min(widths, default=math.inf) < cap else None
-            plan = expr._plan(kinds, cplx, {}, used)
-            if used is not None and plan.kept_bits != math.inf:
-                used, plan = None, expr._plan(kinds, cplx, {})
+            plan, used = expr._plan(kinds, cplx, {}), None
+            if _rounds_inside(plan, cap):
+                # operands float64 holds in fewer bits (integers, short mantissas) encoded no wider: exactly, with
+                # their data's bound; where that makes the whole plan exact, the result is the exact integer, as
+                # numpy's float64 is on such data. Otherwise the plan as planned (the explicit basis's, bit for bit).
+                if widths is None:
+                    widths = tuple(_exact_width(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t), self.output))
+                                   for i, t in enumerate(self.terms))
+                if min(widths, default=math.inf) < cap:
+                    exact = expr._plan(kinds, cplx, {}, widths)
+                    if exact.kept_bits == math.inf:
+                        plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
             obs = ClassicalErrors(leaf, exponents).run(plan)
             if obs.certified(m):

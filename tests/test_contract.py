@@ -223,6 +223,7 @@ def test_bad_subscripts_follow_numpy(call, exc, match):
 @pytest.mark.parametrize("optimize", [
     False, True, "greedy", "optimal", ("greedy", 0), ("optimal", 10**6),
     ["einsum_path", (0, 1), (0, 1)], ["einsum_path", (1, 2), (0, 1)], [(0, 2), (0, 1)], ["einsum_path", (0, 1, 2)],
+    opt_einsum.DynamicProgramming(),  # opt_einsum's own optimizers pass through
 ], ids=str)
 def test_optimize_takes_numpy_values(optimize):
     """numpy's optimize values; ['einsum_path', ...] raised "TypeError: 'str' object cannot be interpreted as an integer"."""
