@@ -9,8 +9,9 @@ call with another (both rt here):
 
 * shape, dtype (float64 / complex128) and scalar-ness against numpy's einsum
   of the same operands converted to float64 / complex128 (exactly);
-* the exact value (Python ints, ``fractions.Fraction``) where the contraction
-  is small: rt must be within float64 einsum's own error bound
+* the exact value (numpy's object einsum over Python ints, compared in
+  Python ints) where the contraction is small: rt must be within float64
+  einsum's own error bound
   ``gamma_(k + 2n) (|A| |B| ...)`` (``k`` terms per entry, ``n`` operands);
 * larger ones: within twice that of numpy's float64 result.
 
@@ -322,7 +323,7 @@ def _skip_reason(cid: str):
     return None
 
 
-def test_the_skip_list_names_only_existing_cases_and_the_harness_routes_the_rest():
+def test_the_skip_list_is_current_and_keeps_the_float64_cases():
     ids = [c[0] for c in CASES]
     stale = [p for p in SKIPS if not any(_matches(p, i) for i in ids)]
     assert not stale, f"SKIPS patterns matching no numpy test: {stale}"
@@ -339,9 +340,29 @@ def test_numpy_einsum_case(cid, cls, name, params):
         pytest.skip(reason)
     global CALLS
     CALLS = _Calls()
-    np.random.seed(sum(map(ord, cid)))  # numpy's tests draw from the global generator
-    fn = getattr(cls(), name) if cls else getattr(NP_TESTS, name)
-    fn(**params)
-    unknown = set(CALLS.forwarded) - set(FORWARDED)
-    assert not unknown, unknown
+    state = np.random.get_state()
+    np.random.seed(sum(map(ord, cid)))  # numpy's tests draw from the global generator: reproducible here
+    try:
+        fn = getattr(cls(), name) if cls else getattr(NP_TESTS, name)
+        fn(**params)
+    finally:
+        np.random.set_state(state)
     assert CALLS.routed + CALLS.refused > 0, f"{cid}: no einsum call reached rt.einsum"
+
+
+def test_the_oracles_catch_a_wrong_result():
+    """The wrapper's checks fail on a result off by more than float64's bound (against the exact value, and against
+    numpy's on a large contraction), on a wrong shape and on a wrong dtype."""
+    a, b = np.arange(12.0).reshape(3, 4), np.arange(8.0).reshape(4, 2)
+    right = a @ b  # exact: small integers
+    _check(("ij,jk", a, b), {}, right.copy())
+    off = right.copy()
+    off[1, 1] *= 1 + 2.0**-40  # the bound is gamma_8 |A||B|: about 10 units of 98 here
+    for wrong in (off, right.T.copy(), right.astype(np.complex128), right[None]):
+        with pytest.raises(AssertionError):
+            _check(("ij,jk", a, b), {}, wrong)
+    big = np.random.default_rng(0).uniform(-1, 1, (3, 3000))  # past EXACT_TERMS: against numpy within the bound
+    ref = _np_einsum("ij,kj", big, big)
+    _check(("ij,kj", big, big), {}, ref.copy())
+    with pytest.raises(AssertionError):
+        _check(("ij,kj", big, big), {}, ref * (1 + 2.0**-30))
