@@ -4,7 +4,7 @@ from .backends import available_backends, get_backend, set_backend
 from .basis import Basis, int8_pool
 from .chain import ChainPlan, mode_chain, plan_chain
 from .encode import encode
-from .errors import PlanError, RNSRangeError
+from .errors import EinsumPathError, PlanError, RNSRangeError
 from .contract import ContractExpression, contract_expression, einsum, tensordot, transpose
 from .gemm import dgemm, gemm_moduli, matmul, moduli_for_bits, zgemm
 from .primitives import (
@@ -56,6 +56,7 @@ __all__ = [
     "ChainPlan",
     "RNSRangeError",
     "PlanError",
+    "EinsumPathError",
     "get_backend",
     "set_backend",
     "available_backends",

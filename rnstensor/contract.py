@@ -14,7 +14,7 @@ from .arrays import array_module, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, int8_pool, log2_int, moduli_count
 from .encode import as_basis, check_nonfinite, encode, encode_integers, exact_bits_needed, finite_part, group_exponents
-from .errors import PlanError, RNSRangeError
+from .errors import EinsumPathError, PlanError, RNSRangeError
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
 from .primitives import decode as decode_tensor
@@ -153,10 +153,6 @@ def _parse(operands: Sequence[Any]) -> tuple[list[str], str, list]:
             subscripts += "->" + _sublist(operands[-1], "the output sublist")
     terms, output = _parse_subscripts(subscripts, [_shape_of(x) for x in arrays])
     return terms, output, arrays
-
-
-class EinsumPathError(ValueError, RuntimeError):
-    """An explicit ``optimize=`` path that does not contract every operand (a RuntimeError in numpy)."""
 
 
 def _path_option(optimize, n: int) -> tuple[Any, Optional[int]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RNSRangeError", "PlanError", "range_error"]
+__all__ = ["RNSRangeError", "PlanError", "EinsumPathError", "range_error"]
 
 
 class RNSRangeError(ValueError):
@@ -16,6 +16,10 @@ class RNSRangeError(ValueError):
 
 class PlanError(ValueError):
     """No execution plan satisfies the range checks on the given basis."""
+
+
+class EinsumPathError(ValueError, RuntimeError):
+    """An explicit ``optimize=`` path that does not contract every operand (a RuntimeError in numpy)."""
 
 
 def range_error(what: str, bound: int, active_product: int, advice: str = "") -> RNSRangeError:
