@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import opt_einsum
 
-from .arrays import array_module, is_device_array, to_module
+from .arrays import CASTINGS, array_module, exact_float, is_device_array, to_module
 from .backends import dispatch
 from .basis import Basis, int8_pool, log2_int, moduli_count
 from .encode import as_basis, check_nonfinite, encode, encode_integers, exact_bits_needed, finite_part, group_exponents
@@ -24,8 +24,7 @@ from .program.errors import EntrywiseErrors, decoded, inflate
 from .program.execute import Value, execute, moved, permuted, tensor_of, value_of
 from .tensor import RNSTensor, Scale
 
-__all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS",
-           "EinsumPathError"]
+__all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS"]
 
 #: ``'rescale_be'``: residues from one encode per operand to one decode (drops and base
 #: extensions keep every intermediate in range). ``'composed'``: every intermediate is
@@ -162,7 +161,7 @@ def _path_option(optimize, n: int) -> tuple[Any, Optional[int]]:
     ``(algorithm, memory_limit)``; a path, with or without numpy's leading ``'einsum_path'``, checked here;
     opt_einsum's strategy names and ``PathOptimizer`` objects as they are.
     """
-    if optimize is False:
+    if optimize is False or optimize is None:  # numpy reads None as False
         return (tuple(range(n)),), None
     if optimize is True:
         return "greedy", None
@@ -224,31 +223,12 @@ def _label_sizes(terms: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dic
     return sizes
 
 
-_EXACT = 2**53  # every integer up to this magnitude is a float64
-_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")  # numpy's rules, for dtype= and out=
 
 
 def _as_float(x, i: int, what: str = "operand"):
-    """``x`` as float64 (or complex128) where that holds it exactly: bool, integers up to ``2**53``, float16/32,
-    complex64; anything else as it is (refused by :func:`_operand_kind`)."""
-    if isinstance(x, RNSTensor):
-        return x
-    xp = array_module(x)
-    x = x if xp is not np else np.asarray(x)
-    kind = x.dtype.kind
-    if kind == "b" or (kind == "f" and x.dtype.itemsize < 8):
-        return x.astype(np.float64)
-    if kind == "c" and x.dtype.itemsize < 16:
-        return x.astype(np.complex128)
-    if kind in "iu":
-        big = max(abs(int(x.min())), abs(int(x.max()))) if x.size else 0  # Python ints: exact, no overflow
-        if big > _EXACT:
-            raise ValueError(
-                f"einsum: {what} {i} holds integers up to {big:.3e} in magnitude; float64 (and so the residue "
-                f"encoding) holds integers exactly only up to 2^53; split them or pass float64 if rounding is fine"
-            )
-        return x.astype(np.float64)
-    return x
+    """``x`` as float64 (or complex128) where that holds it exactly (:func:`rnstensor.arrays.exact_float`);
+    RNSTensor operands as they are."""
+    return x if isinstance(x, RNSTensor) else exact_float(x, f"{what} {i}", "einsum")
 
 
 def _operand_kind(x, i: int) -> tuple[str, bool]:
@@ -1324,6 +1304,7 @@ def einsum(
     nonfinite: str = "propagate",
     dtype: Any = None,
     casting: str = "safe",
+    order: str = "K",
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -1381,6 +1362,10 @@ def einsum(
         numpy's rule for casting the operands to ``dtype`` and the float64 /
         complex128 result into ``out`` (``'unsafe'`` writes it into an int
         or float32 ``out`` as numpy's assignment does: truncated, rounded).
+    order : {'C', 'F', 'A', 'K'}
+        The result's memory layout: ``'C'`` or ``'F'``; ``'A'`` and ``'K'``
+        (the default) keep the result's own (C) layout, where numpy's
+        ``'K'`` follows the operands'. The result is always a new array.
 
     Returns
     -------
@@ -1420,12 +1405,14 @@ def einsum(
     3.0
     """
     want = _result_dtype(dtype)
+    if order not in ("C", "F", "A", "K"):
+        raise ValueError(f"einsum: order must be 'C', 'F', 'A' or 'K'; got {order!r}")
     if out is not None and not (isinstance(out, np.ndarray) or is_device_array(out)):
         raise TypeError(f"einsum: out must be an array (numpy.ndarray, or a CuPy array for CuPy operands); "
                         f"got {type(out).__name__}")
     terms, output, arrays = _parse(operands)
-    if casting not in _CASTINGS:
-        raise ValueError(f"einsum: casting must be one of {_CASTINGS}; got {casting!r}")
+    if casting not in CASTINGS:
+        raise ValueError(f"einsum: casting must be one of {CASTINGS}; got {casting!r}")
     tensors = [x for x in arrays if isinstance(x, RNSTensor)]
     if want is not None:  # numpy casts each operand to dtype under the casting rule
         for i, x in enumerate(arrays):
@@ -1454,16 +1441,20 @@ def einsum(
     if want == np.complex128 and res.dtype != np.complex128:
         res = res.astype(np.complex128)  # exact: a real float64 is a complex128
     if out is None:
+        if order in "CF" and getattr(res, "ndim", 0) > 1:  # 'K' / 'A': the result's own layout (C), a new array
+            res = array_module(res).asarray(res, order=order)
         return res
     device = is_device_array(res)
     res = res if device else np.asarray(res)
     kind = "CuPy array" if device else "ndarray"
-    if is_device_array(out) != device or out.shape != res.shape or not np.can_cast(res.dtype, out.dtype, casting):
+    if is_device_array(out) != device or out.shape != res.shape:
         raise ValueError(
-            f"einsum: out must be a {kind} of shape {res.shape} that takes the {res.dtype} result under "
-            f"casting={casting!r} (where the operands live); got {type(out).__name__} {getattr(out, 'shape', '')} "
-            f"{getattr(out, 'dtype', '')}"
+            f"einsum: out must be a {kind} of shape {res.shape} (where the operands live); got "
+            f"{type(out).__name__} {getattr(out, 'shape', '')}"
         )
+    if not np.can_cast(res.dtype, out.dtype, casting):
+        raise TypeError(f"einsum: Cannot cast the {res.dtype} result into out's {out.dtype} under casting={casting!r} "
+                        "(rt.einsum's results are float64 or complex128); pass out of that dtype, or another casting=")
     out[...] = res  # the whole result exists before out is written: out may alias an operand
     return out
 
