@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .errors import RNSRangeError
+
 __all__ = [
     "is_device_array",
     "device_module",
@@ -20,12 +22,17 @@ __all__ = [
     "to_host",
     "to_module",
     "exact_float",
+    "exact_result",
     "EXACT_INTEGER",
+    "CASTINGS",
     "MixedDevicesError",
 ]
 
 #: Every integer up to this magnitude is a float64; beyond it float64 rounds.
 EXACT_INTEGER = 2**53
+
+#: numpy's casting rules, for ``dtype=`` and ``out=`` of einsum and matmul.
+CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 
 
 class MixedDevicesError(TypeError):
@@ -130,3 +137,38 @@ def exact_float(x: Any, name: str, fn: str):
         f"{fn}: {name} has dtype {x.dtype}; rnstensor takes what float64 or complex128 holds exactly (bool, "
         "integers up to 2^53, float16/32/64, complex64/128): convert it, e.g. with .astype(np.float64)"
     )
+
+
+def exact_result(res: Any, dt: np.dtype, fn: str):
+    """A float64 / complex128 result ``res`` in the result dtype ``dt``: integer and bool ones only where exact.
+
+    Floating ``dt`` narrower than float64 rounds once more; integer and bool
+    ``dt`` need ``res`` correctly rounded (so below ``2**53`` each value is
+    the exact integer) and raise :class:`~rnstensor.errors.RNSRangeError`
+    where it reaches ``2**53`` (it may be a rounded value there) or leaves
+    ``dt``'s range: numpy's integer arithmetic would wrap it.
+
+    Examples
+    --------
+    >>> exact_result(np.array([3.0, -1.0]), np.dtype(np.int8), "matmul")
+    array([ 3, -1], dtype=int8)
+    """
+    dt = np.dtype(dt)
+    if dt.kind in "fc":
+        return res if res.dtype == dt else res.astype(dt)
+    if res.size:
+        lo, hi = float(res.min()), float(res.max())
+        if max(-lo, hi) >= EXACT_INTEGER:
+            raise RNSRangeError(
+                f"{fn}: an integer result reaches {max(-lo, hi):.3e} in magnitude, where float64 no longer holds "
+                "every integer (2^53); numpy's integer arithmetic would give it modulo 2^64: split the operands, "
+                "or pass float64 operands if a correctly rounded result is fine"
+            )
+        if dt.kind != "b":
+            info = np.iinfo(dt)
+            if lo < info.min or hi > info.max:
+                raise RNSRangeError(
+                    f"{fn}: the exact result spans [{lo:.0f}, {hi:.0f}], outside {dt}'s range (numpy would wrap "
+                    "it); cast the operands to a wider integer dtype such as int64"
+                )
+    return res != 0 if dt.kind == "b" else res.astype(dt)

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 
-from .arrays import EXACT_INTEGER, array_module, exact_float, is_device_array
+from .arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array
 from .backends import dispatch
 from .basis import Basis, int8_pool, moduli_count
 from .arith import float_parts, round_scaled_int, to_int_ref
@@ -1291,35 +1291,13 @@ def _matmul_dtype(a, b, dtype, fn: str = "matmul") -> np.dtype:
     return dt
 
 
-def _to_result_dtype(res, dt: np.dtype, xp, fn: str = "matmul"):
-    """``res`` (the float64 / complex128 product) in ``dt``: integer and bool results only where exact."""
-    if dt.kind in "fc":
-        return res if res.dtype == dt else res.astype(dt)
-    if res.size:
-        # correctly rounded, so below 2^53 each value is the exact integer; at 2^53 it may be a rounded one
-        lo, hi = float(res.min()), float(res.max())
-        if max(-lo, hi) >= EXACT_INTEGER:
-            raise RNSRangeError(
-                f"{fn}: an integer result reaches {max(-lo, hi):.3e} in magnitude, where float64 no longer holds "
-                "every integer (2^53); numpy's integer matmul would give it modulo 2^64: split the operands, or "
-                "pass float64 operands if a correctly rounded result is fine"
-            )
-        if dt.kind != "b":
-            info = np.iinfo(dt)
-            if lo < info.min or hi > info.max:
-                raise RNSRangeError(
-                    f"{fn}: the exact result spans [{lo:.0f}, {hi:.0f}], outside {dt}'s range (numpy would wrap "
-                    f"it); cast the operands to a wider integer dtype such as int64"
-                )
-    return res != 0 if dt.kind == "b" else res.astype(dt)
-
-
 def matmul(
     a,
     b,
     out=None,
     *,
     dtype=None,
+    casting: str = "same_kind",
     moduli: Moduli = None,
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
@@ -1343,13 +1321,17 @@ def matmul(
     Parameters
     ----------
     a, b : array_like, at least 1-D
-    out : ndarray, optional
+    out : ndarray (or a 1-tuple of one, as numpy's ufuncs take), optional
         Receives the result: of the result's shape exactly, and of a dtype
-        the result casts to without rounding (``np.can_cast(.., 'safe')``,
-        e.g. complex128 for a float64 result). Returned. May overlap ``a``
-        or ``b``.
+        the result casts to under ``casting``. Returned. May overlap ``a``
+        or ``b``. A narrower float ``out`` rounds the result once more; an
+        integer result is written into a narrower integer ``out`` only where
+        it fits (:class:`RNSRangeError` where numpy would wrap it).
     dtype : None, float64 or complex128
         Compute and return in this dtype instead of numpy's promotion.
+    casting : {'no', 'equiv', 'safe', 'same_kind', 'unsafe'}
+        numpy's rule for writing the result into ``out`` (numpy's ufunc
+        default, ``'same_kind'``; ``'safe'`` refuses every rounding).
     moduli, backend, workspace_bytes, min_bits
         As for :func:`dgemm`. Integer and bool results take ``None`` or
         ``'auto'`` (both mean ``'auto'``: exactness needs it).
@@ -1378,6 +1360,10 @@ def matmul(
     >>> rt.matmul(np.array([[1, 2], [3, 4]]), np.array([5, 6]))
     array([17, 39])
     """
+    if isinstance(out, tuple) and len(out) == 1:
+        out = out[0]
+    if casting not in CASTINGS:
+        raise ValueError(f"matmul: casting must be one of {CASTINGS}; got {casting!r}")
     xp = array_module(a, b, out, names=("a", "b", "out"), fn="matmul")
     a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
     for name, x in (("a", a), ("b", b)):
@@ -1407,9 +1393,9 @@ def matmul(
         if tuple(out.shape) != shape:
             raise ValueError(f"matmul: out has shape {tuple(out.shape)}, but the result's is {shape} (a "
                              "non-broadcastable output: out must have the result's shape exactly)")
-        if not np.can_cast(dt, out.dtype, "safe"):
-            raise TypeError(f"matmul: Cannot cast ufunc 'matmul' output from {dt} to out's {out.dtype} without "
-                            f"rounding or wrapping; pass out of dtype {dt}")
+        if not np.can_cast(dt, out.dtype, casting):
+            raise TypeError(f"matmul: Cannot cast ufunc 'matmul' output from {dt} to out's {out.dtype} with "
+                            f"casting={casting!r}; pass out of dtype {dt}, or another casting=")
     if dt.kind in "biu":
         moduli = "auto"
     A = xp.broadcast_to(a2, batch + tuple(a2.shape[-2:]))
@@ -1419,8 +1405,10 @@ def matmul(
     for idx in np.ndindex(*batch):
         gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes,
              min_bits=min_bits)
-    res = _to_result_dtype(res.reshape(shape), dt, xp)
     if out is not None:
-        out[...] = res  # res is a fresh array, so out may overlap a or b
+        narrower_int = dt.kind in "biu" and out.dtype.kind in "biu"
+        # res is a fresh array, so out may overlap a or b
+        out[...] = exact_result(res.reshape(shape), out.dtype if narrower_int else dt, "matmul")
         return out
+    res = exact_result(res.reshape(shape), dt, "matmul")
     return res[()] if xp is np and res.ndim == 0 else res

@@ -173,10 +173,30 @@ def test_out_errors():
     a = np.ones((3, 2))
     with pytest.raises(ValueError, match="non-broadcastable"):
         rt.matmul(a, a.T, out=np.empty((1, 3)))
+    with pytest.raises(TypeError, match="Cannot cast ufunc 'matmul' output .* casting='safe'"):
+        rt.matmul(a, a.T, out=np.empty((3, 3), np.float32), casting="safe")
     with pytest.raises(TypeError, match="Cannot cast ufunc 'matmul' output"):
-        rt.matmul(a, a.T, out=np.empty((3, 3), np.float32))  # numpy would round into it ('same_kind')
+        rt.matmul(a + 1j, a.T, out=np.empty((3, 3)))  # complex into real: not 'same_kind'
     with pytest.raises(TypeError, match="out must be an array"):
         rt.matmul(a, a.T, out=[[0.0] * 3] * 3)
+    with pytest.raises(ValueError, match="casting must be one of"):
+        rt.matmul(a, a.T, casting="sometimes")
+
+
+def test_out_casting_like_numpy_ufuncs():
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((3, 7)), rng.standard_normal((7, 2))
+    want = _exact_stack(a, b)
+    o32 = np.empty((3, 2), np.float32)
+    assert rt.matmul(a, b, out=o32, moduli="auto") is o32  # 'same_kind', numpy's default: rounded once more
+    assert np.array_equal(o32, want.astype(np.float32))
+    o = np.empty((3, 2))
+    assert rt.matmul(a, b, (o,), moduli="auto") is o and np.array_equal(o, want)  # a 1-tuple, as ufuncs take
+    i = np.array([[100, 27], [3, -4]])
+    o8 = np.empty((2, 2), np.int8)
+    assert rt.matmul(i, np.eye(2, dtype=np.int64), out=o8) is o8 and np.array_equal(o8, i)
+    with pytest.raises(RNSRangeError, match="int8's range"):
+        rt.matmul(i, i, out=o8)  # 10081 does not fit: numpy would wrap it into int8
 
 
 def test_dtype_argument():
