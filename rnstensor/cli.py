@@ -536,8 +536,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "accuracy" and args.count < 1:
-        parser.error(f"--count must be at least 1; got {args.count}")
-    return {"info": _info, "demo": _demo, "accuracy": _accuracy, "plot": _plot}[args.command](args)
+        acc.error(f"--count must be at least 1; got {args.count}")
+    try:
+        return {"info": _info, "demo": _demo, "accuracy": _accuracy, "plot": _plot}[args.command](args)
+    except BrokenPipeError:  # `rnstensor info | head`: the reader left; say nothing more, as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush fails quietly
+        return 0
 
 
 if __name__ == "__main__":

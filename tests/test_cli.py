@@ -512,3 +512,20 @@ def test_plot_errors(results, tmp_path, monkeypatch, capsys):
     out = tmp_path / "none.png"
     assert cli.main(["plot", str(results["info"][2]), "-o", str(out)]) == 2
     assert "pip install 'rnstensor[plot]'" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    """``rnstensor info | head -1``: the closed pipe ends the command quietly, with status 0."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # each line reaches the pipe as printed, before info's slow parts
+    proc = subprocess.Popen([sys.executable, "-m", "rnstensor", "info"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves while info still has lines to print
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and first.startswith(b"rnstensor ") and "Traceback" not in err, err
+
+
+def test_accuracy_argument_errors_show_the_subcommand_usage(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["accuracy", "--count", "0"])
+    assert "usage: rnstensor accuracy" in capsys.readouterr().err
