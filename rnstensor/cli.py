@@ -106,28 +106,15 @@ def optional_parts() -> list[dict]:
     return out
 
 
-#: The kernel NVRTC compiles for ``rnstensor info``: NVRTC that loads is not NVRTC that compiles.
-_PROBE_KERNEL = b'extern "C" __global__ void rnstensor_probe(int *x) { *x = 42; }'
-
-
 def _nvrtc_part() -> dict:
     """Whether NVRTC compiles a one-line kernel to a cubin (needs no GPU)."""
     from .kernels import build
 
     arch = build.ARCHS[0]
     try:
-        nv = build._nvrtc()  # the same import (and error message) the kernel builds use
         major, minor = build.nvrtc_version()
         t0 = time.perf_counter()
-        err, prog = nv.nvrtcCreateProgram(_PROBE_KERNEL, b"probe.cu", 0, [], [])
-        build._check(nv, err, "nvrtcCreateProgram")
-        try:
-            (err,) = nv.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture={arch}".encode()])
-            build._check(nv, err, "nvrtcCompileProgram", prog)
-            err, size = nv.nvrtcGetCUBINSize(prog)
-            build._check(nv, err, "nvrtcGetCUBINSize", prog)
-        finally:
-            nv.nvrtcDestroyProgram(prog)
+        size = build.probe(arch)
         ms = (time.perf_counter() - t0) * 1e3
         return {"part": "nvrtc", "working": size > 0, "version": f"{major}.{minor}",
                 "line": f"nvrtc {major}.{minor}: compiles a test kernel for {arch} ({size} bytes, {ms:.0f} ms)"}

@@ -312,3 +312,12 @@ def test_byte_words_packs_int8_rows_little_endian():
         got = [(int(words[k // 4]) >> (8 * (k % 4)) & 0xFF) for k in range(8)]
         want = [v & 0xFF for v in row] + [0] * (8 - len(row))
         assert got == want
+
+
+def test_probe_compiles_a_cubin_for_every_arch():
+    from rnstensor.kernels import build
+
+    for arch in build.ARCHS:
+        assert build.probe(arch) > 0
+    with pytest.raises(ValueError):
+        build.probe("sm80")

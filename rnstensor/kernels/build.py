@@ -41,6 +41,7 @@ __all__ = [
     "ModuleRequest",
     "build_all",
     "nvrtc_version",
+    "probe",
     "find_tool",
     "sass",
     "resource_usage",
@@ -191,6 +192,30 @@ def nvrtc_version() -> tuple[int, int]:
     res = nv.nvrtcVersion()
     _check(nv, res[0], "nvrtcVersion")
     return int(res[1]), int(res[2])
+
+
+#: What :func:`probe` compiles: NVRTC that loads is not NVRTC that compiles.
+_PROBE_KERNEL = b'extern "C" __global__ void rnstensor_probe(int *x) { *x = 42; }'
+
+
+def probe(arch: str | None = None) -> int:
+    """Compile a one-line kernel for ``arch`` (default the first of :data:`ARCHS`); the cubin's size in bytes.
+
+    Needs NVRTC, not a GPU; raises :class:`KernelBuildError` (or the import
+    error naming the extra to install) where NVRTC cannot compile.
+    """
+    arch = _check_arch(arch or ARCHS[0])
+    nv = _nvrtc()
+    err, prog = nv.nvrtcCreateProgram(_PROBE_KERNEL, b"probe.cu", 0, [], [])
+    _check(nv, err, "nvrtcCreateProgram")
+    try:
+        (err,) = nv.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture={arch}".encode()])
+        _check(nv, err, "nvrtcCompileProgram", prog)
+        err, size = nv.nvrtcGetCUBINSize(prog)
+        _check(nv, err, "nvrtcGetCUBINSize", prog)
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+    return int(size)
 
 
 def _check(nv, err, what: str, prog=None) -> None:
