@@ -129,8 +129,9 @@ def exact_float(x: Any, name: str, fn: str):
         big = max(abs(int(x.min())), abs(int(x.max()))) if x.size else 0  # Python ints: exact, no overflow
         if big > EXACT_INTEGER:
             raise ValueError(
-                f"{fn}: {name} holds integers up to {big:.3e} in magnitude; float64 (and so the residue encoding) "
-                "holds integers exactly only up to 2^53: split them, or pass float64 if rounding them is fine"
+                f"{fn}: {name} holds an integer of magnitude {big} (> 2^53 = {EXACT_INTEGER}); float64 (and so the "
+                "residue encoding) holds integers exactly only up to 2^53: split them, or pass float64 if rounding "
+                "them is fine"
             )
         return x.astype(np.float64)
     raise TypeError(

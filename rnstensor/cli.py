@@ -494,7 +494,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     acc.add_argument(
         "--size", nargs=3, type=int, default=[512, 4096, 512], metavar=("M", "K", "N"),
-        help="gemm: shape (table 7 takes M and N, k from --ks)",
+        help="gemm: shape M K N (default 512 4096 512; table 7 reads M and N only, its k values come from --ks)",
     )
     acc.add_argument("--depths", type=_parse_depths, default=[3, 4, 5, 6, 7, 8], help="chain depths (default 3-8)")
     acc.add_argument("--count", type=int, default=32, help="tensors per dataset (default 32, as in the paper)")

@@ -99,6 +99,13 @@ def _parse_subscripts(subscripts: str, shapes: Sequence[tuple[int, ...]]) -> tup
                          f"{len(free)} of the 52 are unused; name fewer indices")
     ell = "".join(free[:nb])
     terms = [b + (ell[nb - k:] if a is not None else "") + (a or "") for (b, a), k in zip(parts, broadcast)]
+    ell_shapes = [tuple(shape)[len(b):len(b) + k] for (b, _), k, shape in zip(parts, broadcast, shapes)]
+    try:  # checked here, where the letters '...' stands for are still known as '...'
+        np.broadcast_shapes(*ell_shapes)
+    except ValueError:
+        raise ValueError(
+            f"einsum: the dimensions '...' stands for do not broadcast: {', '.join(f'operand {i} {s}' for i, s in enumerate(ell_shapes) if s)}"
+        ) from None
     if out is None:
         letters = "".join(b + (a or "") for b, a in parts)
         output = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))

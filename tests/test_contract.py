@@ -689,3 +689,10 @@ def test_nonfinite_operands_follow_numpy(expr, shapes):
         rt.einsum(expr, *ops, nonfinite="raise")
     with pytest.raises(ValueError, match="constant"):
         rt.contract_expression(expr, shapes[0], ops[1], constants=[1])
+
+
+def test_ellipsis_that_does_not_broadcast_is_named_as_such():
+    with pytest.raises(ValueError, match=r"'\.\.\.' stands for do not broadcast: operand 0 \(2,\), operand 1 \(4,\)"):
+        rt.einsum("...i,...i", np.ones((2, 3)), np.ones((4, 3)))
+    a, b = np.arange(6.0).reshape(2, 1, 3), np.arange(12.0).reshape(4, 3)
+    assert np.array_equal(rt.einsum("...i,...i", a, b), np.einsum("...i,...i", a, b))  # integers: exact in both
