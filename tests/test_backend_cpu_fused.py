@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import rnstensor as rt
 from rnstensor.backends import cpu_fused, get_backend
 from rnstensor.encode import group_exponents
+from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 
 from oracle import assert_bits_equal
 
@@ -97,7 +98,7 @@ def test_the_default_runs_fused_on_the_cpu(monkeypatch):
     X = rng.uniform(-1, 1, (11, 5, 6, 7))
     calls = []
     real = cpu_fused.run_chain
-    monkeypatch.setattr(cpu_fused, "run_chain", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(cpu_fused, "run_chain", lambda *a, **k: calls.append(a) or real(*a, **k))
     for plan in (rt.plan_chain(ops, [0, 1, 2]), rt.plan_chain(ops, [0, 1, 2], moduli=15)):
         y = plan(X)
         assert len(calls) == 1, "the CPU backend's default runs the fused interpreter"
@@ -182,3 +183,79 @@ def test_strided_and_float32_inputs():
     assert not X.flags.c_contiguous
     _same(plan, X, "fp64")
     _same(plan, X.astype(np.float32), "exact")
+
+
+# ----- FEM operators: Hadamard products with per-element fields, sums of mode products ---------------------
+
+
+def _fem_data(rng, nelem: int, P: int, dim: int, kind: str):
+    u = rng.uniform(-1, 1, (nelem,) + (P,) * dim)
+    if kind == "scaled":  # every element its own binade, one of them zero
+        u *= np.ldexp(1.0, rng.integers(-900, 900, (nelem,) + (1,) * dim).astype(np.int32))
+        u[nelem // 2] = 0.0
+    elif kind == "subnormal":
+        u *= 2.0**-1060
+    return u
+
+
+@pytest.mark.parametrize("cls", [MassOperator, PoissonOperator])
+@pytest.mark.parametrize("dim,degree,quadrature", [(3, 1, "gauss"), (3, 2, "gauss"), (3, 4, "gauss"), (2, 3, "gll"),
+                                                   (3, 3, "gll")])
+def test_fused_fem_operators_match_the_steps(cls, dim, degree, quadrature):
+    rng = np.random.default_rng(degree * 10 + dim)
+    b = TensorBasis(degree + 1, dim=dim, quadrature=quadrature)
+    mesh = box_mesh(b, shape=(4, 3, 3)[:dim], curved=0.15)
+    op = cls.on(mesh).op
+    prog = cpu_fused.cpu_operator_program(op)
+    kinds = {int(r[0]) for r in prog.rec}
+    assert cpu_fused._HADAMARD in kinds and (cls is MassOperator or cpu_fused._STACK in kinds)
+    for kind in ("uniform", "scaled", "subnormal"):
+        u = _fem_data(rng, op.nelem, b.P, dim, kind)
+        for decode in ("fp64", "exact"):
+            assert_bits_equal(op.apply(u, decode, fused=True), op.apply(u, decode, fused=False))
+    # element slices: batches across the block boundaries, each element's bits independent of the others
+    u = _fem_data(rng, op.nelem, b.P, dim, "scaled")
+    whole = op.apply(u, fused=False)
+    for lo, hi in ((0, 1), (1, min(op.nelem, prog.nb + 1)), (2, op.nelem)):
+        assert_bits_equal(op.elements(lo, hi).apply(u[lo:hi], fused=True), whole[lo:hi])
+
+
+def test_fem_default_runs_fused_on_the_cpu(monkeypatch):
+    b = TensorBasis(3, dim=3)
+    mesh = box_mesh(b, shape=2, curved=0.1)
+    u = np.random.default_rng(9).uniform(-1, 1, (mesh.nelem,) + (b.P,) * 3)
+    calls = []
+    real = cpu_fused.run_chain
+    monkeypatch.setattr(cpu_fused, "run_chain", lambda *a, **k: calls.append(k) or real(*a, **k))
+    for cls in (MassOperator, PoissonOperator):
+        op = cls.on(mesh).op
+        y = op.apply(u)
+        assert len(calls) == 1 and calls[0]["field"].shape[1:] == (mesh.nelem, 1 if cls is MassOperator else 6, b.Q**3)
+        calls.clear()
+        assert_bits_equal(y, op.apply(u, fused=False))
+        assert not calls
+        one = op.elements(0, 1)
+        assert_bits_equal(one.apply(u[0]), one.apply(u[:1], fused=False)[0])  # one element without the batch axis
+        calls.clear()
+
+
+def test_fused_fem_errors():
+    b = TensorBasis(3, dim=3)
+    mesh = box_mesh(b, shape=2)
+    op = PoissonOperator.on(mesh).op
+    prog = cpu_fused.cpu_operator_program(op)
+    u = np.ones((mesh.nelem, 3, 3, 3))
+    with pytest.raises(ValueError, match="multiplies by a field: pass field= and fexp="):
+        cpu_fused.run_chain(prog, u, "fp64")
+    field, fexp = rt.kernels.fused.operator_field(op)
+    with pytest.raises(ValueError, match=r"field must be \(planes, 8, 6, 64\)"):
+        cpu_fused.run_chain(prog, u, "fp64", field=field[:, :3], fexp=fexp)
+    with pytest.raises(ValueError, match=r"x must be \(B, 3, 3, 3\)"):
+        cpu_fused.run_chain(prog, u[..., :2], "fp64", field=field, fexp=fexp)
+    composed = PoissonOperator(b, mesh.G, method="composed")
+    with pytest.raises(ValueError, match="only method='rescale_be'"):
+        cpu_fused.cpu_operator_program(composed)
+    with pytest.raises(ValueError, match="fused=True: .*only method='rescale_be'"):
+        composed.apply(u, fused=True)
+    big = TensorBasis(63, dim=2)  # Q = 64, the most points a basis takes: sums of 3 x 64 terms are exact in float32
+    assert cpu_fused.cpu_operator_fusable(PoissonOperator(big, box_mesh(big, 1).G)) is None

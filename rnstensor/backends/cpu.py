@@ -1553,12 +1553,22 @@ class CpuBackend:
         except ValueError as exc:
             return None, str(exc)
 
-    def chain(self, program, x: np.ndarray, decode: str) -> np.ndarray:
-        """A whole chain, block by block in cache (:mod:`rnstensor.backends.cpu_fused`): ``x`` ``(B, *in_shape)``
-        (finite) -> ``(B, *out_shape)``, bitwise the step-by-step run."""
+    def operator_program(self, op, decode: str):
+        """``(program, None)``: the FEM operator ``op`` packed for :meth:`chain`, or ``(None, reason)``."""
         from . import cpu_fused  # noqa: PLC0415
 
-        return cpu_fused.run_chain(program, x, decode)
+        try:
+            return cpu_fused.cpu_operator_program(op), None
+        except ValueError as exc:
+            return None, str(exc)
+
+    def chain(self, program, x: np.ndarray, decode: str, field=None, fexp=None) -> np.ndarray:
+        """A whole chain, block by block in cache (:mod:`rnstensor.backends.cpu_fused`): ``x`` ``(B, *in_shape)``
+        (finite) -> ``(B, *out_shape)``, bitwise the step-by-step run. A FEM operator's program reads its encoded
+        ``field`` ``(planes, B, components, entries)`` int8 and the field's exponent per tensor ``fexp``."""
+        from . import cpu_fused  # noqa: PLC0415
+
+        return cpu_fused.run_chain(program, x, decode, field=field, fexp=fexp)
 
     # ----- decode -------------------------------------------------------------------------
 

@@ -33,13 +33,15 @@ from numba import njit
 from .. import arith
 from . import cpu as _cpu
 
-__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
+__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "cpu_operator_program", "cpu_operator_fusable", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
 
 #: entries a block aims for: every plane of two or three live tensors stays within L2
 BLOCK_ENTRIES = 4096
 # record fields (int64 rows of _REC): kind, out slot, in slot, planes, then per kind
-_REC = 12
-_PRODUCT, _DROP = 0, 1
+_REC = 16
+_PRODUCT, _DROP, _STACK, _HADAMARD = 0, 1, 2, 3
+#: the most terms one output of a stage sums (the FEM Poisson operator's metric rows: 3)
+TERMS_MAX = 3
 _INF_BITS = 0x7FF0000000000000
 
 
@@ -47,11 +49,14 @@ _INF_BITS = 0x7FF0000000000000
 class CpuChainProgram:
     """A residue program packed for :func:`run_chain`: its records, tables and the decode's scale.
 
-    ``rec`` holds one row per product or drop; ``ops`` the products'
-    operator residues (int8), ``tabi``/``tabf`` the drops' tables, each
-    table named by a row of ``tdir`` (kind, offset, rows, columns).
-    ``dexp`` is the exponent of every output entry for an input encoded with
-    ``e = 0``; ``factor`` the output's integer factor.
+    ``rec`` holds one row per product, drop, stack (the terms of a sum of
+    mode products side by side along the contracted axis) or Hadamard
+    product; ``ops`` the products' operator residues (int8), ``tabi``/``tabf``
+    the drops' tables, each table named by a row of ``tdir`` (kind, offset,
+    rows, columns). ``dexp`` is the exponent of every output entry for an
+    input (and field) encoded with ``e = 0``; ``factor`` the output's
+    integer factor; ``nfield``/``nq`` the field components per tensor and
+    their entries (0 where the program has no Hadamard product).
     """
 
     rec: np.ndarray
@@ -71,6 +76,8 @@ class CpuChainProgram:
     nb: int
     dexp: np.ndarray
     factor: int
+    nfield: int = 0
+    nq: int = 0
 
 
 def cpu_fusable(plan) -> Optional[str]:
@@ -82,6 +89,16 @@ def cpu_fusable(plan) -> Optional[str]:
         return why
     if any(op.shape[1] > _cpu._DIRECT_MAX_K for op in plan.operators):
         return f"an operator has more than {_cpu._DIRECT_MAX_K} columns (its products go through BLAS)"
+    return None
+
+
+def cpu_operator_fusable(op) -> Optional[str]:
+    """Why the FEM operator ``op`` cannot run fused on the CPU (a sentence), or ``None`` if it can."""
+    if getattr(op, "method", None) != "rescale_be":
+        return f"only method='rescale_be' runs in residues from encode to decode (this operator: {op.method!r})"
+    n = max(op.basis.P, op.basis.Q)
+    if TERMS_MAX * n > _cpu._DIRECT_MAX_K:
+        return f"{n} points per axis; the fused CPU interpreter sums products of at most {_cpu._DIRECT_MAX_K} terms"
     return None
 
 
@@ -106,13 +123,39 @@ def cpu_chain_program(plan, shape: tuple) -> CpuChainProgram:
     return per_plan[key]
 
 
-def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
+def cpu_operator_program(op) -> CpuChainProgram:
+    """The fused CPU program of the FEM operator ``op`` (mass or Poisson, ``method='rescale_be'``), cached per plan.
+
+    Its Hadamard products read the operator's encoded field per element
+    (:func:`rnstensor.kernels.fused.operator_field`: ``w detJ`` or the packed
+    metric ``G``), which :func:`run_chain` takes with its exponents.
+
+    Raises
+    ------
+    ValueError
+        If the operator cannot run fused on the CPU (the reason).
+    """
+    from ..kernels.fused import operator_fields  # noqa: PLC0415 - it imports the backends
+
+    why = cpu_operator_fusable(op)
+    if why is not None:
+        raise ValueError(f"this operator cannot run fused on the CPU: {why}")
+    per_op = _CACHE.setdefault(op.program, {})  # one per plan: the operator's element slices share it
+    if "operator" not in per_op:
+        fields, ncomp = operator_fields(op)
+        per_op["operator"] = _pack(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields,
+                                   nfield=ncomp, nq=op.basis.Q**op.basis.dim)
+    return per_op["operator"]
+
+
+def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = None, nfield: int = 0,
+          nq: int = 0) -> CpuChainProgram:
     from ..kernels.fused import SlotPool, last_uses, program_stages  # noqa: PLC0415 - it imports the backends
 
     enc = next(st for st in program.steps if type(st).__name__ == "Encode" and not st.constant)
     if tuple(enc.shared) != tuple(range(1, len(in_shape) + 1)):
         raise ValueError("the input is encoded with more than one exponent per tensor")
-    prog = program_stages(program, in_shape, constants, {})
+    prog = program_stages(program, in_shape, constants, fields or {})
     basis = tuple(prog.basis)
     rec: list = []
     ops: list = []
@@ -132,6 +175,15 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
         sizes[kind] += a.size
         return len(tdir) - 1
 
+    def record(*fields) -> None:
+        rec.append(list(fields) + [0] * (_REC - len(fields)))
+
+    def add_op(a: np.ndarray) -> int:
+        off = nops[0]
+        ops.append(np.ascontiguousarray(a, np.int8).reshape(-1))
+        nops[0] += a.size
+        return off
+
     # slots: a tensor lives from the stage that writes it to the last stage that reads it
     last_use = last_uses(prog)
     slot_of = {0: 0}
@@ -141,8 +193,6 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
     shapes = {0: tuple(in_shape)}
     lmax, emax = len(prog.first), math.prod(in_shape)
     for k, st in enumerate(prog.stages):
-        if st.kind != "product":
-            raise ValueError("a Hadamard stage (the fused CPU interpreter runs mode products)")
         L = len(st.active)
         lmax = max(lmax, L, len(st.drop_active))
         red = [table(a) for a in _cpu._mod_consts(tuple(st.active))[:3]][0]
@@ -157,23 +207,42 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
             dropped = []
             for i, s_in in zip(st.inputs, in_slots):
                 s_out = alloc()
-                rec.append([_DROP, s_out, s_in, L, math.prod(shapes[i]), t0, len(st.drop_active)] + [0] * (_REC - 7))
+                record(_DROP, s_out, s_in, L, math.prod(shapes[i]), t0, len(st.drop_active))
                 dropped.append(s_out)
             pool.release(dead)
             dead = dropped
             in_slots = dropped
         for terms, oid in zip(st.outputs, st.out_ids):
-            if len(terms) != 1:
-                raise ValueError(f"a sum of {len(terms)} mode products (the fused CPU interpreter runs one per output)")
-            t = terms[0]
-            _, n_out, n_in = t.op.shape
-            shp = shapes[st.inputs[t.input]]
+            if len(terms) > TERMS_MAX:
+                raise ValueError(f"a sum of {len(terms)} terms (the fused CPU interpreter adds at most {TERMS_MAX})")
             s_out = alloc()
             slot_of[oid] = s_out
+            shp = shapes[st.inputs[terms[0].input]]
+            if st.kind == "hadamard":
+                if math.prod(shp) != nq:
+                    raise ValueError(f"a Hadamard product of {math.prod(shp)} entries with a field of {nq}")
+                fpl = table(np.array([basis.index(q) for q in st.active], np.int64))
+                pairs = [v for t in terms for v in (in_slots[t.input], t.field)]
+                record(_HADAMARD, s_out, in_slots[terms[0].input], L, nq, red, fpl, len(terms), *pairs)
+                shapes[oid] = shp
+                continue
+            _, n_out, n_in = terms[0].op.shape
             pre, post = math.prod(shp[: st.axis]), math.prod(shp[st.axis + 1:])
-            ops.append(np.ascontiguousarray(t.op, np.int8).reshape(-1))
-            rec.append([_PRODUCT, s_out, in_slots[t.input], L, pre, n_in, post, n_out, nops[0], red] + [0] * (_REC - 10))
-            nops[0] += t.op.size
+            src = in_slots[terms[0].input]
+            if len(terms) > 1:
+                # a sum of mode products along one axis: the inputs side by side along it, times the operators side
+                # by side, is one product over all their terms (exact in float32 while <= _DIRECT_MAX_K terms)
+                if len(terms) * n_in > _cpu._DIRECT_MAX_K:
+                    raise ValueError(f"a sum of {len(terms)} mode products over {n_in} points "
+                                     f"(the fused CPU interpreter sums at most {_cpu._DIRECT_MAX_K} terms)")
+                src = alloc()
+                record(_STACK, src, 0, L, pre, n_in, post, len(terms), *(in_slots[t.input] for t in terms))
+                emax = max(emax, len(terms) * math.prod(shp))
+                op = np.concatenate([t.op for t in terms], axis=2)
+                pool.release([src])  # free once the product below has read it
+            else:
+                op = terms[0].op
+            record(_PRODUCT, s_out, src, L, pre, op.shape[2], post, n_out, add_op(op), red)
             shapes[oid] = shp[: st.axis] + (n_out,) + shp[st.axis + 1:]
             emax = max(emax, math.prod(shapes[oid]))
         pool.release(dead)
@@ -183,7 +252,7 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
     nb = max(1, BLOCK_ENTRIES // per_tensor)
     arrays = dict(
         rec=np.array(rec, np.int64).reshape(-1, _REC),
-        ops=np.concatenate(ops).astype(np.int8),
+        ops=np.concatenate(ops).astype(np.int8) if ops else np.zeros(1, np.int8),
         tabi=np.concatenate(tabi) if tabi else np.zeros(1, np.int64),
         tabf=np.concatenate(tabf) if tabf else np.zeros(1, np.float32),
         tdir=np.array(tdir, np.int64).reshape(-1, 4),
@@ -194,7 +263,7 @@ def _pack(program, in_shape: tuple, constants: list) -> CpuChainProgram:
     return CpuChainProgram(in_shape=tuple(in_shape), out_shape=shapes[prog.final], bits=int(prog.bits),
                            first=tuple(prog.first), final_active=tuple(prog.final_active),
                            final_slot=slot_of[prog.final], nslots=pool.count, lmax=lmax, emax=emax, nb=nb,
-                           factor=int(prog.factor), **arrays)
+                           factor=int(prog.factor), nfield=nfield, nq=nq, **arrays)
 
 
 def scratch_bytes(program: CpuChainProgram) -> int:
@@ -209,16 +278,33 @@ def scratch_bytes(program: CpuChainProgram) -> int:
     return slots + per_block
 
 
-def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str) -> np.ndarray:
+def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str, field: Optional[np.ndarray] = None,
+              fexp: Optional[np.ndarray] = None) -> np.ndarray:
     """``x`` ``(B, *program.in_shape)`` (finite float64) through the whole program, block by block, decoded.
 
-    The result ``(B, *program.out_shape)`` is bitwise the step-by-step
-    execution's with the same decode (``'fp64'`` or ``'exact'``).
+    A program with Hadamard products (a FEM operator's) reads tensor ``b``'s
+    field from ``field[:, b]`` (``(basis planes, B, program.nfield,
+    program.nq)`` int8, :func:`rnstensor.kernels.fused.operator_field`), its
+    exponent from ``fexp[b]``. The result ``(B, *program.out_shape)`` is
+    bitwise the step-by-step execution's with the same decode (``'fp64'`` or
+    ``'exact'``).
     """
     if decode not in ("fp64", "exact"):
         raise ValueError(f"decode must be 'fp64' or 'exact'; got {decode!r}")
     x = np.require(np.asarray(x, dtype=np.float64), requirements="C")
     B = x.shape[0]
+    if tuple(x.shape[1:]) != tuple(program.in_shape):
+        raise ValueError(f"x must be (B, {', '.join(map(str, program.in_shape))}); got {x.shape}")
+    if program.nfield:
+        if field is None or fexp is None:
+            raise ValueError("this program multiplies by a field: pass field= and fexp=")
+        field = np.require(field, np.int8, "C")
+        fexp = np.require(fexp, np.int64, "C").reshape(-1)
+        if field.ndim != 4 or field.shape[1:] != (B, program.nfield, program.nq) or fexp.shape != (B,):
+            raise ValueError(f"field must be (planes, {B}, {program.nfield}, {program.nq}) and fexp ({B},); "
+                             f"got {field.shape} and {fexp.shape}")
+    else:
+        field, fexp = np.zeros((1, 1, 1, 1), np.int8), np.zeros(1, np.int64)
     nin, nout = math.prod(program.in_shape), math.prod(program.out_shape)
     out = np.empty((B, nout), np.float64)
     if B == 0:
@@ -241,7 +327,8 @@ def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str) -> np.ndarra
     args = (xi, program.rec, program.ops, program.tabi, program.tabf, program.tdir, program.bits,
             pf, ipf, hf, c24, tab, pa, per, perm, C, qf, qip, qh, qd, program.dexp,
             decode == "exact", float(f), float(g), int(k), int(t2), flimbs, int(fsign), int(nl), _cpu._P2,
-            program.nb, program.nslots, program.lmax, program.emax, program.final_slot, out)
+            program.nb, program.nslots, program.lmax, program.emax, program.final_slot, _cpu._ro(field), _cpu._ro(fexp),
+            program.nfield > 0, out)
     _cpu._launch(_chain_blocks, nblk, B * nin * len(first) * 8, *args)
     return out.reshape((B,) + program.out_shape)
 
@@ -316,8 +403,8 @@ def _ftab(tdir, tabf, j):
 
 @njit(cache=True, nogil=True)
 def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa, pper, perm, C, qf, qip, qh, qd,
-                  dexp, exact, f, g, k, eadd, flimbs, fsign, nl40, p2, nb, nslots, lmax, emax, final_slot, out,
-                  task0, task1):
+                  dexp, exact, f, g, k, eadd, flimbs, fsign, nl40, p2, nb, nslots, lmax, emax, final_slot, field, fexp,
+                  has_field, out, task0, task1):
     B, nin = xi.shape
     nout = out.shape[1]
     BL = _cpu._BLOCK
@@ -385,6 +472,11 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
                     Ba, tw = 1, Vn
                 ntasks = L * ((pre_b + Ba - 1) // Ba) * ((post + tw - 1) // tw)
                 _cpu._product_direct(A, Xp, pf32, ip32, h32, Op, Ba, tw, 0, ntasks)
+            elif rec[r, 0] == _STACK:
+                _stack(S, rec[r], nt)
+            elif rec[r, 0] == _HADAMARD:
+                _hadamard(S, rec[r], nt, field, t0, _ftab(tdir, tabf, rec[r, 5]), _ftab(tdir, tabf, rec[r, 5] + 1),
+                          _ftab(tdir, tabf, rec[r, 5] + 2), _itab(tdir, tabi, rec[r, 6]))
             else:
                 ne, j, Lin = rec[r, 4], rec[r, 5], rec[r, 6]
                 W = ne * nt
@@ -406,7 +498,7 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
         Xf = S[final_slot, : Lf * W].reshape(Lf, W)
         ob = out[t0: t0 + nt].reshape(-1)
         for t in range(nt):
-            e_t = et[t]
+            e_t = et[t] - (fexp[t0 + t] if has_field else 0)  # the field's exponent adds to the output's
             eb_t = eb[t * nout: (t + 1) * nout]
             for i in range(nout):
                 eb_t[i] = dexp[i] - e_t
@@ -418,3 +510,49 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
             else:
                 _cpu._decode_fp64_block(Xf, c0, w, perm, C, qf, qip, qh, qd, f, g, eb[c0: c0 + w], k, p2,
                                         ob[c0: c0 + w], V, Vl, Vc, D, acc, Sw)
+
+
+@njit(cache=True, nogil=True)
+def _stack(S, rc, nt):
+    # the terms' inputs side by side along the contracted axis: out (L, pre nt, terms n_in, post) from the
+    # inputs (L, pre nt, n_in, post), slots rc[8 ...]
+    so, L, pre, n_in, post, nterms = rc[1], rc[3], rc[4], rc[5], rc[6], rc[7]
+    pre_b = pre * nt
+    run = n_in * post
+    O = S[so, : L * pre_b * nterms * run].reshape(L, pre_b, nterms * run)
+    for i in range(nterms):
+        X = S[rc[8 + i], : L * pre_b * run].reshape(L, pre_b, run)
+        for l in range(L):
+            for a in range(pre_b):
+                O[l, a, i * run: (i + 1) * run] = X[l, a]
+
+
+@njit(cache=True, nogil=True)
+def _hadamard(S, rc, nt, field, t0, pf, ipf, hf, fplane):
+    # out = [sum of the terms' input times its field component]_p, entry by entry: tensor t of the block reads
+    # the field of tensor t0 + t; terms (slot, component) from rc[8]. At most 3 terms of <= 2**14: exact
+    so, L, nq, nterms = rc[1], rc[3], rc[4], rc[7]
+    W = nt * nq
+    O = S[so, : L * W].reshape(L, nt, nq)
+    X0 = S[rc[8], : L * W].reshape(L, nt, nq)
+    X1 = S[rc[10 if nterms > 1 else 8], : L * W].reshape(L, nt, nq)
+    X2 = S[rc[12 if nterms > 2 else 8], : L * W].reshape(L, nt, nq)
+    c0, c1, c2 = rc[9], rc[11], rc[13]
+    for l in range(L):
+        p, ip, h = pf[l], ipf[l], hf[l]
+        fl = fplane[l]
+        for t in range(nt):
+            F = field[fl, t0 + t]
+            x0, x1, x2, o = X0[l, t], X1[l, t], X2[l, t], O[l, t]
+            F0 = F[c0]
+            if nterms == 1:
+                for q in range(nq):
+                    o[q] = np.int8(_cpu._cr32(np.float32(x0[q]) * np.float32(F0[q]), p, ip, h))
+            else:
+                F1 = F[c1]
+                F2 = F[c2] if nterms > 2 else F[c1]
+                w2 = np.float32(1.0 if nterms > 2 else 0.0)
+                for q in range(nq):
+                    acc = (np.float32(x0[q]) * np.float32(F0[q]) + np.float32(x1[q]) * np.float32(F1[q])
+                           + w2 * (np.float32(x2[q]) * np.float32(F2[q])))
+                    o[q] = np.int8(_cpu._cr32(acc, p, ip, h))

@@ -348,11 +348,13 @@ class _Operator:
         on its own, the pointwise steps in float64. ``'float64'``: plain
         numpy einsum.
 
-        ``fused``: on the ``'cuda'`` backend the operator runs as one kernel
-        (every element in shared memory from load to store;
-        :func:`rnstensor.kernels.fused.operator_program`). ``None`` (default)
+        ``fused``: the operator runs fused, every element from load to store
+        in fast memory: on the ``'cpu'`` backend block by block in cache
+        (:func:`rnstensor.backends.cpu_fused.cpu_operator_program`), on
+        ``'cuda'`` as one kernel in shared memory
+        (:func:`rnstensor.kernels.fused.operator_program`). ``None`` (default)
         fuses where it can, ``True`` raises where it cannot, ``False`` runs one
-        kernel per step. The bits are the same either way.
+        primitive per step. The bits are the same either way.
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
@@ -383,7 +385,7 @@ class _Operator:
         if callable(getattr(be, "operator_program", None)):
             prog, why = be.operator_program(self, decode)
         else:
-            prog, why = None, f"the fused kernel runs on the 'cuda' backend, not {be.name!r}"
+            prog, why = None, f"the fused operator runs on the 'cpu' and 'cuda' backends, not {be.name!r}"
         if prog is None:
             if fused:
                 raise ValueError(f"fused=True: {why}")

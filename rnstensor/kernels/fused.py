@@ -31,7 +31,7 @@ from ..program import ir
 from . import tables
 from .layout import KERNEL, RC, RS
 
-__all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "SlotPool", "method_reason", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field",
+__all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "SlotPool", "method_reason", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field", "operator_fields",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
@@ -681,6 +681,13 @@ def _field_components(op) -> dict:
     return {"W": 0} if op.kind == "mass" else {("G", c): c for c in range(3 * (op.basis.dim - 1))}
 
 
+def operator_fields(op) -> tuple[dict, int]:
+    """``(fields, components)`` of a FEM operator's program: which constants (by source index) are field
+    components, as :func:`program_stages` takes them, and how many components :func:`operator_field` holds."""
+    comps = _field_components(op)
+    return {i: comps[key] for i, key in enumerate(op.program_constants_keys()) if key in comps}, len(comps)
+
+
 def operator_field(op) -> tuple[np.ndarray, np.ndarray]:
     """The operator's encoded field as the kernel reads it, ``(planes, nelem, components, Q**dim)`` int8 on
     the basis moduli, and its exponent per element (int32)."""
@@ -715,10 +722,9 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     per_op = _CACHE.setdefault(op.program, {})  # one per plan: the operator's element slices share it
     key = ("operator", budget)
     if key not in per_op:
-        comps = _field_components(op)
-        fields = {i: comps[key] for i, key in enumerate(op.program_constants_keys()) if key in comps}
+        fields, ncomp = operator_fields(op)
         prog = program_stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields)
-        per_op[key] = _compile(prog, budget, nfield=len(comps), nq=op.basis.Q**op.basis.dim)
+        per_op[key] = _compile(prog, budget, nfield=ncomp, nq=op.basis.Q**op.basis.dim)
     return per_op[key]
 
 
