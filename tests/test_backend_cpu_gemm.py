@@ -147,17 +147,21 @@ def test_reduce_into_is_exact_at_the_ends_of_its_range():
 
 
 def _same_bits(*args, **kw):
-    """dgemm (zgemm for complex operands) on the INT8 and the wide engine: the same bits; the wide result."""
+    """dgemm (zgemm for complex operands) on the INT8 engine and the wide one, its products on the calling thread
+    and one single-threaded GEMM per thread: the same bits; the wide result."""
     gemm = rt.zgemm if args[0].dtype.kind == "c" else rt.dgemm
-    old = cpu_gemm.ENGINE
+    old = cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN
     try:
         cpu_gemm.ENGINE = "int8"
         x = gemm(*args, **kw)
-        cpu_gemm.ENGINE = "wide"
+        cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN = "wide", 1 << 62
         y = gemm(*args, **kw)
+        cpu_gemm._PARALLEL_MIN = 0
+        z = gemm(*args, **kw)
     finally:
-        cpu_gemm.ENGINE = old
+        cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN = old
     np.testing.assert_array_equal(x.view(np.int64), y.view(np.int64), err_msg=str(kw))
+    np.testing.assert_array_equal(x.view(np.int64), z.view(np.int64), err_msg=f"threaded products, {kw}")
     return y
 
 
@@ -256,3 +260,57 @@ def test_wide_engine_on_the_split_product_of_wide_rows():
     b[:, 0] = np.ldexp(b[:, 0], rng.integers(-250, 250, 300).astype(np.int32))
     _same_bits(a, b)
     _same_bits(a + 0.5j * a, b - 2j * b)
+
+
+def test_one_blas_thread_is_restored_after_overlapping_callers():
+    import threading
+
+    libs = cpu_gemm._openblas_threads()
+    if not libs:
+        pytest.skip("numpy's BLAS is not a pthreads OpenBLAS")
+    counts = lambda: [get() for get, _ in libs]  # noqa: E731
+    before = counts()
+    inside, go, done = [], threading.Barrier(3), threading.Event()
+
+    def caller():
+        with cpu_gemm._one_blas_thread():
+            go.wait()
+            inside.append(counts())
+            done.wait()
+
+    for attempt in range(2):  # the first caller from a worker thread, then again: the count is process-wide
+        threads = [threading.Thread(target=caller) for _ in range(2)]
+        for t in threads:
+            t.start()
+        go.wait()  # both inside
+        done.set()
+        for t in threads:
+            t.join()
+        done.clear()
+        assert inside == [[1] * len(before)] * 2
+        assert counts() == before
+        inside.clear()
+
+
+def test_kept_workspace_is_reused_and_never_returned(monkeypatch):
+    rng = np.random.default_rng(2)
+    a, b = rng.uniform(-1, 1, (64, 300)), rng.uniform(-1, 1, (300, 48))
+    monkeypatch.setattr(cpu_gemm, "ENGINE", "wide")
+    cpu_gemm.release_workspace()
+    c1 = rt.dgemm(a, b, moduli="auto")
+    kept = cpu_gemm._KEPT[0]
+    assert kept is not None and kept.nbytes >= cpu_gemm.wide_bytes(64, 48, 300, 5)
+    c1_bits = c1.copy()
+    c2 = rt.dgemm(2 * a, b, moduli="auto")
+    assert cpu_gemm._KEPT[0] is kept, "a product of the same size reuses the kept buffer"
+    assert not np.shares_memory(c2, kept) and not np.shares_memory(c1, kept)
+    np.testing.assert_array_equal(c1.view(np.int64), c1_bits.view(np.int64))  # the first result is untouched
+    np.testing.assert_array_equal(c2, 2 * c1)
+    cpu_gemm.release_workspace()
+    assert cpu_gemm._KEPT[0] is None
+    monkeypatch.setattr(cpu_gemm, "KEEP_BYTES", 0)
+    np.testing.assert_array_equal(rt.dgemm(a, b, moduli="auto"), c1)
+    assert cpu_gemm._KEPT[0] is None, "KEEP_BYTES = 0 keeps nothing"
+    with cpu_gemm._KEPT_LOCK:  # another caller holds the buffer: this one takes fresh memory, keeps nothing
+        np.testing.assert_array_equal(rt.dgemm(a, b, moduli="auto"), c1)
+    assert cpu_gemm._KEPT[0] is None

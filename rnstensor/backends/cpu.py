@@ -81,11 +81,20 @@ def _launch(kernel, ntasks: int, work: int, *args) -> None:
     if nth <= 1:
         kernel(*args, 0, ntasks)
         return
+    cuts = [ntasks * i // nth for i in range(nth + 1)]
+    _run_parts(lambda i: kernel(*args, cuts[i], cuts[i + 1]), nth)
+
+
+def _run_parts(fn, nparts: int) -> None:
+    """``fn(i)`` for every part ``i < nparts``, each on its own thread (part 0 on the caller's), for Python work
+    that releases the GIL (BLAS calls, nogil kernels run on one thread each)."""
+    if nparts <= 1:
+        fn(0)
+        return
     if not _POOL:
         _POOL.append(ThreadPoolExecutor(max_workers=_nthreads(), thread_name_prefix="rnstensor-cpu"))
-    cuts = [ntasks * i // nth for i in range(nth + 1)]
-    futures = [_POOL[0].submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(1, nth)]
-    kernel(*args, cuts[0], cuts[1])
+    futures = [_POOL[0].submit(fn, i) for i in range(1, nparts)]
+    fn(0)
     for f in futures:
         f.result()
 

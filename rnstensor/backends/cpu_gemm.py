@@ -14,8 +14,11 @@ cheaper, and the decode of 5-6 wide moduli is cheaper than that of 15-20.
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Optional
 
@@ -26,7 +29,8 @@ from ..arith import alpha_parts
 from ..basis import mrc_digit_coeffs, mrc_order
 from . import cpu as _cpu
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "ENGINE", "PHASES"]
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "release_workspace", "ENGINE",
+           "PHASES", "KEEP_BYTES"]
 
 #: Which exact product :meth:`CpuBackend.exact_gemm` runs: ``None`` picks by shape (:func:`prefers_wide`),
 #: ``'wide'`` / ``'int8'`` force one (tests and benchmarks compare the two).
@@ -34,6 +38,105 @@ ENGINE: Optional[str] = None
 #: When a dict, the wide engine's phase wall times (seconds) accumulate into it: 'encode', 'gemm', 'reduce',
 #: 'decode' (benchmarks; ``rnstensor.gemm.PHASES`` counts the whole engine as 'products').
 PHASES: Optional[dict] = None
+
+
+#: The most bytes of working memory (operand planes, product residues) the engine keeps between calls, one
+#: buffer for the whole process: a product of the same size reuses it instead of taking fresh pages from the
+#: kernel, whose zeroing costs as much as a quarter of the encode. 0 keeps nothing; :func:`release_workspace`
+#: frees what is kept. A call made while another holds the buffer takes fresh memory.
+KEEP_BYTES = 256 << 20
+_KEPT: list = [None]
+_KEPT_LOCK = threading.Lock()
+
+
+def release_workspace() -> None:
+    """Free the working memory the wide engine keeps between calls (see :data:`KEEP_BYTES`)."""
+    with _KEPT_LOCK:
+        _KEPT[0] = None
+
+
+class _Arena:
+    """Arrays carved one after another from one float64 buffer, each on a 64-byte boundary."""
+
+    def __init__(self, buf: np.ndarray):
+        self.buf, self.off = buf, 0
+
+    def take(self, shape: tuple, dtype) -> np.ndarray:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        words = -(-nbytes // 64) * 8
+        view = self.buf[self.off: self.off + words].view(np.uint8)[:nbytes].view(dtype).reshape(shape)
+        self.off += words
+        return view
+
+
+@contextmanager
+def _arena(nbytes: int):
+    """An :class:`_Arena` of at least ``nbytes`` (the kept buffer where it is free and large enough)."""
+    words = -(-nbytes // 64) * 8 + 8 * 16  # each array's rounding up to a cache line
+    mine = _KEPT_LOCK.acquire(blocking=False)
+    try:
+        buf = _KEPT[0] if mine else None
+        if buf is None or buf.size < words:
+            buf = np.empty(words, np.float64)
+            if mine and 8 * words <= KEEP_BYTES:
+                _KEPT[0] = buf
+        yield _Arena(buf)
+    finally:
+        if mine:
+            _KEPT_LOCK.release()
+
+
+@lru_cache(maxsize=1)
+def _openblas_threads() -> tuple:
+    """``(get, set)`` thread-count functions of every pthreads OpenBLAS loaded (numpy's among them), found by
+    threadpoolctl; empty without threadpoolctl or such a library (MKL, Accelerate, OpenMP builds)."""
+    try:
+        from threadpoolctl import ThreadpoolController  # noqa: PLC0415 - read once
+    except ImportError:  # pragma: no cover - a dependency; a stripped environment runs the GEMMs one by one
+        return ()
+    found = []
+    for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers:
+        if getattr(lib, "threading_layer", None) == "openmp":  # per-thread counts, other waiting rules
+            continue
+        for pre, suf in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+            get = getattr(lib.dynlib, f"{pre}openblas_get_num_threads{suf}", None)
+            put = getattr(lib.dynlib, f"{pre}openblas_set_num_threads{suf}", None)
+            if get is not None and put is not None:
+                found.append((get, put))
+                break
+    return tuple(found)
+
+
+_ONE_LOCK = threading.Lock()
+_ONE: list = [0, ()]  # callers inside, the counts to restore
+
+
+@contextmanager
+def _one_blas_thread():
+    """OpenBLAS on one thread, process-wide, while any caller is inside; its own counts restored after the last.
+
+    (OpenBLAS's count is one for the process: threadpoolctl lets only one thread ever change it, so its functions
+    are called here directly.)
+    """
+    libs = _openblas_threads()
+    with _ONE_LOCK:
+        if _ONE[0] == 0:
+            _ONE[1] = tuple(get() for get, _ in libs)
+            for _, put in libs:
+                put(1)
+        _ONE[0] += 1
+    try:
+        yield
+    finally:
+        with _ONE_LOCK:
+            _ONE[0] -= 1
+            if _ONE[0] == 0:
+                for (_, put), n in zip(libs, _ONE[1]):
+                    put(n)
+
+
+#: Products of at least this many multiply-adds per modulus run one single-threaded BLAS GEMM per thread.
+_PARALLEL_MIN = 1 << 26
 
 
 def _tick(name: str, t0: float) -> float:
@@ -259,11 +362,13 @@ def _wide_cost(L: int, chunk: int, k: int) -> int:
 
 
 def wide_bytes(m: int, n: int, k: int, L: int, cplx: bool = False) -> int:
-    """Peak bytes of :func:`exact_gemm` on ``L`` wide moduli: float64 operand planes, one GEMM buffer, float32
-    residues of the product (complex: the parts and sums of both operands, the three products, both parts)."""
+    """Peak bytes of :func:`exact_gemm` on ``L`` wide moduli: float64 operand planes, a GEMM buffer per thread,
+    float32 residues of the product (complex: the parts and sums of both operands, the three products, both
+    parts)."""
+    bufs = 8 * _cpu._nthreads() * m * n
     if cplx:
-        return 8 * (3 * L * (m * k + k * n) + 3 * m * n) + 4 * 5 * L * m * n
-    return 8 * (L * (m * k + k * n) + m * n) + 4 * L * m * n
+        return 8 * 3 * L * (m * k + k * n) + bufs + 4 * 5 * L * m * n
+    return 8 * L * (m * k + k * n) + bufs + 4 * L * m * n
 
 
 def prefers_wide(m: int, n: int, k: int, s: int, bound: int) -> bool:
@@ -330,34 +435,66 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     eb = np.ascontiguousarray(eb, np.int64).reshape(-1)
     # every modulus' residues of the operands in one pass each (the IEEE split is shared), float64 for the
     # GEMMs; the product's residues in float32 (|r| < 2**23) for the decode
+    with _arena(wide_bytes(m, n, k, L, cplx)) as ws:
+        return _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl, chunk, ws)
+
+
+def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena) -> np.ndarray:
+    m, k = A.shape
+    n = Bm.shape[1]
+    p, ip, h = tabs[:3]
+    L = p.size
     t0 = time.perf_counter()
-    if not cplx:
-        pairs = [(_planes(A, ea, True, tabs), _planes(Bm, eb, False, tabs))]
+    if A.dtype.kind != "c":
+        pairs = [(_planes(A, ea, True, tabs, ws), _planes(Bm, eb, False, tabs, ws))]
     else:
-        Ar, Ai = _planes(A.real, ea, True, tabs), _planes(A.imag, ea, True, tabs)
-        Br, Bi = _planes(Bm.real, eb, False, tabs), _planes(Bm.imag, eb, False, tabs)
-        pairs = [(Ar, Br), (Ai, Bi), (_mod_sum(Ar, Ai, p, h), _mod_sum(Br, Bi, p, h))]
+        Ar, Ai = _planes(A.real, ea, True, tabs, ws), _planes(A.imag, ea, True, tabs, ws)
+        Br, Bi = _planes(Bm.real, eb, False, tabs, ws), _planes(Bm.imag, eb, False, tabs, ws)
+        pairs = [(Ar, Br), (Ai, Bi), (_mod_sum(Ar, Ai, p, h, out=ws.take(Ar.shape, np.float64)),
+                                      _mod_sum(Br, Bi, p, h, out=ws.take(Br.shape, np.float64)))]
     t0 = _tick("encode", t0)
-    prods = []
-    buf = np.empty((m, n), np.float64)
-    for X, Y in pairs:
-        acc = np.empty((L, m, n), np.float32)
-        for l in range(L):
-            for c0 in range(0, k, chunk):
-                c1 = min(c0 + chunk, k)
-                np.matmul(X[l, :, c0:c1], Y[l, c0:c1], out=buf)
-                t0 = _tick("gemm", t0)
-                _cpu._launch(_reduce_into, m, m * n, _cpu._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
-                t0 = _tick("reduce", t0)
-        prods.append(acc)
-    del pairs, buf
-    if not cplx:
+    nth = _cpu._nthreads()
+    prods = [ws.take((L, m, n), np.float32) for _ in pairs]
+    if nth > 1 and m * n * k >= _PARALLEL_MIN and _openblas_threads():
+        # one single-threaded GEMM per thread, each followed by its own reductions: as fast as OpenBLAS's own
+        # threads on one GEMM at a time, but those, left spinning for about 2**28 cycles after every call, would
+        # share the cores with every pass that follows (the reductions and the decode ran about 1.7x slower on
+        # 2 cores). Tasks are (product, modulus, rows) in equal numbers per thread.
+        rows = nth // math.gcd(len(pairs) * L, nth)
+        cuts = [m * r // rows for r in range(rows + 1)]
+        tasks = [(q, l, cuts[r], cuts[r + 1]) for q in range(len(pairs)) for l in range(L) for r in range(rows)]
+        bufs = ws.take((nth, m, n), np.float64)
+
+        def part(i: int) -> None:
+            for q, l, r0, r1 in tasks[i::nth]:
+                X, Y = pairs[q]
+                buf, acc = bufs[i, r0:r1], prods[q][l, r0:r1]
+                for c0 in range(0, k, chunk):
+                    c1 = min(c0 + chunk, k)
+                    np.matmul(X[l, r0:r1, c0:c1], Y[l, c0:c1], out=buf)
+                    _reduce_into(_cpu._ro(buf), acc, p[l], ip[l], h[l], c0 == 0, 0, r1 - r0)
+
+        with _one_blas_thread():
+            _cpu._run_parts(part, nth)
+        t0 = _tick("gemm", t0)
+    else:
+        buf = ws.take((m, n), np.float64)
+        for (X, Y), acc in zip(pairs, prods):
+            for l in range(L):
+                for c0 in range(0, k, chunk):
+                    c1 = min(c0 + chunk, k)
+                    np.matmul(X[l, :, c0:c1], Y[l, c0:c1], out=buf)
+                    t0 = _tick("gemm", t0)
+                    _cpu._launch(_reduce_into, m, m * n, _cpu._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
+                    t0 = _tick("reduce", t0)
+    del pairs
+    if A.dtype.kind != "c":
         out = _decode(prods[0], ea, eb, float(alpha), tabs, nl)
         _tick("decode", t0)
         return out
     P0, P1, P2 = prods
-    re = _mod_sum(P0, P1, p, h, -1.0)
-    im = _mod_sum(_mod_sum(P2, P0, p, h, -1.0), P1, p, h, -1.0)
+    re = _mod_sum(P0, P1, p, h, -1.0, out=ws.take(P0.shape, np.float32))
+    im = _mod_sum(_mod_sum(P2, P0, p, h, -1.0, out=ws.take(P0.shape, np.float32)), P1, p, h, -1.0, out=P2)
     ar, ai = complex(alpha).real, complex(alpha).imag
     out = np.empty((m, n), np.complex128)
     # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
@@ -371,19 +508,21 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     return out
 
 
-def _planes(x: np.ndarray, e: np.ndarray, rows: bool, tabs) -> np.ndarray:
+def _planes(x: np.ndarray, e: np.ndarray, rows: bool, tabs, ws: _Arena) -> np.ndarray:
     """The wide residues ``(L, *x.shape)`` float64 of one real operand, exponents per row or per column."""
     p, ip, h, c24, pw = tabs[:5]
     xi = _cpu._ro(np.ascontiguousarray(x).view(np.int64))
-    out = np.empty((p.size,) + x.shape, np.float64)
+    out = ws.take((p.size,) + x.shape, np.float64)
     _cpu._launch(_wide_encode, x.shape[0], x.size * p.size, xi, e, rows, p, ip, h, c24, pw, out)
     return out
 
 
-def _mod_sum(x: np.ndarray, y: np.ndarray, p: np.ndarray, h: np.ndarray, sign: float = 1.0) -> np.ndarray:
-    """``[x + sign * y]_p`` centered, plane by plane, in one threaded pass (``|x| + |y| < 2**24``: exact)."""
+def _mod_sum(x: np.ndarray, y: np.ndarray, p: np.ndarray, h: np.ndarray, sign: float = 1.0,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
+    """``[x + sign * y]_p`` centered, plane by plane, in one threaded pass (``|x| + |y| < 2**24``: exact), into
+    ``out`` (C-ordered like ``x``, overlapping neither)."""
     L = x.shape[0]
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else out
     xs, ys, os_ = (np.ascontiguousarray(v).reshape(L, -1) for v in (x, y, out))
     per = -(-xs.shape[1] // _SUM_CHUNK)
     _cpu._launch(_mod_sum_kernel, L * per, xs.size, _cpu._ro(xs), _cpu._ro(ys), float(sign), p, h, os_)
