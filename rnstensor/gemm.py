@@ -172,14 +172,13 @@ def _check_trans(flag, name: str, allowed: tuple[str, ...]) -> str:
 
 
 def _check_array(x, name: str, dtype: np.dtype, fn: str, xp=np):
-    arr = x if xp is not np else np.asarray(x)
-    if arr.dtype != dtype:
-        hint = (
-            "use rnstensor.zgemm for complex data"
-            if fn == "dgemm" and arr.dtype.kind == "c"
-            else f"cast with .astype(np.{dtype.name}) if that is exact for your data"
-        )
-        raise TypeError(f"{fn}: {name} must be a {dtype.name} array ({fn} takes {dtype.name} only); got dtype {arr.dtype}: {hint}")
+    """A 2-D operand as ``dtype`` (float64 or complex128), converted only where that is exact (see
+    :func:`~rnstensor.arrays.exact_float`: bool, integers up to 2^53, float16/32, complex64)."""
+    arr = exact_float(x if xp is not np else np.asarray(x), name, fn)
+    if arr.dtype.kind == "c" and dtype.kind != "c":
+        raise TypeError(f"{fn}: {name} must be real ({fn} takes real input, as BLAS dgemm); got dtype {arr.dtype}: "
+                        "use rnstensor.zgemm for complex data")
+    arr = arr.astype(dtype, copy=False)
     if arr.ndim != 2:
         raise ValueError(f"{fn}: {name} must be 2-D; got shape {tuple(arr.shape)}")
     return arr
@@ -1025,8 +1024,11 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         c = c if xp is not np else np.asarray(c)
         if tuple(c.shape) != (m, n):
             raise ValueError(f"{fn}: c must have shape ({m}, {n}) = op(a) rows x op(b) columns; got {tuple(c.shape)}")
-        if c.dtype != dtype and beta != 0:
-            raise TypeError(f"{fn}: c must be a {dtype.name} array; got dtype {c.dtype}")
+        if beta != 0:
+            c = exact_float(c, "c", fn)
+            if c.dtype.kind == "c" and not cplx:
+                raise TypeError(f"{fn}: c must be real; got dtype {c.dtype}: use rnstensor.zgemm for complex data")
+            c = c.astype(dtype, copy=False)
     elif beta != 0:
         raise ValueError(f"{fn}: c is required when beta != 0 (got beta={beta!r})")
     if out is not None:
@@ -1131,7 +1133,10 @@ def dgemm(
     a, b : ndarray of float64, 2-D, any strides
         NumPy arrays (the CPU backend) or CuPy arrays (the CUDA backend: the
         result is a CuPy array, and nothing data-sized leaves the device).
-    c : ndarray of float64, shape (m, n), optional (required when ``beta != 0``)
+        Real dtypes that float64 holds exactly are converted (bool, integers
+        up to ``2**53`` in magnitude, float16/32); larger integers raise
+        ``ValueError``, complex data ``TypeError`` (that is :func:`zgemm`).
+    c : ndarray of float64, shape (m, n), optional (required when ``beta != 0``; converted as ``a``)
     alpha, beta : float
     trans_a, trans_b : {'N', 'T', 'C'}
         ``'T'`` and ``'C'`` both transpose (real data).
@@ -1185,9 +1190,9 @@ def dgemm(
     Raises
     ------
     TypeError
-        An operand is not float64.
+        An operand is complex, or of a dtype float64 does not hold (object, strings, longdouble).
     ValueError
-        Bad transpose flag, shape mismatch, ``moduli`` out of 1..49, missing ``c``.
+        Bad transpose flag, shape mismatch, ``moduli`` out of 1..49, missing ``c``, integers beyond ``2**53``.
     RNSRangeError
         ``moduli`` too small for ``k`` (no width ``t >= 1`` fits).
 
@@ -1237,7 +1242,8 @@ def zgemm(
     Parameters
     ----------
     a, b : ndarray of complex128, 2-D, any strides
-        NumPy or CuPy arrays, as in :func:`dgemm`.
+        NumPy or CuPy arrays, as in :func:`dgemm`; complex64 and the real
+        dtypes :func:`dgemm` converts are converted exactly.
     c : ndarray of complex128, shape (m, n), optional
     alpha, beta : complex
     trans_a, trans_b : {'N', 'T', 'C'}

@@ -760,16 +760,34 @@ def test_matmul_semantics():
 # ----- errors ---------------------------------------------------------------------------------------------
 
 
+def test_operands_that_float64_holds_exactly_are_converted():
+    rng = np.random.default_rng(7)
+    a32, b32 = unif((3, 40)).astype(np.float32), unif((40, 5)).astype(np.float32)
+    ai, bi = rng.integers(-2**53, 2**53, (3, 40), dtype=np.int64), rng.integers(-9, 9, (40, 5)).astype(np.int8)
+    for a, b in ((a32, b32), (ai, bi), (ai > 0, b32), (a32.astype(np.float16), bi.astype(np.uint16))):
+        want = rt.dgemm(a.astype(np.float64), b.astype(np.float64), moduli="auto")
+        assert_bitwise(rt.dgemm(a, b, moduli="auto"), want)
+        assert_bitwise(rt.zgemm(a, b, moduli="auto"), rt.zgemm(a.astype(np.complex128), b.astype(np.complex128), moduli="auto"))
+    exact = [[sum(Fraction(int(ai[i, p])) * Fraction(int(bi[p, j])) for p in range(40)) for j in range(5)] for i in range(3)]
+    assert rt.dgemm(ai, bi, moduli="auto").tolist() == [[float(v) for v in row] for row in exact]
+    c = rng.integers(-5, 5, (3, 5))
+    assert_bitwise(rt.dgemm(a32, b32, c, beta=0.5), rt.dgemm(a32.astype(float), b32.astype(float), c.astype(float), beta=0.5))
+    z = (unif((3, 40)) + 1j * unif((3, 40))).astype(np.complex64)
+    assert_bitwise(rt.zgemm(z, b32), rt.zgemm(z.astype(np.complex128), b32.astype(np.complex128)))
+
+
 def test_bad_input_errors():
     a, b = unif((3, 4)), unif((4, 2))
-    with pytest.raises(TypeError, match="float64"):
-        rt.dgemm(a.astype(np.float32), b)
     with pytest.raises(TypeError, match="zgemm"):
         rt.dgemm(a + 0j, b)
-    with pytest.raises(TypeError, match="float64"):
-        rt.dgemm(np.ones((3, 4), int), b)
-    with pytest.raises(TypeError, match="complex128"):
-        rt.zgemm(a, b)
+    with pytest.raises(TypeError, match="zgemm"):
+        rt.dgemm(a, b, a @ b + 0j, beta=1.0)
+    with pytest.raises(ValueError, match=r"integer of magnitude 9007199254740993 \(> 2\^53"):
+        rt.dgemm(np.full((3, 4), 2**53 + 1), b)
+    with pytest.raises(TypeError, match="dtype object"):
+        rt.zgemm(a.astype(object), b)
+    with pytest.raises(TypeError, match="dtype longdouble|dtype float128"):
+        rt.dgemm(a, b.astype(np.longdouble))
     with pytest.raises(ValueError, match="trans_a"):
         rt.dgemm(a, b, trans_a="X")
     with pytest.raises(ValueError, match="trans_b"):
