@@ -4,9 +4,9 @@ import time
 import tracemalloc
 
 from rnstensor.progress import progress
-from rnstensor.results import output_path, result_record, write_result
+from rnstensor.results import json_on_stdout, output_path, result_record, write_result
 
-__all__ = ["best_time", "peak_mib", "progress", "add_output_options", "save_result"]
+__all__ = ["best_time", "peak_mib", "progress", "add_output_options", "parse_args", "save_result"]
 
 
 def best_time(fn, repeat: int) -> float:
@@ -37,11 +37,24 @@ def add_output_options(ap) -> None:
                     help="draw the figure (as rnstensor plot does)")
 
 
+def parse_args(ap, argv=None):
+    """``ap.parse_args(argv)``; with ``--json -`` what the script prints goes to standard error from here on, so that
+    standard output carries the JSON record alone."""
+    args = ap.parse_args(argv)
+    if getattr(args, "json", None) == "-":
+        _HELD.append(json_on_stdout("-"))  # held for the rest of the script (a dropped one would restore stdout)
+        _HELD[-1].__enter__()
+    return args
+
+
+_HELD: list = []
+
+
 def save_result(args, kind: str, data: dict) -> dict:
     """``--json``: :func:`rnstensor.results.write_result` with the script's options as ``params``; ``--plot``: its figure."""
     params = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
     record = write_result(args.json, kind, data, params) if args.json else result_record(kind, data, params)
-    if args.json:
+    if args.json and args.json != "-":
         print(f"JSON written to {args.json}")
     if getattr(args, "plot", None):
         from rnstensor.plot import plot_result

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, peak_mib, progress, save_result
+from _timing import add_output_options, best_time, peak_mib, progress, parse_args, save_result
 from rnstensor.accuracy import einsum_chain
 from rnstensor.backends import get_backend
 from rnstensor.primitives import decode, drop, mode_product, strip_pending
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=3)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
 
     rows = []
     for n in progress(args.sizes, desc="bench_chain", unit="size"):

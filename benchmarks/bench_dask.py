@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 import rnstensor as rt  # noqa: E402
 import rnstensor.dask as rd  # noqa: E402
-from _timing import add_output_options, best_time, progress, save_result  # noqa: E402
+from _timing import add_output_options, best_time, progress, parse_args, save_result  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
     r = np.random.default_rng(0)
     X = r.uniform(-1, 1, (args.elements, 8, 8, 8))
     ops = [r.uniform(-1, 1, (8, 8)) for _ in range(3)]

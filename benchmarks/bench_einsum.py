@@ -24,7 +24,7 @@ import numpy as np
 import opt_einsum
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 
 EQ = "eijk,ai,bj,ck->eabc"
 
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=5)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
     rows = []
     for n in progress(args.sizes, desc="bench_einsum", unit="size"):
         # n = 16 at batch 4096 is 2^24 entries: keep every size near 2^21 DoFs or the given batch, whichever is smaller

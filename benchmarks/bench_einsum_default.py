@@ -26,7 +26,7 @@ import argparse
 import numpy as np
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 
 DATA = ("uniform", "phi4", "wide")
 CASES = {
@@ -51,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
     rng = np.random.default_rng(0)
     rows = []
     print(f"{'expression':40s} {'data':8s} {'numpy':>9s} {'s=15':>7s} {'default':>8s} {'cost':>6s}  default ran as")

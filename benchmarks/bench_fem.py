@@ -21,7 +21,7 @@ import platform
 import time
 
 import numpy as np
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 
 from rnstensor.backends import get_backend
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--curved", type=float, default=0.1)
     ap.add_argument("--repeat", type=int, default=3)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
 
     rows = []
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

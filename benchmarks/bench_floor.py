@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, peak_mib, progress, save_result
+from _timing import add_output_options, best_time, peak_mib, progress, parse_args, save_result
 from rnstensor.backends import cpu_fused
 
 
@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--log2dofs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=7)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
 
     peak = fma_peak(args.repeat)
     bw = bandwidth(args.repeat)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 from rnstensor import gemm as G
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--complex", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
 
     rng = np.random.default_rng(0)
     cplx = args.complex

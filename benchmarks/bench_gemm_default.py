@@ -34,7 +34,7 @@ import os
 import numpy as np
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 from rnstensor import gemm_accuracy as GA
 
 DATA = ("uniform", "normal", "phi2", "phi4", "wide")
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--accuracy-n", type=int, default=96)
     ap.add_argument("--auto-sizes", type=int, nargs="+", default=[64, 128, 256])
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
     bar = progress(total=len(args.data) * (len(args.sizes) + 1) + len(args.auto_sizes), desc="bench_gemm_default",
                    unit="case")
     rows = []

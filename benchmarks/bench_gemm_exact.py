@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 from rnstensor import gemm as G
 from rnstensor.backends import cpu_gemm
 
@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--complex", action="store_true", help="zgemm on complex U[-1, 1) parts (no FLINT baseline)")
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}, "
           f"flint {getattr(flint, '__version__', 'not installed')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     rows = []

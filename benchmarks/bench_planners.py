@@ -20,7 +20,7 @@ import platform
 import time
 
 import numpy as np
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 
 import rnstensor as rt
 from rnstensor.accuracy import DATASETS, run_accuracy
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--wide-moduli", type=int, nargs="+", default=list(range(30, 50, 3)),
                     help="moduli counts of the optimal planner's timing (default 30 33 ... 48)")
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
     print(f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; best of {args.repeat}")
     warm = [np.eye(4)] * 3  # numba's compilation and the planners' caches out of the timings
     for planner in ("greedy", "optimal"):

@@ -18,7 +18,7 @@ import platform
 import numpy as np
 
 import rnstensor as rt
-from _timing import add_output_options, best_time, progress, save_result
+from _timing import add_output_options, best_time, progress, parse_args, save_result
 from rnstensor.backends import get_backend
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=15)
     ap.add_argument("--repeat", type=int, default=3)
     add_output_options(ap)
-    args = ap.parse_args()
+    args = parse_args(ap)
 
     n = 8
     N = 1 << args.log2n

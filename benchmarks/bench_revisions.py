@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from _timing import add_output_options, progress, save_result
+from _timing import add_output_options, progress, parse_args, save_result
 
 # each case: (name, setup code, timed expression); numpy as np, rnstensor as rt, rng = default_rng(0)
 CASES = [
@@ -112,7 +112,7 @@ def main() -> None:
     add_output_options(ap)
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--pinned-malloc", action="store_true", help="fix glibc's mmap / trim thresholds in the children")
-    args = ap.parse_args()
+    args = parse_args(ap)
     global PINNED
     PINNED = args.pinned_malloc
     rows = []

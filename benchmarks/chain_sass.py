@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rnstensor as rt  # noqa: E402
-from _timing import add_output_options, progress, save_result  # noqa: E402
+from _timing import add_output_options, parse_args, progress, save_result  # noqa: E402
 from rnstensor.kernels import build, fused  # noqa: E402
 from sass_count import find_loops, parse_sass  # noqa: E402
 
@@ -168,7 +168,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--fem", nargs="*", default=["mass:4", "mass:8", "poisson:4"],
                     help="FEM operators as kind:P (the Poisson build takes about two minutes)")
     add_output_options(ap)
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     builds = [(measure, (n,)) for n in args.n]
     builds += [(measure_fem, (k, int(p))) for k, p in (f.split(":") for f in args.fem)]
     rows = []

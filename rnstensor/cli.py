@@ -65,14 +65,89 @@ OPTIONAL_PARTS = (
 )
 
 
+def _try_dask(mod) -> str:
+    import dask.array as da
+
+    got = int(da.ones(6, chunks=2).sum().compute(scheduler="synchronous"))
+    assert got == 6, got
+    return "a 3-chunk sum computed"
+
+
+def _try_scipy(mod) -> str:
+    import numpy as np
+    from scipy.sparse.linalg import LinearOperator, cg
+
+    A = LinearOperator((2, 2), matvec=lambda v: np.array([2.0, 3.0]) * v)
+    x, info = cg(A, np.array([2.0, 3.0]))
+    assert info == 0 and np.allclose(x, 1.0), (x, info)
+    return "cg solves through a LinearOperator"
+
+
+def _try_meshio(mod) -> str:
+    import os
+    import tempfile
+
+    import numpy as np
+
+    pts = np.array([[i & 1, (i >> 1) & 1, i >> 2] for i in (0, 1, 3, 2, 4, 5, 7, 6)], np.float64)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "cube.vtu")
+        mod.write_points_cells(path, pts, [("hexahedron", np.arange(8)[None])])
+        back = mod.read(path)
+    assert np.array_equal(back.points, pts) and back.cells[0].type == "hexahedron"
+    return "a hexahedron written and read back as .vtu"
+
+
+def _try_skfem(mod) -> str:
+    from skfem import Basis, BilinearForm, ElementHex1, MeshHex
+
+    @BilinearForm
+    def mass(u, v, _):
+        return u * v
+
+    M = mass.assemble(Basis(MeshHex(), ElementHex1()))
+    assert abs(M.sum() - 1.0) < 1e-12, M.sum()
+    return "a Q1 mass matrix assembled"
+
+
+def _try_tqdm(mod) -> str:
+    import io
+
+    with mod.tqdm(total=2, file=io.StringIO()) as bar:
+        bar.update(2)
+    return "a bar drawn"
+
+
+def _try_matplotlib(mod) -> str:
+    import io
+
+    from matplotlib.figure import Figure  # no pyplot: PNG through Agg, the user's backend untouched
+
+    buf = io.BytesIO()
+    fig = Figure(figsize=(1, 1))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    fig.savefig(buf, format="png")
+    assert buf.getvalue().startswith(b"\x89PNG"), "not a PNG"
+    return "a figure rendered to PNG"
+
+
+#: What ``rnstensor info`` does with each optional module to say it works (importing is not working).
+_TRIES = {"dask": _try_dask, "scipy": _try_scipy, "meshio": _try_meshio, "skfem": _try_skfem, "tqdm": _try_tqdm,
+          "matplotlib": _try_matplotlib}
+
+
 def optional_parts() -> list[dict]:
     """What ``rnstensor info`` says of numba (threads, whether its JIT runs), NVRTC, the GPU and each optional module.
 
     One record per part: ``part``, ``working`` (bool), ``version`` (or None) and
     ``line``, the sentence printed. "Working" is tried, not assumed: numba
     compiles a function, NVRTC compiles a kernel to a cubin, the GPU runs a
-    CuPy reduction, the modules import. Never fails: a part that is missing or
-    broken is said in its line, with the extra that installs it.
+    CuPy reduction, and each module does one small real job (Dask computes a
+    chunked sum, SciPy's ``cg`` solves through a ``LinearOperator``, meshio
+    writes and reads a hexahedron, scikit-fem assembles a mass matrix, tqdm
+    draws a bar, matplotlib renders a PNG; distributed imports). Never fails:
+    a part that is missing or broken is said in its line, with the extra that
+    installs it.
     """
     import importlib
 
@@ -97,12 +172,19 @@ def optional_parts() -> list[dict]:
     for module, what, extra in OPTIONAL_PARTS:
         try:
             mod = importlib.import_module(module)
-            version = str(getattr(mod, "__version__", "(version unknown)"))
-            out.append({"part": module, "working": True, "version": version, "line": f"{module} {version}: {what}"})
         except Exception as exc:  # noqa: BLE001 - an import that fails in any way is "not available"
             why = "not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import ({type(exc).__name__})"
             out.append({"part": module, "working": False, "version": None,
                         "line": f"{module}: {why} ({what}; pip install 'rnstensor[{extra}]')"})
+            continue
+        version = str(getattr(mod, "__version__", "(version unknown)"))
+        try:
+            did = _TRIES[module](mod) if module in _TRIES else "imports"
+        except Exception as exc:  # noqa: BLE001 - info reports whatever stops the part
+            out.append({"part": module, "working": False, "version": version,
+                        "line": f"{module} {version}: not working ({type(exc).__name__}: {exc}; {what})"})
+            continue
+        out.append({"part": module, "working": True, "version": version, "line": f"{module} {version}: {what}; {did}"})
     return out
 
 
@@ -266,7 +348,8 @@ def _write_json(args, kind: str, data: dict) -> None:
         from .results import write_result
 
         write_result(args.json, kind, data, _params(args))
-        print(f"JSON written to {args.json}")
+        if args.json != "-":
+            print(f"JSON written to {args.json}")
 
 
 def _parse_depths(text: str) -> list[int]:
@@ -277,6 +360,9 @@ def _parse_depths(text: str) -> list[int]:
             part = part.strip()
             if "-" in part:
                 lo, hi = (int(v) for v in part.split("-", 1))
+                if hi < lo:
+                    raise argparse.ArgumentTypeError(f"--depths range {part!r} runs backwards; write it low-high, "
+                                                     f"e.g. '{hi}-{lo}'")
                 out.extend(range(lo, hi + 1))
             elif part:
                 out.append(int(part))
@@ -525,7 +611,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "accuracy" and args.count < 1:
         acc.error(f"--count must be at least 1; got {args.count}")
     try:
-        return {"info": _info, "demo": _demo, "accuracy": _accuracy, "plot": _plot}[args.command](args)
+        from .results import json_on_stdout
+
+        with json_on_stdout(getattr(args, "json", None)):  # --json -: the record alone on stdout, the tables on stderr
+            return {"info": _info, "demo": _demo, "accuracy": _accuracy, "plot": _plot}[args.command](args)
     except BrokenPipeError:  # `rnstensor info | head`: the reader left; say nothing more, as Unix tools do
         import os
 

@@ -25,6 +25,14 @@ def _new_figure(ncols: int, width: float = 5.0, height: float = 4.0, **kw):
     return fig, list(axes)
 
 
+def _moduli_axis(ax) -> None:
+    """An x axis of moduli counts: integer ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("moduli s")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _axes(ax, xlabel: str, ylabel: str, title: str = "", logx: bool = True, logy: bool = True) -> None:
     """The usual log-log axes of a timing against a size: labels, a small title, the legend."""
     if logx:
@@ -109,7 +117,7 @@ def _info(record: dict):
     """The INT8 bases: log2 of the moduli product against the number of moduli s."""
     fig, (ax,) = _new_figure(1)
     ax.plot([b["s"] for b in record["bases"]], [b["log2_product"] for b in record["bases"]], "o-")
-    ax.set_xlabel("moduli s")
+    _moduli_axis(ax)
     ax.set_ylabel("log2 P")
     ax.set_title(f"rnstensor {record.get('version', '')}: INT8 basis ranges")
     return fig
@@ -145,7 +153,7 @@ def _gemm_accuracy(record: dict):
     a1.set_ylabel("max componentwise error")
     a2.set_ylabel("correctly rounded %")
     for ax in (a1, a2):
-        ax.set_xlabel("moduli s")
+        _moduli_axis(ax)
     p = record.get("params", {})
     size = " x ".join(str(v) for v in p.get("size", ()))
     a1.set_title(f"{method} (dashed: numpy float64) {size}")
@@ -167,7 +175,7 @@ def _gemm_thresholds(record: dict):
     a1.set_ylabel("max componentwise error (dashed: numpy)")
     a2.set_ylabel("correctly rounded %")
     for ax in (a1, a2):
-        ax.set_xlabel("moduli s")
+        _moduli_axis(ax)
     a1.set_title("dgemm: smallest s per accuracy level")
     a1.legend(fontsize=8)
     return fig

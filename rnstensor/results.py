@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["machine_facts", "result_record", "write_result", "read_result", "output_path"]
+__all__ = ["json_on_stdout", "machine_facts", "result_record", "write_result", "read_result", "output_path"]
 
 
 def output_path(path: str) -> str:
-    """``path`` if its folder exists: an argparse ``type`` that says a bad ``--json`` before a long run, not after it.
+    """``path`` if its folder exists (``'-'``: standard output): an argparse ``type`` that says a bad ``--json``
+    before a long run, not after it.
 
     Raises
     ------
@@ -27,6 +30,8 @@ def output_path(path: str) -> str:
     """
     import argparse
 
+    if path == "-":  # standard output
+        return path
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"the folder {folder!r} of {path!r} does not exist; create it or write elsewhere")
@@ -123,10 +128,44 @@ def write_result(path: Union[str, os.PathLike], kind: str, data: dict, params: O
     their ``int``/``float`` or ``str``.
     """
     record = result_record(kind, data, params)
+    if os.fspath(path) == "-":  # standard output, as the tools people know write it
+        out = _JSON_STREAM[-1] if _JSON_STREAM else sys.stdout
+        json.dump(record, out, indent=1, default=_plain)
+        out.write("\n")
+        out.flush()
+        return record
     with open(path, "w") as f:
         json.dump(record, f, indent=1, default=_plain)
         f.write("\n")
     return record
+
+
+_JSON_STREAM: list = []  # where write_result(path='-') writes while json_on_stdout holds the real standard output
+
+
+@contextlib.contextmanager
+def json_on_stdout(path):
+    """For ``--json -``: while inside, what the command prints goes to standard error, so that standard output
+    carries the JSON record alone (:func:`write_result` with ``path='-'`` writes it there); any other ``path``
+    changes nothing.
+
+    Examples
+    --------
+    >>> import io
+    >>> with contextlib.redirect_stdout(io.StringIO()) as out, json_on_stdout("-"):
+    ...     _ = write_result("-", "demo", {"ok": True})
+    >>> json.loads(out.getvalue())["ok"]
+    True
+    """
+    if path != "-":
+        yield
+        return
+    _JSON_STREAM.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STREAM.pop()
 
 
 def _plain(v):

@@ -1,5 +1,6 @@
 """The command line: ``info`` says what works, ``--json`` holds the tables, ``plot`` draws them, bars only in a terminal."""
 
+import argparse
 import contextlib
 import importlib.util
 import io
@@ -182,6 +183,43 @@ def test_info_reports_a_broken_part(monkeypatch, tmp_path):
     parts = cli.optional_parts()
     broken = next(p for p in parts if p["part"] == "rnstensor_broken_part")
     assert not broken["working"] and broken["line"].startswith("rnstensor_broken_part: fails to import (RuntimeError)")
+
+
+def test_info_says_a_part_that_imports_but_fails_its_job(monkeypatch):
+    def broken(mod):
+        raise RuntimeError("cannot draw")
+
+    monkeypatch.setitem(cli._TRIES, "tqdm", broken)
+    part = next(p for p in cli.optional_parts() if p["part"] == "tqdm")
+    if importlib.util.find_spec("tqdm") is None:
+        pytest.skip("tqdm not installed")
+    assert not part["working"] and "not working (RuntimeError: cannot draw" in part["line"]
+
+
+def test_info_tries_each_installed_part():
+    parts = {p["part"]: p for p in cli.optional_parts()}
+    for module, job in (("dask", "chunk sum computed"), ("scipy", "cg solves"), ("meshio", "read back"),
+                        ("skfem", "mass matrix assembled"), ("tqdm", "bar drawn"), ("matplotlib", "rendered to PNG")):
+        if importlib.util.find_spec(module) is not None:
+            assert parts[module]["working"] and job in parts[module]["line"], parts[module]
+
+
+def test_json_dash_writes_the_record_alone_to_stdout():
+    for argv in (["info", "--json", "-"], ["demo", "--accuracy-count", "0", "--batch", "1", "--json", "-"]):
+        done = subprocess.run([sys.executable, "-m", "rnstensor", *argv], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        record = json.loads(done.stdout)  # nothing else on stdout
+        assert record["kind"] == argv[0] and record["machine"]
+        assert "JSON written" not in done.stderr
+        if argv[0] == "demo":
+            assert "rnstensor demo: a chain of mode products" in done.stderr  # its tables went to stderr
+
+
+def test_backwards_depth_range_is_named():
+    with pytest.raises(SystemExit):
+        cli.main(["accuracy", "--depths", "9-3"])
+    with pytest.raises(argparse.ArgumentTypeError, match="runs backwards; write it low-high, e.g. '3-9'"):
+        cli._parse_depths("9-3")
 
 
 def test_info_json(results):
@@ -453,6 +491,17 @@ def test_plot_draws_every_kind(results, tmp_path):
         code, text = _cli(["plot", str(path), "-o", str(out)])
         assert code == 0 and str(out) in text, kind
         _assert_png(out)
+
+
+def test_moduli_axes_have_integer_ticks(results):
+    from rnstensor.plot import figure_of
+
+    for kind in ("gemm_accuracy", "gemm_thresholds", "info"):
+        record = json.loads(results[kind][2].read_text())
+        for ax in figure_of(record).axes:
+            if ax.get_xlabel() == "moduli s":
+                ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+                assert ticks and all(float(t).is_integer() for t in ticks), (kind, ticks)
 
 
 def test_plot_default_output_and_as_a_command(results, tmp_path):
