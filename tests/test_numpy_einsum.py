@@ -73,10 +73,6 @@ SKIPS = {
     "TestEinsum.test_einsum_sums_uint8": "numpy sums in uint8 and wraps around; rt returns the exact value in float64",
     "TestEinsum.test_einsum_sums_int16": "numpy's targets (np.dot in int16) wrap around (34440 -> -31096); rt returns "
                                          "the exact value in float64",
-    "TestEinsum.test_einsum_sums_int32": "run time: the same arange values and calls as test_einsum_sums_int64 "
-                                         "(integers converted exactly to float64), twice (numpy adds do_opt=True)",
-    "TestEinsum.test_einsum_sums_uint32": "run time: the same arange values and calls as test_einsum_sums_uint64, "
-                                          "twice (numpy adds do_opt=True)",
     "TestEinsum.test_einsum_sums_float16": "numpy's targets (np.multiply in float16) round (2077 -> 2076); rt returns "
                                            "the exact value in float64",
     "TestEinsum.test_einsum_0d_out": "an int64 out for a float64 result: numpy's optimized path skips its own "
