@@ -785,7 +785,12 @@ class ContractExpression:
         """
         if self._certifies(arrays):
             return self._classical(arrays, backend, bound=False)
-        out = self._run(arrays, backend, track=False)
+        parsed = self._operands(arrays)
+        if self.decode in ("fp64", "exact"):
+            y = self._fused(parsed, backend, None, self.decode)
+            if y is not None:
+                return y
+        out = self._run(arrays, backend, track=False, parsed=parsed)
         if not isinstance(out, tuple):
             return out
         T, plan, _, be_name, nonfinite = out
@@ -877,6 +882,9 @@ class ContractExpression:
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
                     return expr._bound(arrays, backend, mode, parsed, used)
+                y = expr._fused(parsed, backend, used, mode)
+                if y is not None:
+                    return y
                 T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, used)
                 return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
             if obs.excess is None:  # refused: wider encodings do not help
@@ -1016,23 +1024,11 @@ class ContractExpression:
 
         def encoded(st):
             i = st.source
-            labels = (_C if cplx[i] else "") + _unique(self.terms[i])
             if kinds[i] != "const":
                 self._check_exact(i, leaf(st), st)
                 T = _encode_leaf(leaf(st), self.basis, st.bits, st.shared)
-                return value_of(T, labels, st.bound)
-            key = ("enc", i, st.bits, cplx[i])
-            if key not in self._const_cache:
-                self._check_exact(i, self._const_array(i, cplx[i]), st)
-                T = _encode_leaf(self._const_array(i, cplx[i]), self.basis, st.bits, st.shared)
-                self._const_cache[key] = value_of(T, labels, st.bound)
-            v = self._const_cache[key]
-            if array_module(v.planes) is not xp:  # a constant encoded on the other side: copied once
-                dkey = key + (xp.__name__,)
-                if dkey not in self._const_cache:
-                    self._const_cache[dkey] = moved(v, xp)
-                v = self._const_cache[dkey]
-            return Value(v.planes, v.exp, v.factor, v.bound, labels)
+                return value_of(T, (_C if cplx[i] else "") + _unique(self.terms[i]), st.bound)
+            return self._const_value(st, cplx[i], xp)
 
         observer = EntrywiseErrors(self.basis, leaf) if track else None
         vals = execute(plan, be, be_name, encoded=encoded, operand=lambda st: ops[st.source],
@@ -1046,6 +1042,63 @@ class ContractExpression:
             perm = [Z.labels.index(c) for c in plan.out_labels]
             MD = tuple(xp.broadcast_to(z, Z.planes.shape[1:]).transpose(perm) for z in observer.err[plan.out])
         return tensor_of(W, self.basis), plan, MD, be_name, nonfinite
+
+    def _const_value(self, st, cplx: bool, xp):
+        """The constant of the :class:`~.ir.Encode` step ``st`` encoded (once per width, copied once per device)."""
+        i = st.source
+        labels = (_C if cplx else "") + _unique(self.terms[i])
+        key = ("enc", i, st.bits, cplx)
+        if key not in self._const_cache:
+            self._check_exact(i, self._const_array(i, cplx), st)
+            T = _encode_leaf(self._const_array(i, cplx), self.basis, st.bits, st.shared)
+            self._const_cache[key] = value_of(T, labels, st.bound)
+        v = self._const_cache[key]
+        if array_module(v.planes) is not xp:  # a constant encoded on the other side: copied once
+            dkey = key + (xp.__name__,)
+            if dkey not in self._const_cache:
+                self._const_cache[dkey] = moved(v, xp)
+            v = self._const_cache[dkey]
+        return Value(v.planes, v.exp, v.factor, v.bound, labels)
+
+    def _fused(self, parsed: tuple, backend, widths: Optional[tuple], mode: str):
+        """This call decoded by ``mode``, its program run block by block in cache by the CPU backend's fused
+        interpreter (:mod:`rnstensor.backends.cpu_fused`): the bits of :meth:`_run` and its decode, or ``None`` where
+        that interpreter does not run it (other backends; complex, RNSTensor or non-finite operands; more than one
+        operand that is not a constant; steps other than mode products by constants, drops and extensions; batch
+        axes other than one leading label)."""
+        ops, kinds, cplx, tensors, nonfinite = parsed
+        if (tensors or nonfinite or any(cplx) or list(kinds).count("input") != 1 or mode not in ("fp64", "exact")
+                or any(n == 0 for n in self.sizes.values())):
+            return None
+        be, xp, _ = self._backend(ops, kinds, backend)
+        if xp is not np or be.name != "cpu":
+            return None
+        plan = self._plan(kinds, cplx, tensors, widths)
+        enc = next(st for st in plan.steps if isinstance(st, ir.Encode) and not st.constant)
+        nbatch = len(enc.labels) - len(enc.shared)
+        key = ("fused", id(plan))
+        if key not in self._const_cache or self._const_cache[key][0] is not plan:
+            from .backends import cpu_fused  # noqa: PLC0415 - numba, loaded on first use
+
+            consts = [None] * len(self.terms)
+            for st in plan.steps:
+                if isinstance(st, ir.Encode) and st.constant:
+                    consts[st.source] = self._const_value(st, False, np)
+            try:
+                prog = cpu_fused.cpu_program(plan, tuple(self.sizes[c] for c in enc.labels[nbatch:]), consts, nbatch)
+            except ValueError:
+                prog = None
+            self._const_cache[key] = (plan, prog)
+        prog = self._const_cache[key][1]
+        if prog is None:
+            return None
+        x = self._leaves(ops, kinds, cplx, xp)(enc)
+        self._check_exact(enc.source, x, enc)
+        lead = x.shape[:nbatch]
+        y = be.chain(prog, x.reshape((math.prod(lead),) + x.shape[nbatch:]), mode).reshape(lead + prog.out_shape)
+        last = [st for st in plan.steps if isinstance(st, ir.Contract) and st.out == plan.out][-1]
+        y = y.transpose([last.labels.index(c) for c in plan.out_labels])
+        return y[()] if y.ndim == 0 else np.ascontiguousarray(y)
 
     def _check_exact(self, i: int, x, st) -> None:
         """``decode='exact'``: operand ``i`` must be encoded exactly at the plan's width, or the result is not correctly rounded."""

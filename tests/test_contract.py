@@ -343,8 +343,8 @@ def test_constants_are_encoded_once(monkeypatch):
     monkeypatch.setattr(contract_mod, "_encode_leaf", counting)
     r = np.random.default_rng(1)
     A = r.uniform(-1, 1, (4, 3))
-    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3])
     X1, X2 = r.uniform(-1, 1, (6, 3, 3, 3)), r.uniform(-1, 1, (6, 3, 3, 3))
+    expr = _unfused(rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3]))
     y1 = expr(X1)
     assert len(calls) == 4  # three constants, one input
     y2 = expr(X2)
@@ -352,6 +352,10 @@ def test_constants_are_encoded_once(monkeypatch):
     ref = np.einsum("eijk,ai,bj,ck->eabc", X2, A, A, A)
     assert np.abs(y2 - ref).max() < 1e-14
     assert np.abs(y1 - np.einsum("eijk,ai,bj,ck->eabc", X1, A, A, A)).max() < 1e-14
+    calls.clear()  # fused on the CPU: the kernel encodes the input in cache, the constants are encoded once
+    fused = rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3])
+    assert np.array_equal(fused(X1), y1) and np.array_equal(fused(X2), y2)
+    assert calls == [(4, 3)] * 3
 
 
 def test_contract_expression_matches_mode_chain_and_is_reusable():
@@ -364,6 +368,62 @@ def test_contract_expression_matches_mode_chain_and_is_reusable():
     assert np.abs(got - ref).max() <= np.abs(rt.mode_chain(X, ops, [1, 2, 3]) - ref).max() * 8 + 1e-15
     text = expr.explain()
     assert "mode product" in text and "opt_einsum path" in text and "constant 1 encoded once" in text
+
+
+def _unfused(expr):
+    """The same expression with the fused CPU interpreter switched off (its step-by-step run)."""
+    expr._fused = lambda *a, **k: None
+    return expr
+
+
+@pytest.mark.parametrize("eq,batch", [("eijk,ai,bj,ck->eabc", (300,)), ("ijk,ai,bj,ck->abc", ()),
+                                      ("eijk,ai,bj,ck->ecba", (70,)), ("eij,ai,bj->eab", (900,)),
+                                      ("eijkl,ai,bj,ck,dl->eabcd", (5,))])
+@pytest.mark.parametrize("moduli,decode", [(None, "fp64"), (15, "fp64"), (40, "exact")])
+def test_mode_product_chains_run_fused_on_the_cpu(monkeypatch, eq, batch, moduli, decode):
+    from rnstensor.backends import cpu_fused
+
+    r = np.random.default_rng(len(eq) + len(batch))
+    terms = eq.split("->")[0].split(",")
+    n = len(terms[0]) - len(batch)
+    shape = batch + (6,) * n
+    ops = [r.uniform(-1, 1, (6, 6)) for _ in terms[1:]]
+    calls = []
+    real = cpu_fused.run_chain
+    monkeypatch.setattr(cpu_fused, "run_chain", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for kind in ("uniform", "per-tensor", "integers"):
+        X = r.uniform(-1, 1, shape)
+        if kind == "per-tensor" and batch:
+            X *= np.ldexp(1.0, r.integers(-900, 900, batch + (1,) * n).astype(np.int32))
+        elif kind == "integers":
+            X = r.integers(-1000, 1000, shape)
+        make = lambda: rt.contract_expression(eq, shape, *ops, constants=list(range(1, len(terms))),  # noqa: E731
+                                              moduli=moduli, decode=decode)
+        calls.clear()
+        got = make()(X)
+        assert calls, "the CPU backend runs the chain fused"
+        want = _unfused(make())(X)
+        assert got.shape == want.shape == np.einsum(eq, X, *ops).shape
+        assert np.array_equal(got.view(np.int64), want.view(np.int64)), kind
+
+
+def test_einsum_that_is_not_a_chain_runs_step_by_step(monkeypatch):
+    from rnstensor.backends import cpu_fused
+
+    r = np.random.default_rng(3)
+    calls = []
+    monkeypatch.setattr(cpu_fused, "run_chain", lambda *a, **k: calls.append(1))
+    a, b = r.uniform(-1, 1, (5, 6)), r.uniform(-1, 1, (6, 7))
+    X = r.uniform(-1, 1, (9, 6, 6))
+    X[2, 1, 1] = np.inf
+    rt.einsum("ij,jk->ik", a, b)  # two tensors
+    rt.einsum("eij,jk->eik", X[:, :, :6] * 0 + 1, r.uniform(-1, 1, (6, 7)))  # one exponent per (e, i) slice
+    A, B = r.uniform(-1, 1, (4, 6)), r.uniform(-1, 1, (5, 6))
+    y = rt.contract_expression("eij,ai,bj->eab", X.shape, A, B, constants=[1, 2])(X)  # an inf: numpy's values there
+    ref = np.einsum("eij,ai,bj->eab", X, A, B)
+    assert not calls and not np.isfinite(y[2]).all() and np.array_equal(np.isfinite(y), np.isfinite(ref))
+    rt.einsum("eij,ai->eaj", X[:3] + 0j, r.uniform(-1, 1, (4, 6)))  # complex
+    assert not calls
 
 
 @pytest.mark.parametrize("eq,shapes,moduli", [

@@ -33,7 +33,7 @@ from numba import njit
 from .. import arith
 from . import cpu as _cpu
 
-__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_fusable", "cpu_operator_program", "cpu_operator_fusable", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
+__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_program", "cpu_fusable", "cpu_operator_program", "cpu_operator_fusable", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
 
 #: entries a block aims for: every plane of two or three live tensors stays within L2
 BLOCK_ENTRIES = 4096
@@ -148,14 +148,29 @@ def cpu_operator_program(op) -> CpuChainProgram:
     return per_op["operator"]
 
 
+def cpu_program(program, in_shape: tuple, constants: list, nbatch: int = 1) -> CpuChainProgram:
+    """Any residue program the fused CPU interpreter runs, packed (not cached): one input encoded with one exponent
+    per tensor behind ``nbatch`` leading batch axes (0 or 1), mode products by constant operators (``constants``,
+    indexed by their ``Encode.source``), drops and extensions.
+
+    Raises
+    ------
+    ValueError
+        If the program has a step the fused interpreter does not run (the reason).
+    """
+    return _pack(program, tuple(in_shape), constants, nbatch=nbatch)
+
+
 def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = None, nfield: int = 0,
-          nq: int = 0) -> CpuChainProgram:
+          nq: int = 0, nbatch: int = 1) -> CpuChainProgram:
     from ..kernels.fused import SlotPool, last_uses, program_stages  # noqa: PLC0415 - it imports the backends
 
-    enc = next(st for st in program.steps if type(st).__name__ == "Encode" and not st.constant)
-    if tuple(enc.shared) != tuple(range(1, len(in_shape) + 1)):
+    inputs = [st for st in program.steps if type(st).__name__ == "Encode" and not st.constant]
+    if len(inputs) != 1 or nbatch not in (0, 1):
+        raise ValueError("a program of more than one input tensor")
+    if tuple(inputs[0].shared) != tuple(range(nbatch, nbatch + len(in_shape))):
         raise ValueError("the input is encoded with more than one exponent per tensor")
-    prog = program_stages(program, in_shape, constants, fields or {})
+    prog = program_stages(program, in_shape, constants, fields or {}, nbatch=nbatch)
     basis = tuple(prog.basis)
     rec: list = []
     ops: list = []

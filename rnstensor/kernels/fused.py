@@ -172,7 +172,7 @@ class _Partial:
     shape: tuple
 
 
-def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict) -> _Program:
+def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict, nbatch: int = 1) -> _Program:
     """The fused kernel's view of ``program``: its stages, tensors and output scale, read from its steps.
 
     ``constants[source]`` is every constant's value (host residues, exponents
@@ -182,6 +182,10 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
     inputs (all by the same moduli) followed by sums of mode products along
     one axis, or of Hadamard products; a new stage starts at a drop, at
     another kind or axis, or where a product reads what this stage writes.
+    The first ``nbatch`` labels of every tensor are its batch axes (a chain
+    plan's and a FEM operator's one; an einsum operand's leading labels that
+    no step contracts), and every mode product must write its new axis where
+    the contracted one was.
 
     Raises
     ------
@@ -244,21 +248,27 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
             slots[st.out] = _Tensor(0, basis, tuple(in_shape), np.zeros((1,) * ndim, np.int64), 1)
         elif isinstance(st, ir.Fold):
             t = slots[st.x]
-            exp = t.exp.max(axis=program.out_labels.index(st.label) - 1, keepdims=True)
+            exp = t.exp.max(axis=program.out_labels.index(st.label) - nbatch, keepdims=True)
             slots[st.out] = _Tensor(t.tid, t.active, t.shape, exp, t.factor)
         elif isinstance(st, ir.Drop):
             close()
             dropped_from[st.out] = (st.x, tuple(st.moduli))
             extend = st.extend
         elif isinstance(st, ir.Contract):
-            if st.y not in consts or st.x in consts:
+            rev = st.kind == "mode_rev"  # the operator first (einsum's order), the tensor second
+            x, y, x_labels = (st.y, st.x, st.y_labels) if rev else (st.x, st.y, st.x_labels)
+            if y not in consts or x in consts:
                 raise ValueError("a contraction of two tensors (the fused kernel multiplies by operators and fields)")
-            x, operand = st.x, consts[st.y]
+            operand = consts[y]
             src, moduli = dropped_from.get(x, (x, ()))
             kind = "hadamard" if st.kind == "outer" else "product"
-            if kind == "product" and st.kind != "mode":
+            if kind == "product" and st.kind not in ("mode", "mode_rev"):
                 raise ValueError(f"a {st.kind!r} contraction (the fused kernel runs mode products)")
-            axis = None if kind == "hadamard" else st.x_labels.index(st.contracted) - 1
+            axis = None if kind == "hadamard" else x_labels.index(st.contracted) - nbatch
+            if kind == "product":  # the new axis where the contracted one was (under its own label or the same)
+                at = x_labels.index(st.contracted)
+                if len(st.labels) != len(x_labels) or st.labels[:at] + st.labels[at + 1:] != x_labels[:at] + x_labels[at + 1:]:
+                    raise ValueError(f"a mode product that moves axes ({x_labels} -> {st.labels})")
             if cur and (cur["kind"] != kind or cur["axis"] != axis or src in cur["parts"] or
                         cur["dropped"] != moduli):
                 close()
