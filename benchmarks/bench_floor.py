@@ -20,7 +20,15 @@ In one run on one machine:
 * peak memory (tracemalloc) of the fused chain and of numpy's einsum, and the fused chain's per-thread block
   scratch (numba's allocator, which tracemalloc does not see: :func:`~rnstensor.backends.cpu_fused.scratch_bytes`).
 
-Usage: ``python benchmarks/bench_floor.py [--sizes 4 8 16] [--repeat 7] [--json out.json] [--plot out.png]``
+* ``einsum`` of the same chain through ``contract_expression`` (the default,
+  certified, fused on the CPU since it is a mode-product chain by constants);
+* the FEM mass and Poisson operators (``--degrees``, curved 3-D box meshes of
+  about 2**16 element nodes, s = 15): numpy's sum-factorized float64 einsum
+  (``bench_fem.einsum_operator``), the operator step by step and fused, and
+  the fused program's lane operations and floor, as for the chain.
+
+Usage: ``python benchmarks/bench_floor.py [--sizes 4 8 16] [--degrees 2 4] [--repeat 7] [--json out.json]
+[--plot out.png]``
 """
 
 from __future__ import annotations
@@ -104,11 +112,17 @@ def lane_ops(program: cpu_fused.CpuChainProgram) -> dict:
     nin, nout = math.prod(program.in_shape), math.prod(program.out_shape)
     L0, Lf = len(program.first), len(program.final_active)
     ops = {"encode": nin * L0 * (1 + red) * 2, "products": 0, "drops": 0}
+    ops["hadamard"] = 0
     for r in program.rec:
         kind, L = int(r[0]), int(r[3])
-        if kind == 0:
+        if kind == cpu_fused._PRODUCT:
             pre, n_in, post, n_out = (int(v) for v in r[4:8])
             ops["products"] += pre * n_out * post * L * (n_in + red)
+        elif kind == cpu_fused._STACK:  # the terms of a sum side by side: copies, no arithmetic
+            continue
+        elif kind == cpu_fused._HADAMARD:  # per entry and plane: a multiply-add per term, one reduction
+            nq, nterms = int(r[4]), int(r[7])
+            ops["hadamard"] += nq * L * (nterms + red)
         else:
             ne, t0 = int(r[4]), int(r[5])
             g = int(program.tdir[t0, 2])  # the dropped moduli (dperm's length)
@@ -130,6 +144,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--log2dofs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--degrees", type=int, nargs="*", default=[2, 4], help="FEM degrees p (none: no FEM rows)")
     add_output_options(ap)
     args = parse_args(ap)
 
@@ -145,12 +160,14 @@ def main() -> None:
         ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
         plan = rt.plan_chain(ops, [0, 1, 2], moduli=15)
         default = rt.plan_chain(ops, [0, 1, 2])
+        expr = rt.contract_expression("ai,bj,ck,eijk->eabc", *ops, X.shape, constants=[0, 1, 2])
         prog = cpu_fused.cpu_chain_program(plan, (n, n, n))
         t = dict(
             numpy=best_time(lambda: np.einsum("ai,bj,ck,eijk->eabc", *ops, X, optimize=True), args.repeat),
             steps=best_time(lambda: plan.run(X, fused=False), args.repeat),
             fused=best_time(lambda: plan.run(X, fused=True), args.repeat),
             default=best_time(lambda: default(X), args.repeat),
+            einsum=best_time(lambda: expr(X), args.repeat),
         )
         assert np.array_equal(plan.run(X, fused=True).view(np.int64), plan.run(X, fused=False).view(np.int64))
         cnt = lane_ops(prog)
@@ -162,20 +179,54 @@ def main() -> None:
         rows.append(dict(n=n, batch=B, seconds=t, lane_ops_per_tensor=cnt, arith_floor=arith_floor,
                          memory_floor=mem_floor, peak_mib=mem, default_ran=default.last_evaluation))
 
+    fem_rows = [fem_row(kind, p, peak, args.repeat) for p in progress(args.degrees, desc="bench_floor fem", unit="p")
+                for kind in ("mass", "poisson")]
+
     print(f"\nd = 3, s = 15, ~2^{args.log2dofs} DoFs, best of {args.repeat}; {platform.machine()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
-    print(f"{'n':>3} {'batch':>6} | {'numpy ms':>8} {'steps/np':>8} {'fused/np':>8} {'default/np':>10} | "
+    print(f"{'n':>3} {'batch':>6} | {'numpy ms':>8} {'steps/np':>8} {'fused/np':>8} {'default/np':>10} {'einsum/np':>9} | "
           f"{'ops/DoF':>7} {'arith floor ms':>14} {'of floor':>8} {'mem floor ms':>12} | "
           f"{'MiB fused/numpy/input (+ per thread)':>36}")
     for r in rows:
         s, n3 = r["seconds"], r["n"] ** 3
         print(f"{r['n']:>3} {r['batch']:>6} | {s['numpy'] * 1e3:>8.1f} {s['steps'] / s['numpy']:>8.2f} "
-              f"{s['fused'] / s['numpy']:>8.2f} {s['default'] / s['numpy']:>10.2f} | "
+              f"{s['fused'] / s['numpy']:>8.2f} {s['default'] / s['numpy']:>10.2f} {s['einsum'] / s['numpy']:>9.2f} | "
               f"{r['lane_ops_per_tensor']['total'] / n3:>7.0f} {r['arith_floor'] * 1e3:>14.2f} "
               f"{r['arith_floor'] / s['fused']:>7.0%} {r['memory_floor'] * 1e3:>12.2f} | "
               f"{r['peak_mib']['fused']:>6.1f}/{r['peak_mib']['numpy']:.1f}/{r['peak_mib']['input']:.1f} "
               f"(+{r['peak_mib']['scratch_per_thread']:.2f})")
-    save_result(args, "floor", {"fma_peak": peak, "bandwidth": bw, "rows": rows})
+    if fem_rows:
+        print(f"\nFEM operators, curved 3-D box meshes, ~2^16 element nodes, s = 15 (einsum: numpy's sum-factorized "
+              "float64 operator)")
+        print(f"{'op':>8} {'p':>2} {'nelem':>5} | {'einsum ms':>9} {'steps/ein':>9} {'fused/ein':>9} | "
+              f"{'ops/elem':>8} {'arith floor ms':>14} {'floor/ein':>9} {'of floor':>8}")
+        for r in fem_rows:
+            s = r["seconds"]
+            print(f"{r['kind']:>8} {r['p']:>2} {r['nelem']:>5} | {s['einsum'] * 1e3:>9.1f} "
+                  f"{s['steps'] / s['einsum']:>9.2f} {s['fused'] / s['einsum']:>9.2f} | "
+                  f"{r['lane_ops_per_element']['total']:>8.0f} {r['arith_floor'] * 1e3:>14.2f} "
+                  f"{r['arith_floor'] / s['einsum']:>9.2f} {r['arith_floor'] / s['fused']:>7.0%}")
+    save_result(args, "floor", {"fma_peak": peak, "bandwidth": bw, "rows": rows, "fem_rows": fem_rows})
+
+
+def fem_row(kind: str, p: int, peak: float, repeat: int) -> dict:
+    """One FEM operator at degree ``p``: numpy's einsum, steps, fused, and the fused program's floor."""
+    from bench_fem import einsum_operator
+    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+
+    b = TensorBasis(p + 1, dim=3, moduli=15)
+    n = max(1, round(((1 << 16) / b.P**3) ** (1 / 3)))
+    mesh = box_mesh(b, shape=n, curved=0.1)
+    u = mesh.gather(np.random.default_rng(p).uniform(-1, 1, mesh.ndof))
+    field = mesh.qdata if kind == "mass" else mesh.G
+    op = (MassOperator if kind == "mass" else PoissonOperator)(b, field)
+    base = einsum_operator(kind, b, field)
+    assert np.array_equal(op.apply(u, fused=True).view(np.int64), op.apply(u, fused=False).view(np.int64))
+    t = dict(einsum=best_time(lambda: base(u), repeat), steps=best_time(lambda: op.apply(u, fused=False), repeat),
+             fused=best_time(lambda: op.apply(u, fused=True), repeat))
+    cnt = lane_ops(cpu_fused.cpu_operator_program(op))
+    return dict(kind=kind, p=p, nelem=mesh.nelem, ndof=mesh.ndof, seconds=t, lane_ops_per_element=cnt,
+                arith_floor=mesh.nelem * cnt["total"] / peak)
 
 
 if __name__ == "__main__":

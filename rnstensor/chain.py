@@ -18,7 +18,7 @@ from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
 from .planner.drops import axis_labels as _axis_labels
-from .program.classical import ClassicalErrors, gamma
+from .program.classical import ChainStatistics, ClassicalErrors, gamma
 from .program.errors import composed_bound, fraction_up, inflate, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
@@ -226,7 +226,7 @@ class ChainPlan:
         m = self.classical_terms
         plan, s = self, len(self.basis)
         while True:
-            obs = plan._certificate(xb)
+            obs = plan._certificate(xb, m)
             if obs is not None and obs.certified(m):
                 return plan, obs
             if obs is None or obs.excess is None:
@@ -251,17 +251,35 @@ class ChainPlan:
                 self._rungs[s] = None
         return self._rungs[s]
 
-    def _certificate(self, xb) -> ClassicalErrors:
-        """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs."""
+    def _certificate(self, xb, m: Optional[int] = None) -> ClassicalErrors:
+        """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs.
+
+        With ``m`` (the terms of the bound) a plain chain on the CPU is first
+        certified from its statistics in one blocked pass
+        (:class:`~rnstensor.program.classical.ChainStatistics`); that
+        certificate is returned where it holds, and the full one otherwise,
+        so the verdict is always the full certificate's.
+        """
         xp = array_module(xb)
         ops = self._float_operators(xp, encoded=True)
+
+        seen: dict = {}
 
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
             if st.constant:
                 return self._operator_value(st.source, xp).exp.total()
-            return -group_exponents(xb, st.bits, st.shared)
+            if st not in seen:  # (read by both certificates)
+                seen[st] = -group_exponents(xb, st.bits, st.shared)
+            return seen[st]
 
-        return ClassicalErrors(lambda st: ops[st.source] if st.constant else xb, exponents).run(self.program)
+        leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
+        if m is not None:
+            stats = ChainStatistics.of(self.program, leaf, exponents)
+            if stats is not None:
+                quick = ClassicalErrors(leaf, exponents, magnitudes=stats).run(self.program)
+                if quick.certified(m):
+                    return quick
+        return ClassicalErrors(leaf, exponents).run(self.program)
 
     def _float_operators(self, xp, encoded: bool) -> list:
         """The operators as float64 arrays on ``xp``, copied to a device once: as given, or as encoded

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rnstensor as rt
+from rnstensor.encode import group_exponents
 from rnstensor.program.classical import gamma
 
 U = Fraction(1, 2**53)
@@ -328,3 +329,77 @@ def test_classical_chain_keeps_intermediate_results_out_of_underflow():
     # a normal rounding of the scaled product, then the scaling back's half unit of 2**-1074 (the old path
     # was 2 units off)
     assert abs(Fraction(float(y[0, 0])) - exact) <= exact * Fraction(1, 2**52) + Fraction(1, 2**1075)
+
+
+# ----- the chain certificate from blocked statistics ------------------------------------------------------
+
+
+def _chain_case(rng, kind: str, shape, outs):
+    X = rng.uniform(-1, 1, (37,) + tuple(shape))
+    if kind == "per-tensor":
+        X *= np.ldexp(1.0, rng.integers(-400, 400, (37,) + (1,) * len(shape)).astype(np.int32))
+    elif kind == "wide":
+        X = np.ldexp(X, rng.integers(-40, 40, X.shape).astype(np.int32))
+    elif kind == "sparse":
+        X[rng.random(X.shape) < 0.8] = 0.0
+        X[3] = 0.0
+    elif kind == "integers":
+        X = rng.integers(-50, 50, X.shape).astype(np.float64)
+    ops = []
+    cur = list(shape)
+    for ax, n_out in enumerate(outs):
+        A = rng.uniform(-1, 1, (n_out, cur[ax]))
+        if kind == "sparse":
+            A[0] = 0.0  # a zero row: zero magnitudes along it
+        ops.append(A)
+        cur[ax] = n_out
+    return X, ops
+
+
+@pytest.mark.parametrize("kind", ["uniform", "per-tensor", "wide", "sparse", "integers"])
+@pytest.mark.parametrize("shape,outs", [((8, 8, 8), (8, 8, 8)), ((3, 20, 5), (6, 4, 17)), ((40,), (9,)),
+                                        ((2, 70), (5, 3))])
+def test_chain_statistics_bound_the_full_certificate(kind, shape, outs):
+    from rnstensor.program.classical import ChainStatistics, ClassicalErrors
+
+    rng = np.random.default_rng(len(shape) * 100 + sum(outs))
+    X, ops = _chain_case(rng, kind, shape, outs)
+    plan = rt.plan_chain(ops, list(range(len(shape))))
+    m = plan.classical_terms
+    full = plan._certificate(X)
+    stats = ChainStatistics.of(plan.program, lambda st: plan._float_operators(np, True)[st.source] if st.constant else X,
+                    lambda st: (plan._operator_value(st.source, np).exp.total() if st.constant
+                                else -group_exponents(X, st.bits, st.shared)))
+    if any(op.shape[1] > 64 for op in ops):
+        assert stats is None  # the arrays' einsum path, not the fused magnitudes: no statistics
+        return
+    assert stats is not None
+    quick = ClassicalErrors(full.leaf, full.exponents, magnitudes=stats).run(plan.program)
+    assert quick.reason is None or full.reason is not None
+    if full.reason is None and quick.reason is None:
+        for slot in full.state:
+            cf, sf, gf, rf, af, lof = full.state[slot]
+            cq, sq, gq, rq, aq, loq = quick.state[slot]
+            assert (sq, gq, af) == (sf, gf, aq) and cq.shape == cf.shape
+            assert loq == lof, "the smallest magnitudes are the arrays' own values"
+            assert rq >= rf and rq <= rf * 4 + 1e-300, "the ratios bound the arrays' from above, not far"
+        assert not quick.certified(m) or full.certified(m)
+    assert quick.exact == full.exact
+    # the plan's own certificate: the quick one where it holds, the full verdict always
+    obs = plan._certificate(X, m)
+    assert obs.certified(m) == full.certified(m) and obs.exact == full.exact
+
+
+def test_chain_statistics_apply_to_plain_chains_only():
+    from rnstensor.program.classical import ChainStatistics
+
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-1, 1, (4, 5, 6))
+    revisit = rt.plan_chain([rng.uniform(-1, 1, (5, 5)), rng.uniform(-1, 1, (6, 6)), rng.uniform(-1, 1, (3, 5))],
+                            [0, 1, 0])
+    leaf = lambda st: revisit._float_operators(np, True)[st.source] if st.constant else X  # noqa: E731
+    exps = lambda st: (revisit._operator_value(st.source, np).exp.total() if st.constant  # noqa: E731
+                       else -group_exponents(X, st.bits, st.shared))
+    assert ChainStatistics.of(revisit.program, leaf, exps) is None  # a fold: the arrays' certificate
+    y = revisit(X)
+    assert revisit.last_evaluation.startswith("residues") and y.shape == (4, 3, 6)

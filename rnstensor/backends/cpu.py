@@ -20,7 +20,7 @@ from .. import arith
 from ..basis import Basis, drop_extend_schedule, mrc_digit_coeffs, mrc_order, pow2_cycle
 from . import elementwise_shape, exponent_runs, matmul_shape, product_layout
 
-__all__ = ["CpuBackend", "mode_magnitudes", "encode_magnitudes"]
+__all__ = ["CpuBackend", "mode_magnitudes", "encode_magnitudes", "chain_magnitude_stats"]
 
 # Exactness of the modular reductions below (p <= 256 throughout):
 #
@@ -1842,3 +1842,198 @@ def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kap
     if B * J == 0:
         return out, np.inf, 0.0
     return out, float(stats[:, 0].min()), float(stats[:, 1].max())
+
+
+# ----- the classical certification of a chain, block by block ---------------------------------------------
+
+
+@njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def _encode_extremes(x, c, N):
+    # (smallest c over the nonzero x, largest fractional part of c): c - floor(c) is exact, the rest comparisons
+    lo = np.inf
+    frac = 0.0
+    for q in range(N):
+        v = c[q]
+        lo = min(lo, v if x[q] != 0.0 else np.inf)
+        frac = max(frac, v - np.floor(v))
+    return lo, frac
+
+
+@njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def _positive_extremes(o, q, W):
+    # (smallest positive o, largest q) over W lanes: comparisons of finite numbers only, so their order is free
+    # (the flags let the reductions vectorize; no value is rounded here)
+    lo = np.inf
+    m = 0.0
+    for w in range(W):
+        v = o[w]
+        lo = min(lo, v if v > 0.0 else np.inf)
+        m = max(m, q[w])
+    return lo, m
+
+
+@njit(cache=True, nogil=True)
+def _chain_magnitude_stats_kernel(X, e, steps, ops, rowsums, shape0, nb, stats, t0, t1):
+    # Tensors of X (B, N) in blocks of nb, their magnitudes |x| 2**-e (as encode_magnitudes) through every mode
+    # product of steps (rows: axis, J, K, offset of the J x K magnitudes in ops and of the row sums in rowsums), each
+    # entry the in-order sum of mode_magnitudes (_dot_in_order: k ascending, each product and sum rounded once), in
+    # cache: the block's (tensor, row, column) triples are the lanes. Per task (block) and step s, stats[task, s]:
+    # the smallest positive magnitude, the largest column sum times the magnitude's reciprocal, and the largest row
+    # sum over the magnitude (column sums along the contracted axis of the step's input magnitudes, row sums of the
+    # operator's; a row's largest is at its least magnitude);
+    # for the encode (s = 0) the smallest magnitude over the nonzero x and whether all are integers (1.0 / 0.0).
+    B, N = X.shape
+    nsteps = steps.shape[0]
+    ndim = shape0.size
+    shp = np.empty(ndim, np.int64)
+    cap = N  # the largest tensor along the chain, and the longest contraction
+    kmax = 1
+    for a in range(ndim):
+        shp[a] = shape0[a]
+    for s in range(nsteps):
+        kmax = max(kmax, steps[s, 2])
+        shp[steps[s, 0]] = steps[s, 1]
+        size = 1
+        for a in range(ndim):
+            size *= shp[a]
+        cap = max(cap, size)
+    cur = np.empty(nb * cap, np.float64)
+    nxt = np.empty(nb * cap, np.float64)
+    T = np.empty((kmax, nb * cap), np.float64)
+    colb = np.empty(nb * cap, np.float64)
+    o = np.empty(nb * cap, np.float64)
+    q1 = np.empty(nb * cap, np.float64)
+    Z = np.zeros(nb * cap, np.float64)
+    for t in range(t0, t1):
+        b0 = t * nb
+        nt = min(nb, B - b0)
+        least = np.inf
+        frac = 0.0
+        for i in range(nt):
+            x = X[b0 + i]
+            c = cur[i * N: (i + 1) * N]
+            eb = e[b0 + i]
+            if -1000 < eb < 1000:
+                sc = math.ldexp(1.0, -eb)
+                for q in range(N):
+                    c[q] = abs(x[q]) * sc
+            else:
+                k = min(max(-eb, -(1 << 20)), 1 << 20)
+                for q in range(N):
+                    c[q] = math.ldexp(abs(x[q]), k)
+            lo_i, frac_i = _encode_extremes(x, c, N)
+            least = min(least, lo_i)
+            frac = max(frac, frac_i)
+        whole = frac == 0.0
+        stats[t, 0, 0] = least
+        stats[t, 0, 1] = 1.0 if whole else 0.0
+        stats[t, 0, 2] = 0.0
+        for a in range(ndim):
+            shp[a] = shape0[a]
+        for s in range(nsteps):
+            ax, J, K, off, roff = steps[s, 0], steps[s, 1], steps[s, 2], steps[s, 3], steps[s, 4]
+            pre = nt
+            for a in range(ax):
+                pre *= shp[a]
+            post = 1
+            for a in range(ax + 1, ndim):
+                post *= shp[a]
+            W = pre * post
+            A = ops[off: off + J * K].reshape(J, K)
+            src = cur[: pre * K * post].reshape(pre, K, post)
+            dst = nxt[: pre * J * post].reshape(pre, J, post)
+            lo = np.inf
+            m1 = 0.0
+            m2 = 0.0
+            if post >= 16:  # long rows: each tensor row's dots along them, in place
+                for p in range(pre):
+                    Sp = src[p]
+                    cp = colb[:post]
+                    for q in range(post):
+                        cp[q] = 0.0
+                    for k in range(K):
+                        Sk = Sp[k]
+                        for q in range(post):
+                            cp[q] += Sk[q]
+                    for j in range(J):
+                        oj = dst[p, j]
+                        _dot_in_order(A[j], Sp, K, oj, post, Z)
+                        for q in range(post):
+                            v = oj[q]
+                            q1[q] = cp[q] * (1.0 / v) if v > 0.0 else 0.0
+                        lj, a1 = _positive_extremes(oj, q1, post)
+                        lo = min(lo, lj)
+                        m1 = max(m1, a1)
+                        m2 = max(m2, rowsums[roff + j] / lj if lj < np.inf else 0.0)  # a row's largest: at its least
+            else:  # short rows: the block's (tensor, row, column) triples as lanes, gathered
+                for k in range(K):
+                    Tk = T[k]
+                    for p in range(pre):
+                        for q in range(post):
+                            Tk[p * post + q] = src[p, k, q]
+                for w in range(W):
+                    colb[w] = 0.0
+                for k in range(K):
+                    Tk = T[k]
+                    for w in range(W):
+                        colb[w] += Tk[w]
+                for j in range(J):
+                    _dot_in_order(A[j], T, K, o, W, Z)
+                    for w in range(W):
+                        v = o[w]
+                        q1[w] = colb[w] * (1.0 / v) if v > 0.0 else 0.0
+                    lj, a1 = _positive_extremes(o, q1, W)
+                    lo = min(lo, lj)
+                    m1 = max(m1, a1)
+                    m2 = max(m2, rowsums[roff + j] / lj if lj < np.inf else 0.0)
+                    if s + 1 < nsteps:  # (the last step's magnitudes are not read)
+                        for p in range(pre):
+                            for q in range(post):
+                                dst[p, j, q] = o[p * post + q]
+            stats[t, s + 1, 0] = lo
+            stats[t, s + 1, 1] = m1
+            stats[t, s + 1, 2] = m2
+            shp[ax] = J
+            cur, nxt = nxt, cur
+
+
+def chain_magnitude_stats(X: np.ndarray, e: np.ndarray, shape: tuple, steps: list) -> np.ndarray:
+    """The classical certification's data statistics of a chain in one blocked pass (no magnitude array is stored).
+
+    ``X`` ``(B, *shape)`` float64 tensors encoded with exponents ``e`` ``(B,)``,
+    ``steps`` the chain's mode products ``(axis, O)`` with ``O`` the ``J x K``
+    operator magnitudes as :func:`mode_magnitudes` takes them. Returns
+    ``(1 + len(steps), 3)``: row 0 the encode's smallest magnitude over the
+    nonzero ``x`` and whether all are integers (as :func:`encode_magnitudes`);
+    row ``s + 1`` the product's smallest positive magnitude (the value
+    :func:`mode_magnitudes` gives: the same sums in the same order), and the
+    largest column sum and row sum over the magnitude among the positive ones,
+    from which an upper bound of its ratio follows for any weights.
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64).reshape(X.shape[0], -1)
+    e = np.ascontiguousarray(e, dtype=np.int64).reshape(-1)
+    table = np.zeros((len(steps), 5), np.int64)
+    ops, rows = [], []
+    off = roff = 0
+    for i, (axis, O) in enumerate(steps):
+        O = np.ascontiguousarray(O, dtype=np.float64)
+        table[i] = (axis, O.shape[0], O.shape[1], off, roff)
+        ops.append(O.reshape(-1))
+        rows.append(O.sum(axis=1))
+        off += O.size
+        roff += O.shape[0]
+    cur, biggest = list(shape), X.shape[1]
+    for axis, O in steps:
+        cur[axis] = O.shape[0]
+        biggest = max(biggest, math.prod(cur))
+    nb = max(1, 2048 // max(1, biggest))  # a block's magnitudes (three arrays of nb tensors) stay in L2
+    ntasks = -(-X.shape[0] // nb)
+    stats = np.empty((ntasks, len(steps) + 1, 3), np.float64)
+    _launch(_chain_magnitude_stats_kernel, ntasks, X.size * (len(steps) + 1), X, e, table,
+            np.concatenate(ops) if ops else np.zeros(1), np.concatenate(rows) if rows else np.zeros(1),
+            np.array(shape, np.int64), nb, stats)
+    out = np.empty((len(steps) + 1, 3))
+    out[:, 0] = stats[:, :, 0].min(axis=0)
+    out[:, 1:] = stats[:, :, 1:].max(axis=0)
+    out[0, 1] = stats[:, 0, 1].min()
+    return out

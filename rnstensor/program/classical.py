@@ -50,12 +50,12 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..arrays import array_module
-from ..backends.cpu import encode_magnitudes, mode_magnitudes
+from ..backends.cpu import chain_magnitude_stats, encode_magnitudes, mode_magnitudes
 from .errors import _letters, _result_letters
 from .execute import combine_parts
 from .ir import Combine, Contract, Drop, Encode, Fold, Sum
 
-__all__ = ["ClassicalErrors", "classical_terms", "gamma", "TINY_UNIT"]
+__all__ = ["ClassicalErrors", "ChainStatistics", "classical_terms", "gamma", "TINY_UNIT"]
 
 #: The longest contraction whose magnitudes the fused CPU pass computes (longer ones: BLAS, through einsum).
 _FUSED_TERMS = 64
@@ -100,8 +100,11 @@ class ClassicalErrors:
     (:attr:`reason`).
     """
 
-    def __init__(self, leaf: Callable, exponents: Callable):
+    def __init__(self, leaf: Callable, exponents: Callable, magnitudes: Optional["ChainStatistics"] = None):
         self.leaf, self.exponents = leaf, exponents
+        #: where the input's and the mode products' magnitudes come from: computed here (None), or a
+        #: :class:`ChainStatistics` (their statistics only, the ratios bounded from above)
+        self.magnitudes = magnitudes
         self.state: dict = {}
         self.labels: dict = {}  # the axes of each slot's magnitudes
         self.reason: Optional[str] = None
@@ -162,15 +165,11 @@ class ClassicalErrors:
 
     def _encode(self, st: Encode) -> tuple:
         x = self.leaf(st)  # complex operands: the parts stacked along the first axis, one exponent for both
-        xp = array_module(x)
         e = self.exponents(st)
-        if xp is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1):
-            # one exponent per leading slice (a chain's tensors): the same magnitudes, minimum and exactness
-            # in one pass on the CPU
-            c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1))
-            c = c.reshape(x.shape)
+        if self.magnitudes is not None and not st.constant:
+            c, lo, exact = self.magnitudes.encode(x.shape)
         else:
-            c, lo, exact = _magnitudes(x, e)
+            c, lo, exact = _leaf_magnitudes(x, e)
         if lo < TINY_UNIT:
             raise _Refused("an operand spans too many binades within one exponent slice")
         return c, 1.0, 0.0, 0.0, 0.0 if exact else 0.5, lo
@@ -202,8 +201,12 @@ class ClassicalErrors:
             alpha = _up(a_o * (1 + r_t)) * (1 + t_g) * t_sc * sums if a_o else 0.0
             beta = _up(a_t * (1 + r_o)) * (1 + o_g) * o_sc * sums if a_t else 0.0
             lead, tail = math.prod(T.shape[:ax_t]), math.prod(T.shape[ax_t + 1:])
-            c, lo_c, ratio = mode_magnitudes(T.reshape(lead, K, tail), O2, alpha, beta, k * ax * ay)
-            c = c.reshape(T.shape[:ax_t] + (O2.shape[0],) + T.shape[ax_t + 1:])
+            shape = T.shape[:ax_t] + (O2.shape[0],) + T.shape[ax_t + 1:]
+            if self.magnitudes is not None:
+                c, lo_c, ratio = self.magnitudes.mode(shape, K, alpha, beta, k * ax * ay)
+            else:
+                c, lo_c, ratio = mode_magnitudes(T.reshape(lead, K, tail), O2, alpha, beta, k * ax * ay)
+                c = c.reshape(shape)
             lo = lo_c * sc * (1 - 2.0**-50)
             if ax or ay:
                 r = _up(r + _up(ratio / sc, 12 + k.bit_length()) / (1 - g))
@@ -260,6 +263,90 @@ class ClassicalErrors:
         self.excess = _up(total, 16) / target if target > 0 else None
         self.reason = f"the residue error bound is {self.excess} x gamma_{m} of the magnitudes"
         return False
+
+
+class ChainStatistics:
+    """The statistics a chain's certification reads, from one blocked pass over its tensors
+    (:func:`~rnstensor.backends.cpu.chain_magnitude_stats`), in place of its magnitude arrays.
+
+    For :class:`ClassicalErrors` (``magnitudes=``): the input's smallest
+    magnitude and exactness, and each mode product's smallest positive
+    magnitude, are the values the arrays give; each product's ratio
+    ``max (alpha colsum + beta rowsum + kappa) / c`` is bounded from above by
+    ``alpha max(colsum / c) + beta max(rowsum / c) + kappa / min c``, inflated
+    past every rounding of either side. A certificate from these statistics
+    therefore certifies a program the arrays would certify too (every rule is
+    monotone in the ratios); where it fails, the caller runs the arrays' one,
+    so that the verdict, and with it every result, is theirs.
+    A plain chain only: :meth:`of` says whether it applies.
+    """
+
+    def __init__(self, stats: np.ndarray):
+        self.stats = stats
+        self.step = 0
+
+    @classmethod
+    def of(cls, program, leaf: Callable, exponents: Callable) -> Optional["ChainStatistics"]:
+        """The statistics of a real chain program on the CPU (one input with one exponent per leading slice, mode
+        products of it by constants of at most :data:`_FUSED_TERMS` columns, drops), or None for any other."""
+        consts, steps, shape, xin = {}, [], None, None
+        for st in program.steps:
+            if isinstance(st, Encode) and st.constant:
+                x = leaf(st)
+                if array_module(x) is not np or x.ndim != 2 or st.complex:
+                    return None
+                consts[st.out] = _leaf_magnitudes(x, exponents(st))[0]
+            elif isinstance(st, Encode):
+                x = leaf(st)
+                if xin is not None or array_module(x) is not np or st.complex or not x.ndim or not x.size \
+                        or tuple(st.shared) != tuple(range(1, x.ndim)):
+                    return None
+                xin, shape, e = x, list(x.shape[1:]), exponents(st)
+            elif isinstance(st, Contract):
+                if st.kind != "mode" or st.x_sum or st.y_sum or st.y not in consts or st.x in consts \
+                        or st.y_labels.index(st.contracted) != 1:
+                    return None
+                O = consts[st.y]
+                if not 0 < O.shape[1] <= _FUSED_TERMS:
+                    return None
+                axis = st.x_labels.index(st.contracted) - 1
+                steps.append((axis, O))
+                shape[axis] = O.shape[0]
+            elif not isinstance(st, Drop):
+                return None
+        if xin is None or not steps:
+            return None
+        e = np.asarray(e).reshape(-1)
+        if e.shape != (xin.shape[0],):
+            return None
+        return cls(chain_magnitude_stats(xin, e, tuple(xin.shape[1:]), steps))
+
+    def encode(self, shape: tuple) -> tuple:
+        """``(c, lo, exact)`` of the input's encode (``c``: a stand-in of its shape)."""
+        return np.broadcast_to(np.float64(0.0), shape), float(self.stats[0, 0]), bool(self.stats[0, 1] == 1.0)
+
+    def mode(self, shape: tuple, K: int, alpha: float, beta: float, kappa: float) -> tuple:
+        """``(c, lo, ratio)`` of the next mode product: its smallest positive magnitude, and an upper bound of the
+        ratio :func:`~rnstensor.backends.cpu.mode_magnitudes` would give with these weights."""
+        self.step += 1
+        lo, m1, m2 = (float(v) for v in self.stats[self.step])
+        c = np.broadcast_to(np.float64(0.0), shape)
+        if not lo < math.inf:  # no positive magnitude: no ratio
+            return c, lo, 0.0
+        # the arrays' quotient rounds five times and their column sums differ from these by 2K units at most; the
+        # column maximum here is low by two roundings (a product by a rounded reciprocal), the row one by one, the
+        # sum below by three more
+        bound = alpha * m1 + beta * m2 + kappa / lo
+        return c, lo, bound * (1 + (2 * K + 20) * 2.0**-52)
+
+
+def _leaf_magnitudes(x, e) -> tuple:
+    """``(|x| 2**-e, its smallest entry over the nonzero x, whether all are integers)`` of an encoded operand."""
+    if array_module(x) is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1):
+        # one exponent per leading slice (a chain's tensors, an operator's rows): one pass on the CPU
+        c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1))
+        return c.reshape(x.shape), lo, exact
+    return _magnitudes(x, e)
 
 
 def _magnitudes(x, e) -> tuple:
