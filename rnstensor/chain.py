@@ -18,7 +18,7 @@ from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
 from .planner.drops import axis_labels as _axis_labels
-from .program.classical import ChainStatistics, ClassicalErrors, gamma
+from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import composed_bound, fraction_up, inflate, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
@@ -263,22 +263,14 @@ class ChainPlan:
         xp = array_module(xb)
         ops = self._float_operators(xp, encoded=True)
 
-        seen: dict = {}
-
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
             if st.constant:
                 return self._operator_value(st.source, xp).exp.total()
-            if st not in seen:  # (read by both certificates)
-                seen[st] = -group_exponents(xb, st.bits, st.shared)
-            return seen[st]
+            return -group_exponents(xb, st.bits, st.shared)
 
         leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
         if m is not None:
-            stats = ChainStatistics.of(self.program, leaf, exponents)
-            if stats is not None:
-                quick = ClassicalErrors(leaf, exponents, magnitudes=stats).run(self.program)
-                if quick.certified(m):
-                    return quick
+            return certify(self.program, leaf, exponents, m)
         return ClassicalErrors(leaf, exponents).run(self.program)
 
     def _float_operators(self, xp, encoded: bool) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, drop_bound, fits, plan_drops
 from .primitives import decode as decode_tensor
 from .program import ir
-from .program.classical import ClassicalErrors, classical_terms, gamma
+from .program.classical import certify, classical_terms, gamma
 from .program.errors import EntrywiseErrors, decoded, inflate
 from .program.execute import Value, execute, moved, permuted, tensor_of, value_of
 from .tensor import RNSTensor, Scale
@@ -876,7 +877,7 @@ class ContractExpression:
                     if exact.kept_bits == math.inf:
                         plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
-            obs = ClassicalErrors(leaf, exponents).run(plan)
+            obs = certify(plan, leaf, exponents, m)
             if obs.certified(m):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
@@ -1063,36 +1064,58 @@ class ContractExpression:
     def _fused(self, parsed: tuple, backend, widths: Optional[tuple], mode: str):
         """This call decoded by ``mode``, its program run block by block in cache by the CPU backend's fused
         interpreter (:mod:`rnstensor.backends.cpu_fused`): the bits of :meth:`_run` and its decode, or ``None`` where
-        that interpreter does not run it (other backends; complex, RNSTensor or non-finite operands; more than one
-        operand that is not a constant; steps other than mode products by constants, drops and extensions; batch
-        axes other than one leading label)."""
+        that interpreter does not run it (other backends; complex, RNSTensor or non-finite operands; steps other
+        than mode products of one tensor by matrices (constants, or 2-D operands encoded for this call), drops and
+        extensions; batch axes other than one leading label)."""
         ops, kinds, cplx, tensors, nonfinite = parsed
-        if (tensors or nonfinite or any(cplx) or list(kinds).count("input") != 1 or mode not in ("fp64", "exact")
+        if (tensors or nonfinite or any(cplx) or "input" not in kinds or mode not in ("fp64", "exact")
                 or any(n == 0 for n in self.sizes.values())):
             return None
         be, xp, _ = self._backend(ops, kinds, backend)
         if xp is not np or be.name != "cpu":
             return None
         plan = self._plan(kinds, cplx, tensors, widths)
-        enc = next(st for st in plan.steps if isinstance(st, ir.Encode) and not st.constant)
+        inputs = [st for st in plan.steps if isinstance(st, ir.Encode) and not st.constant]
+        enc = max(inputs, key=lambda st: len(st.labels))  # the tensor; any other input must be a matrix
+        matrices = [st for st in inputs if st is not enc]
+        if any(len(st.labels) != 2 for st in matrices):
+            return None
         nbatch = len(enc.labels) - len(enc.shared)
-        key = ("fused", id(plan))
-        if key not in self._const_cache or self._const_cache[key][0] is not plan:
-            from .backends import cpu_fused  # noqa: PLC0415 - numba, loaded on first use
+        in_shape = tuple(self.sizes[c] for c in enc.labels[nbatch:])
+        leaf = self._leaves(ops, kinds, cplx, xp)
+        from .backends import cpu_fused  # noqa: PLC0415 - numba, loaded on first use
 
+        if matrices:  # encoded for this call, then operators like constants: packed per call
+            for st in matrices:
+                self._check_exact(st.source, leaf(st), st)
             consts = [None] * len(self.terms)
             for st in plan.steps:
                 if isinstance(st, ir.Encode) and st.constant:
                     consts[st.source] = self._const_value(st, False, np)
+                elif isinstance(st, ir.Encode) and st is not enc:
+                    T = _encode_leaf(leaf(st), self.basis, st.bits, st.shared)
+                    consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
+            steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
             try:
-                prog = cpu_fused.cpu_program(plan, tuple(self.sizes[c] for c in enc.labels[nbatch:]), consts, nbatch)
+                prog = cpu_fused.cpu_program(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch)
             except ValueError:
-                prog = None
-            self._const_cache[key] = (plan, prog)
-        prog = self._const_cache[key][1]
-        if prog is None:
-            return None
-        x = self._leaves(ops, kinds, cplx, xp)(enc)
+                return None
+        else:
+            key = ("fused", id(plan))
+            if key not in self._const_cache or self._const_cache[key][0] is not plan:
+                consts = [None] * len(self.terms)
+                for st in plan.steps:
+                    if isinstance(st, ir.Encode) and st.constant:
+                        consts[st.source] = self._const_value(st, False, np)
+                try:
+                    prog = cpu_fused.cpu_program(plan, in_shape, consts, nbatch)
+                except ValueError:
+                    prog = None
+                self._const_cache[key] = (plan, prog)
+            prog = self._const_cache[key][1]
+            if prog is None:
+                return None
+        x = leaf(enc)
         self._check_exact(enc.source, x, enc)
         lead = x.shape[:nbatch]
         y = be.chain(prog, x.reshape((math.prod(lead),) + x.shape[nbatch:]), mode).reshape(lead + prog.out_shape)

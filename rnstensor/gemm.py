@@ -478,7 +478,14 @@ def magnitude_ratio(A, Ea, Bm, Eb, xp=None) -> Optional[float]:
     # zero (and non-finite, zeroed) rows / columns have no encoding error: they do not count
     rA = xp.where(Ea == _NONE, np.inf, rA)
     cB = xp.where(Eb == _NONE, np.inf, cB)
-    P = a32 @ b32  # float32 sums: relative error below (k + 1) 2**-24, underflow at most k 2**-149
+    # float32 sums: relative error below (k + 1) 2**-24, underflow at most k 2**-149 (on the CPU one single-threaded
+    # GEMM per thread, as the product that follows runs them)
+    if xp is np:
+        from .backends.cpu_gemm import threaded_matmul  # noqa: PLC0415 - numba, loaded on first use
+
+        P = threaded_matmul(a32, b32)
+    else:
+        P = a32 @ b32
     ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-147) / (rA[:, None] + cB[None, :])
     low = ratio.min() if ratio.size else np.inf
     low = float(low.compute() if hasattr(low, "compute") else low)

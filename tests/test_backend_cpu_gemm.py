@@ -314,3 +314,16 @@ def test_kept_workspace_is_reused_and_never_returned(monkeypatch):
     with cpu_gemm._KEPT_LOCK:  # another caller holds the buffer: this one takes fresh memory, keeps nothing
         np.testing.assert_array_equal(rt.dgemm(a, b, moduli="auto"), c1)
     assert cpu_gemm._KEPT[0] is None
+
+
+def test_threaded_matmul_is_a_float_product(monkeypatch):
+    # row blocks on one BLAS thread each: within float32 / float64 rounding of the exact product, every row
+    monkeypatch.setattr(cpu_gemm, "_PARALLEL_MIN", 0)
+    rng = np.random.default_rng(3)
+    for dt in (np.float32, np.float64):
+        a, b = rng.random((101, 70)).astype(dt), rng.random((70, 33)).astype(dt)
+        got = cpu_gemm.threaded_matmul(a, b)
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        assert got.dtype == dt and got.shape == (101, 33)
+        assert np.all(np.abs(got - exact) <= 72 * np.finfo(dt).eps * (np.abs(a) @ np.abs(b)))
+    assert cpu_gemm.threaded_matmul(a[:1], b).shape == (1, 33)  # fewer rows than threads: one call

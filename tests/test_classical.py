@@ -403,3 +403,25 @@ def test_chain_statistics_apply_to_plain_chains_only():
     assert ChainStatistics.of(revisit.program, leaf, exps) is None  # a fold: the arrays' certificate
     y = revisit(X)
     assert revisit.last_evaluation.startswith("residues") and y.shape == (4, 3, 6)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "per-tensor", "wide", "sparse", "integers"])
+def test_einsum_certifies_from_statistics_with_the_same_verdicts_and_bits(monkeypatch, kind):
+    from rnstensor.program import classical
+
+    rng = np.random.default_rng(len(kind))
+    X, ops = _chain_case(rng, kind, (6, 5, 7), (4, 8, 3))
+    used = []
+    real_of = classical.ChainStatistics.of
+    monkeypatch.setattr(classical.ChainStatistics, "of",
+                        classmethod(lambda cls, *a: used.append(real_of(*a)) or used[-1]))
+    for make in (lambda: (lambda x: rt.einsum("eijk,ai,bj,ck->eabc", x, *ops)),
+                 lambda: rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3])):
+        used.clear()
+        got = make()(X)
+        assert used and used[0] is not None, "the chain's statistics apply (matrices as operands or constants)"
+        monkeypatch.setattr(classical.ChainStatistics, "of", classmethod(lambda cls, *a: None))
+        want = make()(X)  # the full certificate only
+        monkeypatch.setattr(classical.ChainStatistics, "of",
+                            classmethod(lambda cls, *a: used.append(real_of(*a)) or used[-1]))
+        assert np.array_equal(got.view(np.int64), want.view(np.int64))

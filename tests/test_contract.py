@@ -756,3 +756,45 @@ def test_ellipsis_that_does_not_broadcast_is_named_as_such():
         rt.einsum("...i,...i", np.ones((2, 3)), np.ones((4, 3)))
     a, b = np.arange(6.0).reshape(2, 1, 3), np.arange(12.0).reshape(4, 3)
     assert np.array_equal(rt.einsum("...i,...i", a, b), np.einsum("...i,...i", a, b))  # integers: exact in both
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_fused_einsum_matches_the_steps_on_any_mode_chain(data):
+    # random chains of mode products (operands or constants, any output order, a batch label or none): where the
+    # fused interpreter takes them, bit for bit the step-by-step run
+    ndim = data.draw(st.integers(1, 3), label="ndim")
+    batch = data.draw(st.booleans(), label="batch")
+    sizes = data.draw(st.lists(st.integers(1, 7), min_size=ndim, max_size=ndim), label="sizes")
+    outs = data.draw(st.lists(st.integers(1, 7), min_size=ndim, max_size=ndim), label="outs")
+    order = data.draw(st.permutations(range(ndim)), label="order")
+    letters = "ijk"[:ndim]
+    new = "abc"[:ndim]
+    x_term = ("e" if batch else "") + letters
+    terms = [x_term] + [new[a] + letters[a] for a in order]
+    out = list(("e" if batch else "") + new)
+    perm = data.draw(st.permutations(out), label="output")
+    eq = ",".join(terms) + "->" + "".join(perm)
+    r = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    X = r.uniform(-1, 1, ((5,) if batch else ()) + tuple(sizes))
+    if data.draw(st.booleans(), label="wide"):
+        X = np.ldexp(X, r.integers(-20, 20, X.shape).astype(np.int32))
+    ops = [r.uniform(-1, 1, (outs[a], sizes[a])) for a in order]
+    moduli = data.draw(st.sampled_from([None, 15, 22]), label="moduli")
+    as_constants = data.draw(st.booleans(), label="constants")
+
+    def make():
+        if as_constants:
+            return rt.contract_expression(eq, X.shape, *ops, constants=list(range(1, ndim + 1)), moduli=moduli)
+        shapes = [X.shape] + [o.shape for o in ops]
+        expr = rt.contract_expression(eq, *shapes, moduli=moduli)
+        return lambda x: expr(x, *ops)
+
+    got = make()(X)
+    old = rt.contract.ContractExpression._fused
+    try:
+        rt.contract.ContractExpression._fused = lambda *a, **k: None
+        want = make()(X)
+    finally:
+        rt.contract.ContractExpression._fused = old
+    assert np.array_equal(np.asarray(got).view(np.int64), np.asarray(want).view(np.int64)), eq

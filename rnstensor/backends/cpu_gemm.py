@@ -29,7 +29,8 @@ from ..arith import alpha_parts
 from ..basis import mrc_digit_coeffs, mrc_order
 from . import cpu as _cpu
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "release_workspace", "ENGINE",
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "release_workspace",
+           "threaded_matmul", "ENGINE",
            "PHASES", "KEEP_BYTES"]
 
 #: Which exact product :meth:`CpuBackend.exact_gemm` runs: ``None`` picks by shape (:func:`prefers_wide`),
@@ -137,6 +138,23 @@ def _one_blas_thread():
 
 #: Products of at least this many multiply-adds per modulus run one single-threaded BLAS GEMM per thread.
 _PARALLEL_MIN = 1 << 26
+
+
+def threaded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` (2-D NumPy arrays), in row blocks of one single-threaded BLAS GEMM per thread where it is large, so
+    that no BLAS thread is left spinning over what the caller runs next (see the wide engine's products). Each
+    entry is BLAS's sum of the same products, in the order BLAS takes for its block: it may round differently from
+    one whole ``a @ b`` (for callers that bound the rounding, as :func:`rnstensor.gemm.magnitude_ratio` does)."""
+    m, k = a.shape
+    n = b.shape[1]
+    nth = _cpu._nthreads()
+    if nth < 2 or m < nth or m * n * k < _PARALLEL_MIN or not _openblas_threads():
+        return a @ b
+    out = np.empty((m, n), np.result_type(a, b))
+    cuts = [m * i // nth for i in range(nth + 1)]
+    with _one_blas_thread():
+        _cpu._run_parts(lambda i: np.matmul(a[cuts[i]:cuts[i + 1]], b, out=out[cuts[i]:cuts[i + 1]]), nth)
+    return out
 
 
 def _tick(name: str, t0: float) -> float:

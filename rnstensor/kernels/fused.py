@@ -262,10 +262,15 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
             operand = consts[y]
             src, moduli = dropped_from.get(x, (x, ()))
             kind = "hadamard" if st.kind == "outer" else "product"
+            if kind == "hadamard" and operand not in fields:
+                raise ValueError("an elementwise product with a tensor that is not a field")
             if kind == "product" and st.kind not in ("mode", "mode_rev"):
                 raise ValueError(f"a {st.kind!r} contraction (the fused kernel runs mode products)")
             axis = None if kind == "hadamard" else x_labels.index(st.contracted) - nbatch
             if kind == "product":  # the new axis where the contracted one was (under its own label or the same)
+                y_labels = st.x_labels if rev else st.y_labels
+                if len(y_labels) != 2 or y_labels[1] != st.contracted:
+                    raise ValueError(f"an operator contracted along its first axis ({y_labels})")
                 at = x_labels.index(st.contracted)
                 if len(st.labels) != len(x_labels) or st.labels[:at] + st.labels[at + 1:] != x_labels[:at] + x_labels[at + 1:]:
                     raise ValueError(f"a mode product that moves axes ({x_labels} -> {st.labels})")

@@ -55,7 +55,7 @@ from .errors import _letters, _result_letters
 from .execute import combine_parts
 from .ir import Combine, Contract, Drop, Encode, Fold, Sum
 
-__all__ = ["ClassicalErrors", "ChainStatistics", "classical_terms", "gamma", "TINY_UNIT"]
+__all__ = ["ClassicalErrors", "ChainStatistics", "certify", "classical_terms", "gamma", "TINY_UNIT"]
 
 #: The longest contraction whose magnitudes the fused CPU pass computes (longer ones: BLAS, through einsum).
 _FUSED_TERMS = 64
@@ -166,8 +166,8 @@ class ClassicalErrors:
     def _encode(self, st: Encode) -> tuple:
         x = self.leaf(st)  # complex operands: the parts stacked along the first axis, one exponent for both
         e = self.exponents(st)
-        if self.magnitudes is not None and not st.constant:
-            c, lo, exact = self.magnitudes.encode(x.shape)
+        if self.magnitudes is not None:
+            c, lo, exact = self.magnitudes.encode(st, x, e)
         else:
             c, lo, exact = _leaf_magnitudes(x, e)
         if lo < TINY_UNIT:
@@ -281,35 +281,48 @@ class ChainStatistics:
     A plain chain only: :meth:`of` says whether it applies.
     """
 
-    def __init__(self, stats: np.ndarray):
-        self.stats = stats
+    def __init__(self, stats: np.ndarray, source: int):
+        self.stats, self.source = stats, source
         self.step = 0
 
     @classmethod
     def of(cls, program, leaf: Callable, exponents: Callable) -> Optional["ChainStatistics"]:
-        """The statistics of a real chain program on the CPU (one input with one exponent per leading slice, mode
-        products of it by constants of at most :data:`_FUSED_TERMS` columns, drops), or None for any other."""
-        consts, steps, shape, xin = {}, [], None, None
+        """The statistics of a real chain program on the CPU, or None for any other: one tensor with one exponent
+        per leading slice, mode products of it by matrices (constants or other operands) of at most
+        :data:`_FUSED_TERMS` columns, drops."""
+        inputs = [st for st in program.steps if isinstance(st, Encode) and not st.constant]
+        if not inputs or program.complex:
+            return None
+        main = max(inputs, key=lambda st: len(st.labels))
+        mats, steps, shape, xin = {}, [], None, None
         for st in program.steps:
-            if isinstance(st, Encode) and st.constant:
+            if isinstance(st, Encode):
                 x = leaf(st)
-                if array_module(x) is not np or x.ndim != 2 or st.complex:
+                if array_module(x) is not np or st.complex or not x.ndim or not x.size:
                     return None
-                consts[st.out] = _leaf_magnitudes(x, exponents(st))[0]
-            elif isinstance(st, Encode):
-                x = leaf(st)
-                if xin is not None or array_module(x) is not np or st.complex or not x.ndim or not x.size \
-                        or tuple(st.shared) != tuple(range(1, x.ndim)):
+                if st is not main:
+                    if x.ndim != 2:
+                        return None
+                    mats[st.out] = _leaf_magnitudes(x, exponents(st))[0]
+                    continue
+                if tuple(st.shared) != tuple(range(1, x.ndim)):
                     return None
                 xin, shape, e = x, list(x.shape[1:]), exponents(st)
             elif isinstance(st, Contract):
-                if st.kind != "mode" or st.x_sum or st.y_sum or st.y not in consts or st.x in consts \
-                        or st.y_labels.index(st.contracted) != 1:
+                if st.kind not in ("mode", "mode_rev") or st.x_sum or st.y_sum:
                     return None
-                O = consts[st.y]
+                rev = st.kind == "mode_rev"
+                (t, tl), (o, ol) = ((st.y, st.y_labels), (st.x, st.x_labels)) if rev else ((st.x, st.x_labels),
+                                                                                         (st.y, st.y_labels))
+                if o not in mats or t in mats or ol.index(st.contracted) != 1:
+                    return None
+                O = mats[o]
                 if not 0 < O.shape[1] <= _FUSED_TERMS:
                     return None
-                axis = st.x_labels.index(st.contracted) - 1
+                axis = tl.index(st.contracted) - 1
+                at = axis + 1  # the product's new axis where the contracted one was
+                if len(st.labels) != len(tl) or st.labels[:at] + st.labels[at + 1:] != tl[:at] + tl[at + 1:]:
+                    return None
                 steps.append((axis, O))
                 shape[axis] = O.shape[0]
             elif not isinstance(st, Drop):
@@ -319,11 +332,14 @@ class ChainStatistics:
         e = np.asarray(e).reshape(-1)
         if e.shape != (xin.shape[0],):
             return None
-        return cls(chain_magnitude_stats(xin, e, tuple(xin.shape[1:]), steps))
+        return cls(chain_magnitude_stats(xin, e, tuple(xin.shape[1:]), steps), main.source)
 
-    def encode(self, shape: tuple) -> tuple:
-        """``(c, lo, exact)`` of the input's encode (``c``: a stand-in of its shape)."""
-        return np.broadcast_to(np.float64(0.0), shape), float(self.stats[0, 0]), bool(self.stats[0, 1] == 1.0)
+    def encode(self, st, x, e) -> tuple:
+        """``(c, lo, exact)`` of an encode: the tensor's from the statistics (``c``: a stand-in of its shape), a
+        matrix's computed."""
+        if st.constant or st.source != self.source:
+            return _leaf_magnitudes(x, e)
+        return np.broadcast_to(np.float64(0.0), x.shape), float(self.stats[0, 0]), bool(self.stats[0, 1] == 1.0)
 
     def mode(self, shape: tuple, K: int, alpha: float, beta: float, kappa: float) -> tuple:
         """``(c, lo, ratio)`` of the next mode product: its smallest positive magnitude, and an upper bound of the
@@ -338,6 +354,25 @@ class ChainStatistics:
         # sum below by three more
         bound = alpha * m1 + beta * m2 + kappa / lo
         return c, lo, bound * (1 + (2 * K + 20) * 2.0**-52)
+
+
+def certify(program, leaf: Callable, exponents: Callable, m: int) -> ClassicalErrors:
+    """The certification of ``program`` against ``γ_m``: from its statistics where it is a plain chain on the CPU
+    and that certificate holds (:class:`ChainStatistics`), else the full one, so that the verdict is always the
+    full certificate's. ``exponents`` is read once per step."""
+    seen: dict = {}
+
+    def once(st):
+        if st not in seen:
+            seen[st] = exponents(st)
+        return seen[st]
+
+    stats = ChainStatistics.of(program, leaf, once)
+    if stats is not None:
+        quick = ClassicalErrors(leaf, once, magnitudes=stats).run(program)
+        if quick.certified(m):
+            return quick
+    return ClassicalErrors(leaf, once).run(program)
 
 
 def _leaf_magnitudes(x, e) -> tuple:
