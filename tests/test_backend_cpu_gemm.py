@@ -327,3 +327,16 @@ def test_threaded_matmul_is_a_float_product(monkeypatch):
         assert got.dtype == dt and got.shape == (101, 33)
         assert np.all(np.abs(got - exact) <= 72 * np.finfo(dt).eps * (np.abs(a) @ np.abs(b)))
     assert cpu_gemm.threaded_matmul(a[:1], b).shape == (1, 33)  # fewer rows than threads: one call
+
+
+def test_a_forked_child_gets_its_blas_count_back(monkeypatch):
+    libs = cpu_gemm._openblas_threads()
+    if not libs:
+        pytest.skip("numpy's BLAS is not a pthreads OpenBLAS")
+    before = [get() for get, _ in libs]
+    for _, put in libs:
+        put(1)  # as if a thread of the parent was inside _one_blas_thread when it forked
+    monkeypatch.setattr(cpu_gemm, "_ONE", [1, tuple(before)])
+    cpu_gemm._after_fork()
+    assert [get() for get, _ in libs] == before and cpu_gemm._ONE[0] == 0
+    assert not cpu_gemm._ONE_LOCK.locked() and cpu_gemm._KEPT[0] is None

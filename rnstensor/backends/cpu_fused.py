@@ -492,7 +492,7 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
             elif rec[r, 0] == _HADAMARD:
                 _hadamard(S, rec[r], nt, field, t0, _ftab(tdir, tabf, rec[r, 5]), _ftab(tdir, tabf, rec[r, 5] + 1),
                           _ftab(tdir, tabf, rec[r, 5] + 2), _itab(tdir, tabi, rec[r, 6]))
-            else:
+            elif rec[r, 0] == _DROP:
                 ne, j, Lin = rec[r, 4], rec[r, 5], rec[r, 6]
                 W = ne * nt
                 Xd = S[si, : Lin * W].reshape(Lin, W)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -134,6 +135,22 @@ def _one_blas_thread():
             if _ONE[0] == 0:
                 for (_, put), n in zip(libs, _ONE[1]):
                     put(n)
+
+
+def _after_fork() -> None:
+    """In a forked child: fresh locks, the kept buffer dropped, and OpenBLAS's count restored where a thread of the
+    parent was inside :func:`_one_blas_thread` (that thread does not exist here to restore it)."""
+    global _ONE_LOCK, _KEPT_LOCK
+    _ONE_LOCK, _KEPT_LOCK = threading.Lock(), threading.Lock()
+    _KEPT[0] = None
+    if _ONE[0]:
+        for (_, put), n in zip(_openblas_threads(), _ONE[1]):
+            put(n)
+        _ONE[0] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 #: Products of at least this many multiply-adds per modulus run one single-threaded BLAS GEMM per thread.
