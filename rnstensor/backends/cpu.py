@@ -1754,6 +1754,17 @@ def _dot_in_order(a, T, K, o, W, Z):
 
 
 @njit(cache=True, nogil=True)
+def _column_sums(T, K, W, colb):
+    # colb[w] = sum over k ascending of T[k, w]
+    for w in range(W):
+        colb[w] = 0.0
+    for k in range(K):
+        Tk = T[k]
+        for w in range(W):
+            colb[w] += Tk[w]
+
+
+@njit(cache=True, nogil=True)
 def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, stats, t0, t1):
     # _mode_magnitudes_kernel for short rows (R < 16) and its own column sums: task t takes bpt tensors b, whose
     # (b, r) pairs are the lanes of every loop (R alone is too short to vectorize), gathered once. The same
@@ -1783,12 +1794,7 @@ def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, st
                 for r in range(R):
                     Tk[off + r] = src[r]
         if alpha != 0.0:
-            for w in range(W):
-                colb[w] = 0.0
-            for k in range(K):
-                Tk = T[k]
-                for w in range(W):
-                    colb[w] += Tk[w]
+            _column_sums(T, K, W, colb)
         least = np.inf
         worst = 0.0
         for j in range(J):
@@ -1848,28 +1854,27 @@ def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kap
 
 
 @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
-def _encode_extremes(x, c, N):
-    # (smallest c over the nonzero x, largest fractional part of c): c - floor(c) is exact, the rest comparisons
-    lo = np.inf
-    frac = 0.0
-    for q in range(N):
-        v = c[q]
-        lo = min(lo, v if x[q] != 0.0 else np.inf)
-        frac = max(frac, v - np.floor(v))
-    return lo, frac
-
-
-@njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
-def _positive_extremes(o, q, W):
-    # (smallest positive o, largest q) over W lanes: comparisons of finite numbers only, so their order is free
-    # (the flags let the reductions vectorize; no value is rounded here)
+def _extremes(key, v, q, W):
+    # (smallest v[w] where key[w] != 0, largest q[w]) over W lanes: comparisons of finite numbers only, so their
+    # order is free (the flags let the reductions vectorize; no value is rounded here)
     lo = np.inf
     m = 0.0
     for w in range(W):
-        v = o[w]
-        lo = min(lo, v if v > 0.0 else np.inf)
+        lo = min(lo, v[w] if key[w] != 0.0 else np.inf)
         m = max(m, q[w])
     return lo, m
+
+
+@njit(cache=True, nogil=True)
+def _row_stats(a, T, K, colb, r, o, q, W, Z):
+    # o = the row a of the operator times T (mode_magnitudes' sums); (smallest positive o, largest colb / o over
+    # it with a rounded reciprocal, the row sum r over the smallest)
+    _dot_in_order(a, T, K, o, W, Z)
+    for w in range(W):
+        v = o[w]
+        q[w] = colb[w] * (1.0 / v) if v > 0.0 else 0.0
+    lo, m = _extremes(o, o, q, W)
+    return lo, m, (r / lo if lo < np.inf else 0.0)
 
 
 @njit(cache=True, nogil=True)
@@ -1921,7 +1926,9 @@ def _chain_magnitude_stats_kernel(X, e, steps, ops, rowsums, shape0, nb, stats, 
                 k = min(max(-eb, -(1 << 20)), 1 << 20)
                 for q in range(N):
                     c[q] = math.ldexp(abs(x[q]), k)
-            lo_i, frac_i = _encode_extremes(x, c, N)
+            for q in range(N):
+                q1[q] = c[q] - np.floor(c[q])  # exact: whether the magnitude is an integer
+            lo_i, frac_i = _extremes(x, c, q1, N)
             least = min(least, lo_i)
             frac = max(frac, frac_i)
         whole = frac == 0.0
@@ -1948,44 +1955,20 @@ def _chain_magnitude_stats_kernel(X, e, steps, ops, rowsums, shape0, nb, stats, 
             if post >= 16:  # long rows: each tensor row's dots along them, in place
                 for p in range(pre):
                     Sp = src[p]
-                    cp = colb[:post]
-                    for q in range(post):
-                        cp[q] = 0.0
-                    for k in range(K):
-                        Sk = Sp[k]
-                        for q in range(post):
-                            cp[q] += Sk[q]
+                    _column_sums(Sp, K, post, colb)
                     for j in range(J):
-                        oj = dst[p, j]
-                        _dot_in_order(A[j], Sp, K, oj, post, Z)
-                        for q in range(post):
-                            v = oj[q]
-                            q1[q] = cp[q] * (1.0 / v) if v > 0.0 else 0.0
-                        lj, a1 = _positive_extremes(oj, q1, post)
-                        lo = min(lo, lj)
-                        m1 = max(m1, a1)
-                        m2 = max(m2, rowsums[roff + j] / lj if lj < np.inf else 0.0)  # a row's largest: at its least
+                        lj, a1, a2 = _row_stats(A[j], Sp, K, colb, rowsums[roff + j], dst[p, j], q1, post, Z)
+                        lo, m1, m2 = min(lo, lj), max(m1, a1), max(m2, a2)
             else:  # short rows: the block's (tensor, row, column) triples as lanes, gathered
                 for k in range(K):
                     Tk = T[k]
                     for p in range(pre):
                         for q in range(post):
                             Tk[p * post + q] = src[p, k, q]
-                for w in range(W):
-                    colb[w] = 0.0
-                for k in range(K):
-                    Tk = T[k]
-                    for w in range(W):
-                        colb[w] += Tk[w]
+                _column_sums(T, K, W, colb)
                 for j in range(J):
-                    _dot_in_order(A[j], T, K, o, W, Z)
-                    for w in range(W):
-                        v = o[w]
-                        q1[w] = colb[w] * (1.0 / v) if v > 0.0 else 0.0
-                    lj, a1 = _positive_extremes(o, q1, W)
-                    lo = min(lo, lj)
-                    m1 = max(m1, a1)
-                    m2 = max(m2, rowsums[roff + j] / lj if lj < np.inf else 0.0)
+                    lj, a1, a2 = _row_stats(A[j], T, K, colb, rowsums[roff + j], o, q1, W, Z)
+                    lo, m1, m2 = min(lo, lj), max(m1, a1), max(m2, a2)
                     if s + 1 < nsteps:  # (the last step's magnitudes are not read)
                         for p in range(pre):
                             for q in range(post):
