@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -150,16 +151,16 @@ def _same_bits(*args, **kw):
     """dgemm (zgemm for complex operands) on the INT8 engine and the wide one, its products on the calling thread
     and one single-threaded GEMM per thread: the same bits; the wide result."""
     gemm = rt.zgemm if args[0].dtype.kind == "c" else rt.dgemm
-    old = cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN
+    old = cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN, cpu_gemm._foreign_threads_running
     try:
         cpu_gemm.ENGINE = "int8"
         x = gemm(*args, **kw)
         cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN = "wide", 1 << 62
         y = gemm(*args, **kw)
-        cpu_gemm._PARALLEL_MIN = 0
+        cpu_gemm._PARALLEL_MIN, cpu_gemm._foreign_threads_running = 0, lambda: False  # (the INT8 run's BLAS spins)
         z = gemm(*args, **kw)
     finally:
-        cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN = old
+        cpu_gemm.ENGINE, cpu_gemm._PARALLEL_MIN, cpu_gemm._foreign_threads_running = old
     np.testing.assert_array_equal(x.view(np.int64), y.view(np.int64), err_msg=str(kw))
     np.testing.assert_array_equal(x.view(np.int64), z.view(np.int64), err_msg=f"threaded products, {kw}")
     return y
@@ -340,3 +341,26 @@ def test_a_forked_child_gets_its_blas_count_back(monkeypatch):
     cpu_gemm._after_fork()
     assert [get() for get, _ in libs] == before and cpu_gemm._ONE[0] == 0
     assert not cpu_gemm._ONE_LOCK.locked() and cpu_gemm._KEPT[0] is None
+
+
+def test_spinning_blas_threads_are_seen():
+    # OpenBLAS's worker spins for ~2**28 cycles after a multi-threaded call (the engine then keeps OpenBLAS's own
+    # threads) and sleeps after; Python's own threads never count
+    import threading
+    import time
+
+    libs = cpu_gemm._openblas_threads()
+    if not libs or max(get() for get, _ in libs) < 2 or not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs a multi-threaded pthreads OpenBLAS on Linux")
+    a = np.random.default_rng(0).random((400, 400))
+    busy = threading.Event()
+    worker = threading.Thread(target=lambda: busy.wait(5))  # a Python thread, waiting: never a foreign one
+    worker.start()
+    try:
+        a @ a
+        assert cpu_gemm._foreign_threads_running()
+        time.sleep(1.5)
+        assert not cpu_gemm._foreign_threads_running()
+    finally:
+        busy.set()
+        worker.join()

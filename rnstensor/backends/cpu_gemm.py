@@ -157,6 +157,27 @@ if hasattr(os, "register_at_fork"):
 _PARALLEL_MIN = 1 << 26
 
 
+def _foreign_threads_running() -> bool:
+    """Whether a thread Python did not start is running now (Linux: ``/proc/self/task``): OpenBLAS's workers spin
+    after every multi-threaded call, and single-threaded GEMMs on every core would share them with that spinning;
+    the multi-threaded BLAS hands them the work instead. False where the threads cannot be read."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    ours = {t.native_id for t in threading.enumerate()}
+    for tid in tasks:
+        if int(tid) in ours:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 def threaded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` (2-D NumPy arrays), in row blocks of one single-threaded BLAS GEMM per thread where it is large, so
     that no BLAS thread is left spinning over what the caller runs next (see the wide engine's products). Each
@@ -165,7 +186,7 @@ def threaded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     m, k = a.shape
     n = b.shape[1]
     nth = _cpu._nthreads()
-    if nth < 2 or m < nth or m * n * k < _PARALLEL_MIN or not _openblas_threads():
+    if nth < 2 or m < nth or m * n * k < _PARALLEL_MIN or not _openblas_threads() or _foreign_threads_running():
         return a @ b
     out = np.empty((m, n), np.result_type(a, b))
     cuts = [m * i // nth for i in range(nth + 1)]
@@ -490,7 +511,7 @@ def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena) -> 
     t0 = _tick("encode", t0)
     nth = _cpu._nthreads()
     prods = [ws.take((L, m, n), np.float32) for _ in pairs]
-    if nth > 1 and m * n * k >= _PARALLEL_MIN and _openblas_threads():
+    if nth > 1 and m * n * k >= _PARALLEL_MIN and _openblas_threads() and not _foreign_threads_running():
         # one single-threaded GEMM per thread, each followed by its own reductions: as fast as OpenBLAS's own
         # threads on one GEMM at a time, but those, left spinning for about 2**28 cycles after every call, would
         # share the cores with every pass that follows (the reductions and the decode ran about 1.7x slower on
