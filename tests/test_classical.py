@@ -425,3 +425,16 @@ def test_einsum_certifies_from_statistics_with_the_same_verdicts_and_bits(monkey
         monkeypatch.setattr(classical.ChainStatistics, "of",
                             classmethod(lambda cls, *a: used.append(real_of(*a)) or used[-1]))
         assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+def test_statistics_refuse_a_change_of_units():
+    # the statistics hold magnitudes in the units of the input; a step that folds the scale into the arrays (a
+    # chain far deeper than planned) leaves the verdict to the arrays' certificate
+    from rnstensor.program import classical as C
+
+    quick = C.ClassicalErrors(None, None, magnitudes=C.ChainStatistics(np.zeros((1, 3)), 0))
+    with pytest.raises(C._Refused, match="change units"):
+        quick._normalized(np.zeros(2), 2.0**-700, 1)
+    c, sc = C.ClassicalErrors(None, None)._normalized(np.ones(2), 2.0**-700, 1)
+    assert sc == 1.0 and c[0] == 2.0**-700
+    assert quick._normalized(np.ones(2), 0.5, 1 << 100)[1] == 0.5

@@ -137,7 +137,7 @@ class ClassicalErrors:
             lo = lo / qf * (1 - 2.0**-50)
             if lo < TINY_UNIT:
                 raise _Refused("a magnitude falls below the certified range after a drop")
-            return _normalized(c, sc / qf, st.bound) + (_up(g + 3 * _U, 2), r, _up(a / qf + 1.0), lo)
+            return self._normalized(c, sc / qf, st.bound) + (_up(g + 3 * _U, 2), r, _up(a / qf + 1.0), lo)
         if isinstance(st, Sum):
             c, sc, g, r, a, lo = self.state[st.x]
             axes = tuple(st.x_labels.index(ch) for ch in st.over)
@@ -210,7 +210,7 @@ class ClassicalErrors:
             lo = lo_c * sc * (1 - 2.0**-50)
             if ax or ay:
                 r = _up(r + _up(ratio / sc, 12 + k.bit_length()) / (1 - g))
-            return _normalized(c, sc, st.bound) + (g, r, 0.0, lo)
+            return self._normalized(c, sc, st.bound) + (g, r, 0.0, lo)
         c = xp.einsum(_letters(st.x_labels, st.y_labels, out_labels), cx, cy, optimize=True)
         lo_c = float(c.min()) if c.size else math.inf
         lo = (lo_c if lo_c > 0 else _min_positive(c)) * sc * (1 - 2.0**-50)
@@ -230,7 +230,13 @@ class ClassicalErrors:
             else:
                 ratio = float(xp.where(c > 0, A / xp.where(c > 0, c, 1.0), 0.0).max()) / sc
             r = _up(r + _up(ratio, 10 + k.bit_length()) / (1 - g))
-        return _normalized(c, sc, st.bound) + (g, r, 0.0, lo)
+        return self._normalized(c, sc, st.bound) + (g, r, 0.0, lo)
+
+    def _normalized(self, c, sc: float, bound: int) -> tuple:
+        """:func:`_normalized`; the statistics (:class:`ChainStatistics`) hold magnitudes in unscaled units only."""
+        if self.magnitudes is not None and _rescales(sc, bound):
+            raise _Refused("the magnitudes change units (a chain far deeper than planned): the arrays' certificate")
+        return _normalized(c, sc, bound)
 
     # ----- the verdict ------------------------------------------------------------------------------
 
@@ -427,10 +433,15 @@ def classical_terms(program, sizes: dict) -> int:
     return m
 
 
+def _rescales(sc: float, bound: int) -> bool:
+    """Whether :func:`_normalized` folds the scale ``sc`` into the array (values up to ``bound / sc``)."""
+    return sc < 2.0**-600 or float(bound) / sc > 2.0**600
+
+
 def _normalized(c, sc: float, bound: int) -> tuple:
     """``(c, sc)`` with the scale folded into the array where the array (at most ``bound / sc``) could leave the
     float range later; the fold rounds each entry by ``2**-53`` at most, which every caller's ``g`` allows."""
-    if sc < 2.0**-600 or float(bound) / sc > 2.0**600:
+    if _rescales(sc, bound):
         return c * sc, 1.0  # pragma: no cover - chains far deeper than any planned here
     return c, sc
 
