@@ -207,6 +207,7 @@ def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = No
 
     shapes = {0: tuple(in_shape)}
     lmax, emax = len(prog.first), math.prod(in_shape)
+    tensor_max = emax  # the largest tensor, which sizes the block (emax: the largest slot, a stack of terms too)
     for k, st in enumerate(prog.stages):
         L = len(st.active)
         lmax = max(lmax, L, len(st.drop_active))
@@ -260,11 +261,11 @@ def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = No
             record(_PRODUCT, s_out, src, L, pre, op.shape[2], post, n_out, add_op(op), red)
             shapes[oid] = shp[: st.axis] + (n_out,) + shp[st.axis + 1:]
             emax = max(emax, math.prod(shapes[oid]))
+            tensor_max = max(tensor_max, math.prod(shapes[oid]))
         pool.release(dead)
     if not rec:
         raise ValueError("a program without a product")
-    per_tensor = max(emax, 1)
-    nb = max(1, BLOCK_ENTRIES // per_tensor)
+    nb = max(1, BLOCK_ENTRIES // max(tensor_max, 1))
     arrays = dict(
         rec=np.array(rec, np.int64).reshape(-1, _REC),
         ops=np.concatenate(ops).astype(np.int8) if ops else np.zeros(1, np.int8),
@@ -479,13 +480,7 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
                 A = ops[oo: oo + L * n_out * n_in].reshape(L, n_out, n_in)
                 red = rec[r, 9]
                 pf32, ip32, h32 = _ftab(tdir, tabf, red), _ftab(tdir, tabf, red + 1), _ftab(tdir, tabf, red + 2)
-                # tasks as CpuBackend.product lays them out
-                Vn = min(512, max(256, 8192 // n_in)) // 8 * 8
-                if post <= Vn:
-                    Ba, tw = max(1, Vn // post), post
-                else:
-                    Ba, tw = 1, Vn
-                ntasks = L * ((pre_b + Ba - 1) // Ba) * ((post + tw - 1) // tw)
+                Ba, tw, ntasks = _cpu._product_tasks(L, pre_b, n_in, post)  # as CpuBackend.product lays them out
                 _cpu._product_direct(A, Xp, pf32, ip32, h32, Op, Ba, tw, 0, ntasks)
             elif rec[r, 0] == _STACK:
                 _stack(S, rec[r], nt)
