@@ -1085,36 +1085,31 @@ class ContractExpression:
         leaf = self._leaves(ops, kinds, cplx, xp)
         from .backends import cpu_fused  # noqa: PLC0415 - numba, loaded on first use
 
-        if matrices:  # encoded for this call, then operators like constants: packed per call
-            for st in matrices:
-                self._check_exact(st.source, leaf(st), st)
+        def pack():
+            """The plan packed, its constants (and the matrices, encoded for this call) as operators."""
             consts = [None] * len(self.terms)
             for st in plan.steps:
                 if isinstance(st, ir.Encode) and st.constant:
                     consts[st.source] = self._const_value(st, False, np)
-                elif isinstance(st, ir.Encode) and st is not enc:
+                elif st in matrices:
+                    self._check_exact(st.source, leaf(st), st)
                     T = _encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                     consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
             try:
-                prog = cpu_fused.cpu_program(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch)
+                return cpu_fused.cpu_program(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch)
             except ValueError:
                 return None
+
+        if matrices:  # their residues are this call's: packed per call
+            prog = pack()
         else:
             key = ("fused", id(plan))
             if key not in self._const_cache or self._const_cache[key][0] is not plan:
-                consts = [None] * len(self.terms)
-                for st in plan.steps:
-                    if isinstance(st, ir.Encode) and st.constant:
-                        consts[st.source] = self._const_value(st, False, np)
-                try:
-                    prog = cpu_fused.cpu_program(plan, in_shape, consts, nbatch)
-                except ValueError:
-                    prog = None
-                self._const_cache[key] = (plan, prog)
+                self._const_cache[key] = (plan, pack())
             prog = self._const_cache[key][1]
-            if prog is None:
-                return None
+        if prog is None:
+            return None
         x = leaf(enc)
         self._check_exact(enc.source, x, enc)
         lead = x.shape[:nbatch]

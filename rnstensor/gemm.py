@@ -174,7 +174,7 @@ def _check_trans(flag, name: str, allowed: tuple[str, ...]) -> str:
 def _check_array(x, name: str, dtype: np.dtype, fn: str, xp=np):
     """A 2-D operand as ``dtype`` (float64 or complex128), converted only where that is exact (see
     :func:`~rnstensor.arrays.exact_float`: bool, integers up to 2^53, float16/32, complex64)."""
-    arr = exact_float(x if xp is not np else np.asarray(x), name, fn)
+    arr = exact_float(x, name, fn)
     if arr.dtype.kind == "c" and dtype.kind != "c":
         raise TypeError(f"{fn}: {name} must be real ({fn} takes real input, as BLAS dgemm); got dtype {arr.dtype}: "
                         "use rnstensor.zgemm for complex data")
@@ -1032,10 +1032,7 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         if tuple(c.shape) != (m, n):
             raise ValueError(f"{fn}: c must have shape ({m}, {n}) = op(a) rows x op(b) columns; got {tuple(c.shape)}")
         if beta != 0:
-            c = exact_float(c, "c", fn)
-            if c.dtype.kind == "c" and not cplx:
-                raise TypeError(f"{fn}: c must be real; got dtype {c.dtype}: use rnstensor.zgemm for complex data")
-            c = c.astype(dtype, copy=False)
+            c = _check_array(c, "c", dtype, fn, xp)
     elif beta != 0:
         raise ValueError(f"{fn}: c is required when beta != 0 (got beta={beta!r})")
     if out is not None:

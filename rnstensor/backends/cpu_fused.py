@@ -166,7 +166,9 @@ def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = No
     from ..kernels.fused import SlotPool, last_uses, program_stages  # noqa: PLC0415 - it imports the backends
 
     inputs = [st for st in program.steps if type(st).__name__ == "Encode" and not st.constant]
-    if len(inputs) != 1 or nbatch not in (0, 1):
+    if nbatch not in (0, 1):
+        raise ValueError(f"{nbatch} batch axes (the fused interpreter takes the tensors behind one, or none)")
+    if len(inputs) != 1:
         raise ValueError("a program of more than one input tensor")
     if tuple(inputs[0].shared) != tuple(range(nbatch, nbatch + len(in_shape))):
         raise ValueError("the input is encoded with more than one exponent per tensor")

@@ -157,6 +157,13 @@ if hasattr(os, "register_at_fork"):
 _PARALLEL_MIN = 1 << 26
 
 
+def _gemms_per_thread(macs: int) -> bool:
+    """Whether a product of ``macs`` multiply-adds runs as one single-threaded BLAS GEMM per thread: several
+    threads, large enough, a pthreads OpenBLAS, and no thread Python did not start running (below)."""
+    return _cpu._nthreads() > 1 and macs >= _PARALLEL_MIN and bool(_openblas_threads()) \
+        and not _foreign_threads_running()
+
+
 def _foreign_threads_running() -> bool:
     """Whether a thread Python did not start is running now (Linux: ``/proc/self/task``): OpenBLAS's workers spin
     after every multi-threaded call, and single-threaded GEMMs on every core would share them with that spinning;
@@ -186,7 +193,7 @@ def threaded_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     m, k = a.shape
     n = b.shape[1]
     nth = _cpu._nthreads()
-    if nth < 2 or m < nth or m * n * k < _PARALLEL_MIN or not _openblas_threads() or _foreign_threads_running():
+    if m < nth or not _gemms_per_thread(m * n * k):
         return a @ b
     out = np.empty((m, n), np.result_type(a, b))
     cuts = [m * i // nth for i in range(nth + 1)]
@@ -511,7 +518,7 @@ def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena) -> 
     t0 = _tick("encode", t0)
     nth = _cpu._nthreads()
     prods = [ws.take((L, m, n), np.float32) for _ in pairs]
-    if nth > 1 and m * n * k >= _PARALLEL_MIN and _openblas_threads() and not _foreign_threads_running():
+    if _gemms_per_thread(m * n * k):
         # one single-threaded GEMM per thread, each followed by its own reductions: as fast as OpenBLAS's own
         # threads on one GEMM at a time, but those, left spinning for about 2**28 cycles after every call, would
         # share the cores with every pass that follows (the reductions and the decode ran about 1.7x slower on

@@ -255,8 +255,7 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
             dropped_from[st.out] = (st.x, tuple(st.moduli))
             extend = st.extend
         elif isinstance(st, ir.Contract):
-            rev = st.kind == "mode_rev"  # the operator first (einsum's order), the tensor second
-            x, y, x_labels = (st.y, st.x, st.y_labels) if rev else (st.x, st.y, st.x_labels)
+            x, x_labels, y, _ = st.operands()
             if y not in consts or x in consts:
                 raise ValueError("a contraction of two tensors (the fused kernel multiplies by operators and fields)")
             operand = consts[y]
@@ -267,13 +266,9 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
             if kind == "product" and st.kind not in ("mode", "mode_rev"):
                 raise ValueError(f"a {st.kind!r} contraction (the fused kernel runs mode products)")
             axis = None if kind == "hadamard" else x_labels.index(st.contracted) - nbatch
-            if kind == "product":  # the new axis where the contracted one was (under its own label or the same)
-                y_labels = st.x_labels if rev else st.y_labels
-                if len(y_labels) != 2 or y_labels[1] != st.contracted:
-                    raise ValueError(f"an operator contracted along its first axis ({y_labels})")
-                at = x_labels.index(st.contracted)
-                if len(st.labels) != len(x_labels) or st.labels[:at] + st.labels[at + 1:] != x_labels[:at] + x_labels[at + 1:]:
-                    raise ValueError(f"a mode product that moves axes ({x_labels} -> {st.labels})")
+            if kind == "product" and not st.in_place():
+                raise ValueError(f"a mode product that moves axes or contracts its operator's first "
+                                 f"({x_labels} -> {st.labels})")
             if cur and (cur["kind"] != kind or cur["axis"] != axis or src in cur["parts"] or
                         cur["dropped"] != moduli):
                 close()

@@ -315,20 +315,13 @@ class ChainStatistics:
                     return None
                 xin, shape, e = x, list(x.shape[1:]), exponents(st)
             elif isinstance(st, Contract):
-                if st.kind not in ("mode", "mode_rev") or st.x_sum or st.y_sum:
+                if st.kind not in ("mode", "mode_rev") or st.x_sum or st.y_sum or not st.in_place():
                     return None
-                rev = st.kind == "mode_rev"
-                (t, tl), (o, ol) = ((st.y, st.y_labels), (st.x, st.x_labels)) if rev else ((st.x, st.x_labels),
-                                                                                         (st.y, st.y_labels))
-                if o not in mats or t in mats or ol.index(st.contracted) != 1:
+                t, tl, o, _ = st.operands()
+                if o not in mats or t in mats or not 0 < mats[o].shape[1] <= _FUSED_TERMS:
                     return None
                 O = mats[o]
-                if not 0 < O.shape[1] <= _FUSED_TERMS:
-                    return None
                 axis = tl.index(st.contracted) - 1
-                at = axis + 1  # the product's new axis where the contracted one was
-                if len(st.labels) != len(tl) or st.labels[:at] + st.labels[at + 1:] != tl[:at] + tl[at + 1:]:
-                    return None
                 steps.append((axis, O))
                 shape[axis] = O.shape[0]
             elif not isinstance(st, Drop):

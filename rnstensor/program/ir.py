@@ -141,6 +141,21 @@ class Contract:
     labels: str
     bound: int
 
+    def operands(self) -> tuple:
+        """``(tensor, its labels, operator, its labels)``: a ``'mode_rev'`` product names its operator first."""
+        if self.kind == "mode_rev":
+            return self.y, self.y_labels, self.x, self.x_labels
+        return self.x, self.x_labels, self.y, self.y_labels
+
+    def in_place(self) -> bool:
+        """Whether this mode product's operator is ``(new, contracted)`` and the new axis takes the contracted
+        one's place (under its own label or the same), every other axis staying where it was."""
+        _, tl, _, ol = self.operands()
+        if len(ol) != 2 or ol[1] != self.contracted or len(self.labels) != len(tl):
+            return False
+        at = tl.index(self.contracted)
+        return self.labels[:at] + self.labels[at + 1:] == tl[:at] + tl[at + 1:]
+
 
 @dataclass(frozen=True)
 class Contract3M:
