@@ -19,6 +19,7 @@ import pytest
 
 import rnstensor as rt
 from rnstensor.kernels import build, fused
+from sanitize import SANITIZE
 
 
 # the papers' methods at any width: these tests check plans that keep fewer than min_bits bits
@@ -28,7 +29,7 @@ plan_any = functools.partial(rt.plan_chain, min_bits=0)
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
     try:
-        return ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("chain"))))
+        return ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("chain"), sanitize=SANITIZE)))
     except build.KernelBuildError as exc:  # pragma: no cover - CI images have g++ >= 11
         pytest.skip(f"no C++20 host compiler for the SIMT build of chain.cu: {exc}")
 
@@ -174,7 +175,7 @@ def test_specialized_kernel_matches_plan(tmp_path_factory, case):
     plan = rt.plan_chain(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15)
     prog = fused.chain_program(plan, shape)
     try:
-        lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec"),
+        lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec"), sanitize=SANITIZE,
                                                        headers=fused.spec_header(prog),
                                                        options=fused.SPEC_OPTIONS)))
     except build.KernelBuildError as exc:  # pragma: no cover
@@ -254,7 +255,7 @@ def test_specialized_poisson_kernel_matches_cpu(tmp_path_factory):
     op = PoissonOperator(basis, mesh.G)
     prog = fused.operator_program(op)
     try:
-        lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec-poisson"),
+        lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec-poisson"), sanitize=SANITIZE,
                                                        headers=fused.spec_header(prog), options=fused.SPEC_OPTIONS)))
     except build.KernelBuildError as exc:  # pragma: no cover
         pytest.skip(f"no C++20 host compiler: {exc}")

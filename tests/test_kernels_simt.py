@@ -18,6 +18,7 @@ from rnstensor import arith
 from rnstensor.basis import int8_pool
 from rnstensor.kernels import build, tables
 from residues import random_planes
+from sanitize import SANITIZE
 
 POOL = int8_pool()
 
@@ -25,7 +26,7 @@ POOL = int8_pool()
 @pytest.fixture(scope="module")
 def simt(tmp_path_factory):
     try:
-        return ctypes.CDLL(str(build.simt_library(cache=tmp_path_factory.mktemp("simt"))))
+        return ctypes.CDLL(str(build.simt_library(cache=tmp_path_factory.mktemp("simt"), sanitize=SANITIZE)))
     except build.KernelBuildError as exc:  # pragma: no cover - CI images have g++ >= 11
         pytest.skip(f"no C++20 host compiler for the SIMT build of product.cu: {exc}")
 

@@ -25,6 +25,7 @@ import pytest
 from rnstensor import arith
 from rnstensor.kernels import build, tables
 from residues import needs_cuobjdump, needs_nvrtc, random_planes
+from sanitize import SANITIZE
 
 
 KERNELS = {"rns_gemm_wgmma_n64": 64, "rns_gemm_wgmma_n128": 128}
@@ -111,7 +112,7 @@ def test_fold_period_keeps_int32_exact():
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
     try:
-        lib = ctypes.CDLL(str(build.wgmma_library(cache=tmp_path_factory.mktemp("wgmma-host"))))
+        lib = ctypes.CDLL(str(build.wgmma_library(cache=tmp_path_factory.mktemp("wgmma-host"), sanitize=SANITIZE)))
     except build.KernelBuildError as exc:  # pragma: no cover - CI images have g++ >= 11
         pytest.skip(f"no C++20 host compiler for the SIMT build of product_wgmma.cu: {exc}")
     assert lib.emu_wgmma_fold_tiles() == 2

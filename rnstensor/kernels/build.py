@@ -49,6 +49,10 @@ __all__ = [
     "arch_for_capability",
     "host_library",
     "simt_library",
+    "entry_simt_library",
+    "sanitizer_preload",
+    "SIMT_FLAGS",
+    "SANITIZE_FLAGS",
     "chain_simt_library",
     "wgmma_library",
     "cached_cubin",
@@ -486,17 +490,57 @@ def host_library(cache: Path | str | None = None, cxx: str | None = None) -> Pat
     return _host_build("host_check.cpp", flags, cache, cxx)
 
 
+#: the flags of every SIMT host build: C++20 threads and barriers, every float operation rounded as written
+SIMT_FLAGS = ("-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
+
+#: what ``sanitize=True`` adds: AddressSanitizer and UndefinedBehaviorSanitizer, the first report fatal. A process
+#: that loads such a build needs the sanitizers' runtimes preloaded (:func:`sanitizer_preload`).
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
+
+
+def _simt_flags(sanitize: bool, *extra: str) -> list[str]:
+    return [*SIMT_FLAGS, *(SANITIZE_FLAGS if sanitize else ()), *extra]
+
+
+def sanitizer_preload(cxx: str | None = None) -> str:
+    """``LD_PRELOAD`` for a process (Python) that loads a ``sanitize=True`` build: the ASan and UBSan runtimes.
+
+    Raises :class:`KernelBuildError` where the compiler has no such runtimes.
+    """
+    compiler = cxx or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise KernelBuildError("no C++ compiler found (set CXX)")
+    libs = []
+    for name in ("libasan.so", "libubsan.so"):
+        res = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True, text=True)
+        path = res.stdout.strip()
+        if res.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
+            raise KernelBuildError(f"{compiler} has no {name} (the sanitizers' runtime)")
+        libs.append(path)
+    return " ".join(libs)
+
+
 def chain_simt_library(cache: Path | str | None = None, cxx: str | None = None, headers: dict | None = None,
-                       options: Sequence[str] = ()) -> Path:
+                       options: Sequence[str] = (), sanitize: bool = False) -> Path:
     """Build ``chain_host.cpp``: the fused chain kernel (``chain.cu``) run on CPU threads (C++20); cached.
 
     ``headers``/``options``: a plan's specialization (:func:`rnstensor.kernels.fused.spec_header`, ``-DRNS_SPEC_INCLUDE``).
+    ``sanitize``: with AddressSanitizer and UBSan (:data:`SANITIZE_FLAGS`), for the tests.
     """
-    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", *options]
-    return _host_build("chain_host.cpp", flags, cache, cxx, headers)
+    return _host_build("chain_host.cpp", _simt_flags(sanitize, *options), cache, cxx, headers)
 
 
-def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
+def entry_simt_library(cache: Path | str | None = None, cxx: str | None = None, sanitize: bool = False) -> Path:
+    """Build ``entry_host.cpp``: the per-entry kernels of ``entry.cu`` (encode, elementwise, drop/extend, decodes) run on CPU threads (C++20); cached.
+
+    The grid-stride loops and the shared-memory scratch columns run as
+    written, one std::thread per CUDA thread (``simt_runtime.h``).
+    ``sanitize``: with AddressSanitizer and UBSan (:data:`SANITIZE_FLAGS`).
+    """
+    return _host_build("entry_host.cpp", _simt_flags(sanitize), cache, cxx)
+
+
+def simt_library(cache: Path | str | None = None, cxx: str | None = None, sanitize: bool = False) -> Path:
     """Build ``simt_host.cpp``: ``product.cu`` itself run on CPU threads with a software MMA (C++20); cached.
 
     One std::thread per CUDA thread, a barrier for ``__syncthreads``, a
@@ -505,12 +549,10 @@ def simt_library(cache: Path | str | None = None, cxx: str | None = None) -> Pat
     except that the accumulators are folded every 2 k-steps (``RNS_FOLD_STEPS``)
     instead of 4095, so short contractions exercise the fold.
     """
-    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
-             "-DRNS_FOLD_STEPS=2"]
-    return _host_build("simt_host.cpp", flags, cache, cxx)
+    return _host_build("simt_host.cpp", _simt_flags(sanitize, "-DRNS_FOLD_STEPS=2"), cache, cxx)
 
 
-def wgmma_library(cache: Path | str | None = None, cxx: str | None = None) -> Path:
+def wgmma_library(cache: Path | str | None = None, cxx: str | None = None, sanitize: bool = False) -> Path:
     """Build ``wgmma_host.cpp``: ``product_wgmma.cu`` itself run on CPU threads with software cp.async and wgmma (C++20); cached.
 
     One std::thread per CUDA thread, a barrier for ``__syncthreads``; the
@@ -520,9 +562,8 @@ def wgmma_library(cache: Path | str | None = None, cxx: str | None = None) -> Pa
     accumulators fold every 2 k-tiles (``RNS_WG_FOLD_TILES``) instead of 2047,
     so short contractions exercise the fold.
     """
-    flags = ["-O1", "-std=c++20", "-pthread", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing", "-fPIC",
-             "-shared", "-DRNS_WG_FOLD_TILES=2"]
-    return _host_build("wgmma_host.cpp", flags, cache, cxx)
+    return _host_build("wgmma_host.cpp", _simt_flags(sanitize, "-fno-strict-aliasing", "-DRNS_WG_FOLD_TILES=2"),
+                       cache, cxx)
 
 
 # ----- inspection ---------------------------------------------------------------------------

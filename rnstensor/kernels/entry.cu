@@ -8,6 +8,12 @@
 // (stride blockDim.x: conflict-free), so no local memory is used.
 #include "rns_arith.cuh"
 
+#if defined(__CUDA_ARCH__)
+// Dynamic shared memory (the launch's shared_mem bytes): the digit scratch of drop/extend and the decodes.
+extern __shared__ rns_i32 rns_words[];
+#endif
+// (the host SIMT harness, entry_host.cpp, defines rns_words as one buffer per launch)
+
 // x (N) float64 as bits, exponents ev (runs of `inner`), L moduli -> out (L, N).
 // CP: (3, L) weights of the significand's 14-bit pieces; pw: (L, ldpw) table of [2^i]_p; pa, per: its 2-adic offset and period.
 extern "C" __global__ void __launch_bounds__(256) rns_encode(
@@ -46,7 +52,6 @@ __constant__ float rns_drop_fb[RNS_DROP_FB];
 // Dynamic shared memory: (max(wg, wm) + max(nr, 1)) * blockDim.x words (packed digits, remaining planes).
 extern "C" __global__ void __launch_bounds__(128) rns_drop_extend(const rns_i8* __restrict__ X, rns_i64 N,
                                                                  rns_i8* __restrict__ out) {
-    extern __shared__ rns_i32 rns_words[];
     const RnsDropTables tb = rns_drop_tables(rns_drop_ib, rns_drop_fb);
     rns_i32* D = rns_words + threadIdx.x;
     rns_i32* Y = rns_words + max(tb.wg, tb.wm) * blockDim.x + threadIdx.x;
@@ -60,7 +65,6 @@ extern "C" __global__ void __launch_bounds__(128) rns_decode_fp64(
     const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
     const double* __restrict__ qd, double f, double g, const rns_i64* __restrict__ ev, rns_i64 inner, rns_i64 k,
     double* __restrict__ out) {
-    extern __shared__ rns_i32 rns_words[];
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
     rns_i32* d = rns_words + threadIdx.x;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x) {
@@ -76,7 +80,6 @@ extern "C" __global__ void __launch_bounds__(128, 8) rns_decode_exact(
     const rns_i8* __restrict__ X, rns_i64 N, const rns_i32* __restrict__ ib, const float* __restrict__ fb,
     const double* __restrict__ qd, const rns_u32* __restrict__ F, int nf, int fneg, const rns_i64* __restrict__ ev,
     rns_i64 inner, rns_i64 k, double* __restrict__ out) {
-    extern __shared__ rns_i32 rns_words[];
     const RnsDecodeTables tb = rns_decode_tables(ib, fb);
     rns_i32* d = rns_words + threadIdx.x;
     for (rns_i64 i = (rns_i64)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (rns_i64)gridDim.x * blockDim.x)

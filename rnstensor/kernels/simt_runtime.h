@@ -1,12 +1,15 @@
 // The CUDA execution model on CPU threads, for the host builds that run kernel sources as written.
 //
-// One std::thread per CUDA thread of a block; the blocks of a grid run one
+// One std::thread per CUDA thread of a block (kept between launches); the blocks of a grid run one
 // after another (so a kernel's __shared__ arrays can be static), separated by
 // a barrier; __syncthreads is a block barrier. Enough of the CUDA spelling is
 // defined for a kernel file to compile unchanged with a host C++20 compiler.
 #pragma once
 #include <algorithm>
 #include <barrier>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -24,10 +27,68 @@ static std::barrier<>* rns_warp_barrier[32];  // one per warp of the block, for 
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __constant__ static
 #define __align__(n) __attribute__((aligned(n)))
 static inline void __syncthreads() { rns_block_barrier->arrive_and_wait(); }
 using std::max;
 using std::min;
+
+// The CPU threads that play a block's CUDA threads: started once, on the first launch that needs them, and
+// reused by every later launch of this library (starting 256 threads takes ~14 ms, more than most launches'
+// work). run() is one launch at a time, as the callers are.
+class RnsThreadPool {
+   public:
+    ~RnsThreadPool() {
+        {
+            std::lock_guard<std::mutex> g(m_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        for (auto& t : threads_) t.join();
+    }
+
+    // job(t) on threads t = 0 .. n - 1, all at once; returns when every one has returned
+    void run(unsigned n, const std::function<void(unsigned)>& job) {
+        std::unique_lock<std::mutex> lk(m_);
+        while (threads_.size() < n) {
+            const unsigned id = (unsigned)threads_.size();
+            threads_.emplace_back([this, id] { loop(id); });
+        }
+        job_ = &job;
+        n_ = n;
+        pending_ = n;
+        ++generation_;
+        wake_.notify_all();
+        done_.wait(lk, [this] { return pending_ == 0; });
+        job_ = nullptr;
+    }
+
+   private:
+    void loop(unsigned id) {
+        unsigned long long seen = 0;
+        std::unique_lock<std::mutex> lk(m_);
+        for (;;) {
+            wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+            if (stop_) return;
+            seen = generation_;
+            if (id >= n_) continue;  // not part of this launch
+            const std::function<void(unsigned)>* job = job_;
+            lk.unlock();
+            (*job)(id);
+            lk.lock();
+            if (--pending_ == 0) done_.notify_one();
+        }
+    }
+
+    std::vector<std::thread> threads_;
+    std::mutex m_;
+    std::condition_variable wake_, done_;
+    const std::function<void(unsigned)>* job_ = nullptr;
+    unsigned n_ = 0, pending_ = 0;
+    unsigned long long generation_ = 0;
+    bool stop_ = false;
+};
+static RnsThreadPool rns_thread_pool;
 
 // Run body() as every thread of every block of the grid (blocks in order); after_block() runs in
 // every thread after body(), before the barrier that ends the block (checks of leftover state).
@@ -38,21 +99,17 @@ static void rns_simt_launch(rns_dim3 grid, unsigned block, F body, G after_block
     std::barrier<> bb((std::ptrdiff_t)block);
     rns_block_barrier = &bb;
     for (unsigned w = 0; w < block / 32; ++w) rns_warp_barrier[w] = new std::barrier<>(32);
-    std::vector<std::thread> th;
-    th.reserve(block);
-    for (unsigned t = 0; t < block; ++t)
-        th.emplace_back([=] {
-            threadIdx = rns_dim3{t, 0, 0};
-            for (unsigned z = 0; z < grid.z; ++z)
-                for (unsigned y = 0; y < grid.y; ++y)
-                    for (unsigned x = 0; x < grid.x; ++x) {
-                        blockIdx = rns_dim3{x, y, z};
-                        body();
-                        after_block();
-                        rns_block_barrier->arrive_and_wait();
-                    }
-        });
-    for (auto& h : th) h.join();
+    rns_thread_pool.run(block, [&](unsigned t) {
+        threadIdx = rns_dim3{t, 0, 0};
+        for (unsigned z = 0; z < grid.z; ++z)
+            for (unsigned y = 0; y < grid.y; ++y)
+                for (unsigned x = 0; x < grid.x; ++x) {
+                    blockIdx = rns_dim3{x, y, z};
+                    body();
+                    after_block();
+                    rns_block_barrier->arrive_and_wait();
+                }
+    });
     for (unsigned w = 0; w < block / 32; ++w) delete rns_warp_barrier[w];
 }
 
