@@ -65,7 +65,8 @@ from .errors import RNSRangeError
 from .chain import ChainPlan
 from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
-from .gemm import SplitNeeded, gemm_program, gemm_scale, magnitude_ratio
+from .gemm import SplitNeeded, gemm_program, gemm_scale
+from .magnitude import measure_ratio
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program import ir
@@ -466,7 +467,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
         rows, cols = (opa.chunks[0],), (opb.chunks[1],)
         A = da.where(da.from_array(xp.asarray(fa), chunks=rows)[:, None], opa, 0)
         Bm = da.where(da.from_array(xp.asarray(fb), chunks=cols)[None, :], opb, 0)
-        return magnitude_ratio(A, da.from_array(xp.asarray(Ea), chunks=rows), Bm,
+        return measure_ratio(A, da.from_array(xp.asarray(Ea), chunks=rows), Bm,
                                da.from_array(xp.asarray(Eb), chunks=cols), xp=da)
 
     try:

@@ -29,6 +29,7 @@ from .basis import Basis, int8_pool, moduli_count
 from .arith import float_parts, round_scaled_int, to_int_ref
 from .encode import _NONE, entry_stats, exact_bits_needed
 from .errors import RNSRangeError
+from .magnitude import MeasuredRatio, magnitude_ratio, measure_ratio
 from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, plan_drops
 from .program import ir
@@ -431,67 +432,6 @@ def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int]) -> bool:
     return ra + rb + ra * rb <= Fraction(max(int(k), 1) - 1, 1 << 53)
 
 
-def magnitude_ratio(A, Ea, Bm, Eb, xp=None) -> Optional[float]:
-    """A lower bound of ``min_ij (|A||B|)_ij / (2**Eb_j sum_p |a_ip| + 2**Ea_i sum_p |b_pj|)`` over nonzero rows / columns.
-
-    The ratio is what the encoding error of a width needs: an inexact row
-    moves each entry by at most ``2**(Ea_i - t - 1)``, so the product's error
-    is at most ``2**(-t-1)`` times the denominator (plus ``k 4**(-t-1)``
-    times ``2**(Ea_i + Eb_j)``). Every row ``i`` of ``op(a)`` is scaled by
-    ``2**-Ea_i`` and every column ``j`` of ``op(b)`` by ``2**-Eb_j`` (largest
-    magnitude in ``[1/2, 1)``), so nothing overflows whatever the exponents:
-    ``|A||B|`` from one float32 GEMM of the scaled magnitudes rounded down
-    (``max(|re|, |im|)`` for complex entries) and lowered by its rounding and
-    underflow error, the sums in float64 rounded up (``|re| + |im|``). One
-    scalar read back, where the data lives (``xp``: the array namespace, for
-    Dask). ``None`` when ``k`` is too long for a float32 bound; 0 where some
-    such ``|A||B|`` entry is (or underflows to) zero.
-    """
-    xp = xp or array_module(A, Bm)
-    k = A.shape[1]
-    if (k + 2) * 2.0**-23 > 0.25:
-        return None
-
-    def scaled(x, e, axis):
-        e = -xp.where(e == _NONE, 0, e)
-        # 2**-e as two factors within the float range (|e| <= 1075) where one would overflow: exact products,
-        # or an underflow below 2**-1074 that the float32 step down and the sums' slack cover
-        halves = [e - e // 2, e // 2] if int(abs(e).max()) > 1000 else [e]
-        factors = [xp.ldexp(1.0, h.astype(np.int32)) for h in halves]
-        factors = [f[:, None] if axis == 1 else f[None, :] for f in factors]
-        if x.dtype.kind == "c":
-            re, im = xp.abs(x.real), xp.abs(x.imag)
-            low, up = xp.maximum(re, im), re + im
-        else:
-            low = up = xp.abs(x)
-        for f in factors:
-            low *= f  # in place: a fresh temporary per step costs page faults as large as the product
-            if up is not low:
-                up *= f
-        # rounded to nearest (subnormals too: at most half their spacing): one float32 step down is below
-        low32 = xp.nextafter(low.astype(np.float32), np.float32(0))
-        total = up.sum(axis=axis) * (1 + (k + 2) * 2.0**-52) + k * 2.0**-1070
-        return low32, total
-
-    a32, rA = scaled(A, Ea, 1)
-    b32, cB = scaled(Bm, Eb, 0)
-    # zero (and non-finite, zeroed) rows / columns have no encoding error: they do not count
-    rA = xp.where(Ea == _NONE, np.inf, rA)
-    cB = xp.where(Eb == _NONE, np.inf, cB)
-    # float32 sums: relative error below (k + 1) 2**-24, underflow at most k 2**-149 (on the CPU one single-threaded
-    # GEMM per thread, as the product that follows runs them)
-    if xp is np:
-        from .backends.cpu_gemm import threaded_matmul  # noqa: PLC0415 - numba, loaded on first use
-
-        P = threaded_matmul(a32, b32)
-    else:
-        P = a32 @ b32
-    ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-147) / (rA[:, None] + cB[None, :])
-    low = ratio.min() if ratio.size else np.inf
-    low = float(low.compute() if hasattr(low, "compute") else low)
-    return max(low, 0.0) * (1 - 2.0**-50)  # the quotient's rounding
-
-
 def _measured_fits(k: int, t: int, cplx: bool, ratio: float) -> bool:
     """The classical bound entry by entry at width ``t`` from :func:`magnitude_ratio`.
 
@@ -506,6 +446,15 @@ def _measured_fits(k: int, t: int, cplx: bool, ratio: float) -> bool:
     return e * (1 + k * e) <= (max(k, 1) - 1) * u / (1 + u) * Fraction(ratio)
 
 
+def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[int]]) -> Optional[float]:
+    """A ratio whose ``choice`` every device makes alike: the measured one where no device's measurement could choose
+    otherwise, else the settled one (:meth:`MeasuredRatio.settle`; ``None``: the spreads decide, the ratio not)."""
+    band = 2 * measured.spread
+    if choice(measured.value * (1 - band)) == choice(measured.value * (1 + band)):
+        return measured.value
+    return measured.settle()
+
+
 def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
                      magnitudes_of: Optional[Callable] = None) -> int:
     """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the classical bound: ``moduli=None``.
@@ -515,7 +464,10 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     side (the spreads: nothing but the scan). Where that asks for more than
     the 53-bit width, either that or entry by entry with the measured
     magnitudes (:func:`_measured_fits` on ``magnitudes_of()``,
-    :func:`magnitude_ratio`: one float32 GEMM of ``|A|`` and ``|B|``). Where
+    :func:`~rnstensor.magnitude.measure_ratio`: one float32 GEMM of ``|A|``
+    and ``|B|``, whose last bits differ between devices: where that could
+    change the choice, the ratio settled alike on every device decides,
+    :func:`_agreed_ratio`). Where
     the magnitudes cannot decide (an ``|A||B|`` entry that is zero, as in
     sparse matrices, or no float32 bound at this ``k``), the lowest set bits
     ``lsb_of()`` refine the spreads: groups exact at a width need no more
@@ -560,8 +512,10 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     ratio = None
     s = least(ga, gb, ratio)
     if s != s0 and magnitudes_of is not None:
-        ratio = magnitudes_of()
-        s = least(ga, gb, ratio) if ratio is not None else s
+        measured = magnitudes_of()
+        if measured is not None:
+            ratio = _agreed_ratio(measured, lambda r: least(ga, gb, r))
+            s = least(ga, gb, ratio) if ratio is not None else s
     # the lowest bits cost a pass over every significand: only where the magnitudes could not decide (an
     # |A||B| entry that is zero, or k too long for their float32 bound), e.g. sparse integer matrices
     if s != s0 and lsb_of is not None and (la is None or lb is None) and not ratio:
@@ -657,7 +611,7 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
     Bm = opb if bool(fb.all()) else xp.where(fb[None, :], opb, 0)
     try:
         s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits, lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
-                                  lambda: magnitude_ratio(A, sa[1], Bm, sb[1]))
+                                  lambda: measure_ratio(A, sa[1], Bm, sb[1]))
         return "whole", s, t, ea, eb, A, Bm, fa, fb
     except SplitNeeded:
         if auto:
