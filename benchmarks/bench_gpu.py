@@ -74,6 +74,7 @@ class Env:
 
     def __init__(self, cpu_smoke: bool = False):
         self.cpu = cpu_smoke
+        self.standin = False
         if cpu_smoke:
             from rnstensor.backends.cpu import CpuBackend
 
@@ -85,6 +86,8 @@ class Env:
 
             self.xp = cp
             self.backend_name = "cuda"
+            # tests/cupy_standin.py (device_check.sh --dry-run): kernels run as host builds; nothing here is a speed
+            self.standin = bool(getattr(cp, "__rnstensor_standin__", False))
             from rnstensor.backends.cuda import CudaBackend
 
             self._engines = {"mma": CudaBackend("mma")}
@@ -242,6 +245,10 @@ def ceilings(env: Env, res: dict, rows: list, scale: float) -> None:
     del src, dst
     env.free()
     rows.append(("ceiling: D2D copy", f"{2 * nbytes / best / 1e12:8.2f} TB/s", f"{nbytes / 2**30:.2f} GiB, read+write"))
+    if env.standin:  # no cuBLAS and no device to time micro kernels on: the model takes its leads
+        out["int8_skipped"] = out["issue_rates_skipped"] = "the CuPy stand-in: a real GPU measures it"
+        rows.append(("ceiling: cuBLAS INT8, issue rates", "skipped", out["int8_skipped"]))
+        return
     try:
         _int8_ceiling(env, out, rows, scale)
     except Exception as exc:  # the issue rates below still get measured
@@ -449,6 +456,14 @@ def _fem_setup(kind: str, P: int, k: int, backend: str):
     return basis, mesh, make, data, make(basis, data, backend=backend)
 
 
+def fused_programs() -> list:
+    """The fused programs the sections run (the chain's and the FEM operators'), for a build ahead of time."""
+    from rnstensor.kernels import fused
+
+    programs = [fused.chain_program(_chain_plans(n)[1], (n, n, n)) for n in CHAIN_SIZES if n <= FUSED_MAX_N]
+    return programs + [fused.operator_program(_fem_setup(kind, P, 1, "cpu")[4]) for kind, P in FEM_CASES]
+
+
 def prebuild(env: Env, res: dict, rows: list) -> None:
     """Every kernel the sections load, compiled side by side (one process per core) before anything is timed."""
     if env.cpu:
@@ -457,9 +472,7 @@ def prebuild(env: Env, res: dict, rows: list) -> None:
     from rnstensor.kernels import fused
 
     t0 = time.perf_counter()
-    programs = [fused.chain_program(_chain_plans(n)[1], (n, n, n)) for n in CHAIN_SIZES if n <= FUSED_MAX_N]
-    programs += [fused.operator_program(_fem_setup(kind, P, 1, "cpu")[4]) for kind, P in FEM_CASES]
-    builds = get_backend("cuda").prebuild(programs)
+    builds = get_backend("cuda").prebuild(fused_programs())
     res["prebuild"] = {"builds": builds, "seconds": time.perf_counter() - t0, "jobs": len(os.sched_getaffinity(0))}
     rows.append(("kernel builds (NVRTC, side by side)", f"{res['prebuild']['seconds']:.1f} s", f"{builds} builds"))
 
@@ -476,6 +489,9 @@ def bench_chain(env: Env, res: dict, rows: list, scale: float, deadline: float) 
     for n in CHAIN_SIZES:
         if time.perf_counter() > deadline:
             out.append({"n": n, "skipped": "budget"})
+            continue
+        if n**3 > 64 * dofs_target:  # one tensor alone is far beyond the scaled problem (a smoke or dry run)
+            out.append({"n": n, "skipped": f"scale: one {n}^3 tensor is over 64x the {dofs_target} DoFs asked for"})
             continue
         E = max(1, dofs_target // n**3)
         dofs = E * n**3
@@ -596,6 +612,27 @@ def _time_phases(env: Env, fn, reps: int, max_s: float) -> dict:
     return t
 
 
+def _infeasible(key: str, k: int, s: int) -> str | None:
+    """Why ``rt.dgemm`` / ``rt.zgemm`` refuses ``moduli=s`` at contraction length ``k`` (the ``min_bits`` rule), or None.
+
+    Asked of the library's own width rule, so the benchmark's moduli lists need
+    not follow its defaults: a refused point is a skip with the reason, never
+    an error row.
+    """
+    import rnstensor as rt
+    from rnstensor.gemm import gemm_width
+    from rnstensor.planner.methods import MIN_BITS
+
+    try:
+        t = gemm_width(s, k, "complex" if key == "zgemm" else "real")
+    except (rt.PlanError, rt.RNSRangeError) as exc:
+        return f"infeasible: {exc}"
+    if t < MIN_BITS:
+        return (f"infeasible: {s} moduli keep {t} bits at k={k}, below min_bits={MIN_BITS} (the library refuses "
+                "the plan)")
+    return None
+
+
 def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, cplx: bool) -> None:
     """The public ``rt.dgemm`` / ``rt.zgemm`` on device arrays (CuPy in, CuPy out) against CuPy float64 matmul."""
     import rnstensor as rt
@@ -629,6 +666,11 @@ def bench_gemm(env: Env, res: dict, rows: list, scale: float, deadline: float, c
             row = {**base, "s": s, "timed": f"rnstensor.{key}(a, b, moduli={s}) on {'NumPy' if env.cpu else 'CuPy'} "
                                              "arrays (the public API)"}
             out.append(row)
+            why = _infeasible(key, N, s)
+            if why:
+                row["skipped"] = why
+                rows.append((f"rt.{key} N={N} s={s}", "skipped", why))
+                continue
             for eng in env.engines:
                 if eng != "mma" and s not in (14, 16):
                     continue  # the other engines at the issue's headline points
@@ -676,6 +718,11 @@ def bench_accuracy(env: Env, res: dict, rows: list, scale: float, deadline: floa
     for label, kw in [("api_default", {})] + [(f"api_s{s}", {"moduli": s}) for s in GEMM_MODULI + (20,)]:
         if time.perf_counter() > deadline:
             out[label] = {"skipped": "budget"}
+            continue
+        why = _infeasible("dgemm", k, kw["moduli"]) if kw else None
+        if why:
+            out[label] = {"skipped": why}
+            rows.append((f"accuracy phi=4 rt.dgemm {kw}", "skipped", why))
             continue
         try:
             c = rt.dgemm(a, b, backend=env.backend_name, **kw)  # device arrays in, a device array out
@@ -835,8 +882,80 @@ def main(outdir: str = "benchmarks/results", budget_s: float = 200.0, scale: flo
     return res
 
 
+def failures(res) -> list[str]:
+    """Every error a run recorded (``"error"`` and ``"*_error"`` entries, anywhere in ``res``), as ``path: message``.
+
+    Skips (a budget, an infeasible plan, a peer that needs a real GPU) are not
+    failures; a section or row that raised is.
+    """
+    out: list[str] = []
+
+    def walk(x, path: str) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if (k == "error" or str(k).endswith("_error")) and isinstance(v, str):
+                    out.append(f"{path}{k}: {v}")
+                else:
+                    walk(v, f"{path}{k}.")
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, f"{path}{i}.")
+
+    walk(res, "")
+    return out
+
+
+def run_checked(outdir: str = "benchmarks/results", budget_s: float = 200.0) -> int:
+    """:func:`main`, then 0 if nothing failed, else 1 with every failure printed (device_check.sh's step 4)."""
+    bad = failures(main(outdir, budget_s))
+    for line in bad:
+        print(f"FAILED {line}")
+    return 1 if bad else 0
+
+
+def summary(resdir: str) -> dict:
+    """The short table of a run's JSON under ``resdir`` (printed last by device_check.sh), also as ``summary.json``.
+
+    Speeds are ratios against CuPy measured in the same run.
+    """
+    lines: list[str] = []
+    out: dict = {"lines": lines}
+    try:
+        with open(os.path.join(resdir, "bench_gpu.json")) as f:
+            r = json.load(f)
+    except (OSError, ValueError) as exc:
+        lines.append(f"no bench_gpu.json: {exc}")
+        r = {}
+    c = r.get("ceilings", {})
+    if c.get("copy"):
+        lines.append(f"ceilings: copy {c['copy']['Bps'] / 1e12:.2f} TB/s, cuBLAS INT8 "
+                     f"{c.get('int8_ops_per_s', 0) / 1e12:.0f} TOP/s, "
+                     f"FFMA {c.get('ffma_rate', {}).get('thread_ops_per_s', 0) / 1e12:.1f} T/s")
+    for row in r.get("chain", []):
+        if "dofs" not in row:
+            continue
+        cells = [f"{v} {row[v]['gdofs']:.2f}" for v in ("fused", "unfused", "steps", "composed", "f64_einsum")
+                 if isinstance(row.get(v), dict) and "gdofs" in row[v]]
+        lines.append(f"chain n={row['n']:<4} GDoF/s: " + ", ".join(cells))
+    for key in ("dgemm", "zgemm"):
+        for row in r.get(key, []):
+            m = row.get("mma") or {}
+            if "tflops" in m:
+                lines.append(f"{key} N={row['N']:<6} s={row['s']:<3} {m['tflops']:7.1f} TFLOP/s = {m['vs_f64']:.2f}x "
+                             f"CuPy ({row['f64']['tflops']:.1f})")
+    for k, v in r.get("accuracy_phi4", {}).items():
+        if isinstance(v, dict) and "normwise" in v:
+            lines.append(f"phi=4 {k:<14} normwise {v['normwise']:.1e}  max ulp {v['max_ulp']:.3g}")
+    out["failures"] = failures(r)
+    lines += [f"FAILED {f}" for f in out["failures"]]
+    with open(os.path.join(resdir, "summary.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--summary", metavar="DIR", help="print the short table of DIR/bench_gpu.json and write DIR/summary.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--budget", type=float, default=200.0)
     ap.add_argument("--scale", type=float, default=None, help="problem-size factor (default $RNSTENSOR_CHECK_SCALE or 1)")
@@ -846,17 +965,17 @@ if __name__ == "__main__":
                     help="dry run of the GPU code paths without a GPU: CuPy replaced by tests/cupy_standin.py, whose "
                          "launches run host builds of the kernels (checks the script, not speed; use a small --scale)")
     args = ap.parse_args()
+    if args.summary:
+        print("\n".join(summary(args.summary)["lines"]))
+        sys.exit(0)
     if args.standin:
-        import tempfile
-        from pathlib import Path
-
         sys.path.insert(0, os.path.join(HERE, "..", "tests"))
         import cupy_standin
-        from rnstensor.kernels import cache_dir
 
-        cupy_standin.install(Path(tempfile.mkdtemp(prefix="rnstensor-standin-")), cache_dir(),
-                             device_arrays_are_cupy=True, simt_max_macs=1 << 22)
+        cupy_standin.install_for_process()  # strict: CuPy's rules, as on the device
     if args.probe:
         print(json.dumps(probe(Env(args.cpu_smoke))))
     else:
-        main(args.out, args.budget, args.scale if args.scale is not None else (2e-4 if args.cpu_smoke else None), args.cpu_smoke)
+        res = main(args.out, args.budget, args.scale if args.scale is not None else (2e-4 if args.cpu_smoke else None),
+                   args.cpu_smoke)
+        sys.exit(1 if failures(res) else 0)

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-__all__ = ["main", "plan_shapes", "Shape", "INT8_PEAK", "HBM"]
+__all__ = ["main", "run_checked", "mismatches", "plan_shapes", "Shape", "INT8_PEAK", "HBM"]
 
 INT8_PEAK = 1979e12  # dense INT8 tensor-core ops/s, H100/H200 SXM datasheet
 HBM = 4.8e12  # bytes/s, H200 datasheet
@@ -187,6 +187,20 @@ def main(outdir: str | os.PathLike = ".", budget_s: float = 60.0, scale: float =
     print(_table(res))
     print(f"wrote {path} ({res['elapsed_s']:.1f} s)")
     return res
+
+
+def mismatches(res: dict) -> list[str]:
+    """The shapes where an engine's residues differ from the mma.sync kernel's (each a failure of the check)."""
+    return [f"{r['label']} {name}" for r in res.get("shapes", []) for name, v in r.items()
+            if isinstance(v, dict) and v.get("equal_mma") is False]
+
+
+def run_checked(outdir, budget_s: float = 60.0, scale: float = 1.0) -> int:
+    """:func:`main`, then 0 if every engine agreed bit for bit, else 1 with the shapes named (device_check.sh)."""
+    bad = mismatches(main(outdir, budget_s, scale))
+    for what in bad:
+        print(f"FAILED bitwise: {what}")
+    return 1 if bad else 0
 
 
 def _table(res: dict) -> str:

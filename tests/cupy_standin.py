@@ -8,11 +8,12 @@ host <-> device copy is recorded with its size in ``cupy.transfers``
 (:class:`Transfers`), so a test can check that nothing data-sized crossed.
 
 Each launch is checked (grid, block, shared memory, argument types) and
-emulated: encode, drop/extend, decode and the int32 reduction by the host
-build of the kernels' own arithmetic (rns_arith.cuh through ctypes, with the
-launch's argument list); product.cu, product_wgmma.cu and chain.cu by their
-host SIMT builds (CPU threads, a software MMA) where a C++20 compiler exists,
-else a numpy model of the kernel's indexing; the elementwise kernel by numpy.
+emulated: every kernel by the host SIMT build of its own source (CPU
+threads, a software MMA: entry.cu, product.cu, product_wgmma.cu, chain.cu)
+where a C++20 compiler exists; larger launches (``simt_max_macs``,
+``simt_max_blocks``) and machines without one by the host build of the
+kernels' per-entry arithmetic (rns_arith.cuh through ctypes) or a numpy model
+of the kernel's indexing.
 
 Used by tests/test_kernels_backend.py (CudaBackend's host side) and, with
 ``RNSTENSOR_CUPY_STANDIN=1``, by tests/gpu/ as a dry run of the GPU tests on
@@ -38,7 +39,8 @@ from rnstensor import arith
 from rnstensor.kernels import build, tables
 from rnstensor.kernels.layout import RC
 
-__all__ = ["DevArray", "FakeModule", "Transfers", "dev", "install", "kernel_signatures", "check_launch_args"]
+__all__ = ["DevArray", "FakeModule", "Transfers", "dev", "install", "install_for_process", "installed",
+           "kernel_signatures", "check_launch_args"]
 
 _LAUNCH_LOCK = threading.Lock()
 
@@ -49,7 +51,8 @@ _C_DTYPES = {
     "rns_u32": "u4", "unsigned": "u4", "unsigned int": "u4", "rns_i64": "i8", "long long": "i8",
     "rns_u64": "u8", "unsigned long long": "u8", "float": "f4", "double": "f8",
 }
-_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([\w#]+)\s*\(([^)]*)\)')
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\(([^)]*)\)\s*)?([\w#]+)\s*\(([^)]*)\)')
+_DEFINE = re.compile(r"^\s*#define\s+(\w+)\s+(\d+)\s*$", re.M)
 
 
 def kernel_signatures(source: str) -> dict[str, list[tuple[np.dtype, bool]]]:
@@ -59,7 +62,7 @@ def kernel_signatures(source: str) -> dict[str, list[tuple[np.dtype, bool]]]:
     expression ``rns_product_n\\w+``.
     """
     out = {}
-    for name, params in _KERNEL.findall(source.replace("\\\n", " ")):
+    for _bounds, name, params in _KERNEL.findall(source.replace("\\\n", " ")):
         sig = []
         for param in params.split(","):
             words = re.sub(r"\b(const|__restrict__)\b", " ", param).replace("*", " * ").split()
@@ -69,6 +72,37 @@ def kernel_signatures(source: str) -> dict[str, list[tuple[np.dtype, bool]]]:
                 raise ValueError(f"kernel {name}: parameter {param.strip()!r} has a type the stand-in does not know")
             sig.append((np.dtype(_C_DTYPES[ctype]), pointer))
         out[re.escape(name.split("##")[0]) + (r"\w+" if "##" in name else "")] = sig
+    return out
+
+
+def launch_bounds(source: str, defines: dict | None = None) -> dict[str, int]:
+    """``{kernel name pattern: the most threads a block may have}`` from each kernel's ``__launch_bounds__``.
+
+    A launch with more threads than its kernel was compiled for fails on the
+    GPU (too many resources requested). Macro bounds are read from
+    ``defines`` (``#define NAME number`` of the sources).
+    """
+    text = source.replace("\\\n", " ")
+    names = dict(defines or {})
+    names.update((k, int(v)) for k, v in _DEFINE.findall(text))
+    out = {}
+    for bounds, name, _params in _KERNEL.findall(text):
+        if not bounds:
+            continue
+        first = bounds.split(",")[0].strip()
+        value = int(first) if first.isdigit() else names.get(first)
+        if value is not None:
+            out[re.escape(name.split("##")[0]) + (r"\w+" if "##" in name else "")] = value
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _module_bounds() -> dict:
+    texts = [p.read_text() for p in sorted(Path(build.source_dir()).glob("*.cu*"))]
+    defines = {k: int(v) for t in texts for k, v in _DEFINE.findall(t)}
+    out = {}
+    for t in texts:
+        out.update(launch_bounds(t, defines))
     return out
 
 
@@ -232,6 +266,8 @@ class DevArray:
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         args = _unwrap(inputs, f"numpy.{ufunc.__name__}")
+        if ufunc is np.matmul and method == "__call__" and out is None and not kwargs:
+            return _wrap(_device_matmul(*args))
         if out is not None:
             kwargs["out"] = _unwrap(out, f"numpy.{ufunc.__name__} out")
         r = getattr(ufunc, method)(*args, **kwargs)
@@ -377,6 +413,23 @@ class DevArray:
         return np.invert(self)
 
 
+def _device_matmul(a, b):
+    """``a @ b`` as the device computes it: numpy's, except float32 GEMMs (cuBLAS SGEMM), which sum in another order
+    than the host's BLAS (here: the two halves of ``k`` apart, then added) and flush subnormal results to zero.
+
+    So a decision the library takes from a float32 GEMM's last bits (the
+    default GEMM width's measured magnitudes) meets, in the dry run, the
+    difference it would meet on a GPU.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if not (a.dtype == b.dtype == np.float32 and a.ndim >= 2 and b.ndim >= 2 and a.shape[-1] >= 2):
+        return np.matmul(a, b)
+    h = a.shape[-1] // 2
+    r = np.matmul(a[..., :h], b[..., :h, :]) + np.matmul(a[..., h:], b[..., h:, :])
+    r[np.abs(r) < np.finfo(np.float32).tiny] = 0  # flush to zero, keeping the sign's zero positive like FTZ does
+    return r
+
+
 def _method(name: str):
     def method(self, *args, **kwargs):
         return _wrap(getattr(self._a, name)(*_unwrap(args, name), **_unwrap(kwargs, name)))
@@ -438,10 +491,62 @@ def _ptr(a):
     return np.asarray(a).ctypes.data_as(ctypes.c_void_p)
 
 
+#: what the stand-in's device (a Hopper part) allows a launch: CUDA's limits for compute capability 9.0
+DEVICE_ARCH = "sm_90"
+GRID_MAX = (2**31 - 1, 65535, 65535)
+BLOCK_MAX = 1024
+DEFAULT_SHARED = 48 * 1024
+
+
+class _Function:
+    """cupy.RawModule.get_function's result: a launch checked against the device's limits, then emulated.
+
+    A launch fails as on the GPU where its grid or block is out of range,
+    its block exceeds the kernel's ``__launch_bounds__``, or it asks for
+    more than 48 KiB of dynamic shared memory without the kernel's opt-in
+    (``max_dynamic_shared_size_bytes``, which itself may not exceed the
+    device's per-block limit).
+    """
+
+    def __init__(self, name: str, run):
+        self.name, self._run, self._opt_in = name, run, 0
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._opt_in
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value) -> None:
+        from rnstensor.kernels.limits import arch_limits
+
+        limit = arch_limits(DEVICE_ARCH).shared_per_block
+        assert isinstance(value, (int, np.integer)) and 0 <= value <= limit, (
+            f"{self.name}: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, {value}) fails: this device allows at "
+            f"most {limit} bytes a block")
+        self._opt_in = int(value)
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        assert 1 <= len(grid) <= 3 and all(isinstance(g, (int, np.integer)) and 0 < g <= m
+                                            for g, m in zip(grid, GRID_MAX)), f"{self.name}: grid {grid} out of range"
+        assert len(block) == 1 and block[0] % 32 == 0 and 0 < block[0] <= BLOCK_MAX, f"{self.name}: block {block}"
+        bound = next((v for k, v in _module_bounds().items() if re.fullmatch(k, self.name)), None)
+        assert bound is None or block[0] <= bound, (
+            f"{self.name}: {block[0]} threads a block, but the kernel is compiled for at most {bound} (__launch_bounds__)")
+        # above 48 KiB a kernel must have opted in (cudaFuncAttributeMaxDynamicSharedMemorySize)
+        assert shared_mem <= max(DEFAULT_SHARED, self._opt_in), (
+            f"{self.name}: {shared_mem} bytes of dynamic shared memory without opting in (at most {DEFAULT_SHARED}; "
+            f"set max_dynamic_shared_size_bytes first)")
+        self._run(grid, block, args, shared_mem)
+
+
 class FakeModule:
     simt = None  # the SIMT build of product.cu (ctypes), set by _host_libraries where a C++20 compiler exists
     wgmma = None  # the SIMT build of product_wgmma.cu (wgmma_host.cpp), likewise
     chain = None  # the SIMT build of chain.cu (chain_host.cpp), likewise
+    entry = None  # the SIMT build of entry.cu (entry_host.cpp), likewise
+    # per-entry launches of more blocks run the kernels' per-entry arithmetic in a plain loop (host_check.cpp)
+    # instead of entry.cu's grid on CPU threads (a barrier a block costs about as much as a block's work)
+    simt_max_blocks = 16
     # launches of more multiply-adds run the numpy model instead of the SIMT builds, None: no limit (the
     # dry run of tests/gpu sets one: a software MMA on CPU threads does ~10^6 a second)
     simt_max_macs = None
@@ -459,19 +564,17 @@ class FakeModule:
         return self.globals[name]
 
     def get_function(self, name):
-        def launch(grid, block, args, shared_mem=0):
-            assert all(isinstance(g, (int, np.integer)) and 0 < g for g in grid), grid
-            assert len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
-            # above 48 KiB a kernel must have opted in (cudaFuncAttributeMaxDynamicSharedMemorySize)
-            assert shared_mem <= max(48 * 1024, getattr(launch, "max_dynamic_shared_size_bytes", 0))
+        module = self
+
+        def run(grid, block, args, shared_mem):
             check_launch_args(name, args)  # each a device array, None or a numpy scalar, as the C parameter
-            self.launches.append(name)
+            module.launches.append(name)
             # the emulations see the numpy arrays behind the device arrays (the kernels write into them)
             raw = tuple(a._a if isinstance(a, DevArray) else a for a in args)
             with _LAUNCH_LOCK:  # one launch at a time, as on one stream: the SIMT builds keep global state
-                self._emulate(name, grid, block, raw, shared_mem)
+                module._emulate(name, grid, block, raw, shared_mem)
 
-        return launch
+        return _Function(name, run)
 
     def _emulate(self, name, grid, block, args, shared_mem):
         method = "_rns_product3m" if name.startswith("rns_product3m") else (
@@ -483,10 +586,19 @@ class FakeModule:
 
     # ----- emulations ---------------------------------------------------------------------------
 
+    def _entry_simt(self, grid) -> bool:
+        return self.entry is not None and grid[0] <= self.simt_max_blocks
+
     def _rns_encode(self, grid, block, args, smem, name):
         xbits, N, ev, inner, L, P, IP, H, CP, pw, ldpw, pa, per, out = args
         assert xbits.dtype == np.uint64 and ev.dtype == np.int64 and out.dtype == np.int8
         assert pw.dtype == np.float32 and pa.dtype == per.dtype == np.int32 and pw.shape[1] == ldpw
+        if self._entry_simt(grid):
+            assert self.entry.emu_encode(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), _ptr(xbits),
+                                         ctypes.c_int64(N), _ptr(ev), ctypes.c_int64(inner), int(L),
+                                         *map(_ptr, (P, IP, H, CP, pw)), int(ldpw), _ptr(pa), _ptr(per),
+                                         _ptr(out)) == 0
+            return
         self.lib.h_encode(_ptr(xbits), ctypes.c_int64(N), _ptr(ev), ctypes.c_int64(inner), ctypes.c_int(L), _ptr(P),
                           _ptr(IP), _ptr(H), _ptr(CP), _ptr(pw), ctypes.c_int(ldpw), _ptr(pa), _ptr(per),
                           _ptr(out))
@@ -497,6 +609,12 @@ class FakeModule:
         nr, wg, wm = int(ib[1]), int(ib[4]), int(ib[5])
         assert smem >= (max(wg, wm) + max(nr, 1)) * block[0] * 4, "too little scratch"
         assert X.flags.c_contiguous and out.shape == (int(ib[3]), N)
+        if self._entry_simt(grid):  # the constant banks as the module holds them, then the kernel's grid
+            assert self.entry.emu_set_drop_tables(_ptr(ib), ctypes.c_int64(ib.size), _ptr(fb),
+                                                  ctypes.c_int64(fb.size)) == 0
+            assert self.entry.emu_drop_extend(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), ctypes.c_int64(smem),
+                                              0x5A, _ptr(X), ctypes.c_int64(N), _ptr(out)) == 0
+            return
         assert self.lib.h_drop_extend(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(out)) == 0
 
     def _rns_decode_fp64(self, grid, block, args, smem, name):
@@ -504,6 +622,12 @@ class FakeModule:
         assert smem >= int(ib[0]) * block[0] * 4
         assert qd.dtype == np.float64 and ev.dtype == np.int64 and isinstance(f, np.float64)
         assert isinstance(g, np.float64)
+        if self._entry_simt(grid):
+            assert self.entry.emu_decode_fp64(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), ctypes.c_int64(smem),
+                                              0x5A, _ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd),
+                                              ctypes.c_double(f), ctypes.c_double(g), _ptr(ev), ctypes.c_int64(inner),
+                                              ctypes.c_int64(k), _ptr(out)) == 0
+            return
         assert self.lib.h_decode_fp64(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), ctypes.c_double(f),
                                       ctypes.c_double(g),
                                       _ptr(ev), ctypes.c_int64(inner), ctypes.c_int64(k), _ptr(out)) == 0
@@ -511,6 +635,12 @@ class FakeModule:
     def _rns_decode_exact(self, grid, block, args, smem, name):
         X, N, ib, fb, qd, F, nf, fneg, ev, inner, k, out = args
         assert smem >= int(ib[0]) * block[0] * 4 and F.dtype == np.uint32 and F.size == nf
+        if self._entry_simt(grid):
+            assert self.entry.emu_decode_exact(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), ctypes.c_int64(smem),
+                                               0x5A, _ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), _ptr(F),
+                                               int(nf), int(fneg), _ptr(ev), ctypes.c_int64(inner), ctypes.c_int64(k),
+                                               _ptr(out)) == 0
+            return
         assert self.lib.h_decode_exact(_ptr(X), ctypes.c_int64(N), _ptr(ib), _ptr(fb), _ptr(qd), _ptr(F),
                                        ctypes.c_int(nf), ctypes.c_int(fneg), _ptr(ev), ctypes.c_int64(inner),
                                        ctypes.c_int64(k), _ptr(out)) == 0
@@ -549,6 +679,11 @@ class FakeModule:
 
     def _rns_elementwise(self, grid, block, args, smem, name):
         a, b, out, n, L, mode, P, IP, H = args
+        if self._entry_simt(grid):
+            assert self.entry.emu_elementwise(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), _ptr(a), _ptr(b),
+                                              _ptr(out), ctypes.c_int64(n), int(L), int(mode), _ptr(P), _ptr(IP),
+                                              _ptr(H)) == 0
+            return
         for l in range(L):
             x, y = a.reshape(L, -1)[l].astype(np.int64), b.reshape(L, -1)[l].astype(np.int64)
             t = x * y if mode == 0 else (x + y if mode == 1 else x - y)
@@ -655,7 +790,7 @@ def _host_libraries(root: Path):
     lib.h_drop_extend.restype = ctypes.c_int
     lib.h_decode_exact.restype = ctypes.c_int
     for attr, make in (("simt", build.simt_library), ("wgmma", build.wgmma_library),
-                       ("chain", build.chain_simt_library)):
+                       ("chain", build.chain_simt_library), ("entry", build.entry_simt_library)):
         try:
             setattr(FakeModule, attr, ctypes.CDLL(str(make(cache=root / f"{attr}-lib"))))
         except build.KernelBuildError:  # pragma: no cover - no C++20 compiler: the numpy models
@@ -705,6 +840,7 @@ class _SourceModule:
 
 def _module(lib, launches: list) -> types.ModuleType:
     cp = types.ModuleType("cupy")
+    cp.__rnstensor_standin__ = True  # what installed() looks for
     cp.ndarray = DevArray
     cp.asarray = lambda a, dtype=None, order=None: _to_device(a, dtype, order or "K")
     cp.asanyarray = cp.asarray
@@ -713,6 +849,7 @@ def _module(lib, launches: list) -> types.ModuleType:
         DevArray._wrap(np.ascontiguousarray(a._a, dtype)) if isinstance(a, DevArray)
         else _to_device(a, dtype, "C", what="cupy.ascontiguousarray"))
     cp.asnumpy = _to_host
+    cp.matmul = _on_device(_device_matmul)
     cp.get_array_module = lambda *arrays: cp if any(isinstance(a, DevArray) for a in arrays) else np
     cp.transfers = _State.transfers
     props = {"major": 9, "minor": 0, "name": b"Fake H200", "multiProcessorCount": 132, "l2CacheSize": 60 << 20}
@@ -803,3 +940,30 @@ def install(root: Path | None = None, cache: Path | None = None, device_arrays_a
             os.environ["RNSTENSOR_KERNEL_CACHE"] = old_cache
 
     return cp, launches, restore
+
+
+#: the largest product launch (multiply-adds) a dry run sends to the SIMT builds; larger ones run the numpy model
+DRY_RUN_SIMT_MAX_MACS = 1 << 24
+
+
+def installed() -> bool:
+    """Whether ``import cupy`` gives this stand-in in this process."""
+    return bool(getattr(sys.modules.get("cupy"), "__rnstensor_standin__", False))
+
+
+def install_for_process():
+    """The dry run's stand-in, once per process: strict, device arrays taken for CuPy's, host builds kept on disk.
+
+    What tests/gpu/conftest.py (``RNSTENSOR_CUPY_STANDIN=1``) and
+    tests/standin/sitecustomize.py (every process of ``device_check.sh
+    --dry-run``) install. The host builds go to ``$RNSTENSOR_STANDIN_DIR``
+    (default: ``standin/`` in the kernel cache), so the processes of one run
+    build them once; the cubins to the kernel cache. Returns what
+    :func:`install` returns, or ``None`` if the stand-in is already installed.
+    """
+    if installed():
+        return None
+    from rnstensor.kernels import cache_dir
+
+    root = Path(os.environ.get("RNSTENSOR_STANDIN_DIR") or cache_dir() / "standin")
+    return install(root, cache_dir(), device_arrays_are_cupy=True, simt_max_macs=DRY_RUN_SIMT_MAX_MACS, strict=True)

@@ -21,6 +21,7 @@ import math
 import os
 import threading
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from ..kernels import build, tables
 __all__ = [
     "CudaBackend",
     "cuda_available",
+    "cuda_unavailable_reason",
     "device_info",
     "describe",
     "PRODUCT_ENGINES",
@@ -136,13 +138,22 @@ def _cublas_bindings():
     return cublas
 
 
-def cuda_available() -> bool:
-    """Whether CuPy imports and sees at least one CUDA device."""
+def cuda_unavailable_reason() -> Optional[str]:
+    """Why the CUDA backend cannot run here (CuPy missing or failing, no device), or ``None`` if it can."""
     try:
         cp = _cupy()
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    except Exception as exc:  # noqa: BLE001 - an import that fails for any reason is the answer
+        return f"CuPy does not import: {type(exc).__name__}: {exc}"
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no driver, no device, a broken installation
+        return f"CuPy sees no CUDA device: {type(exc).__name__}: {exc}"
+    return None if n > 0 else "CuPy sees no CUDA device (0 devices)"
+
+
+def cuda_available() -> bool:
+    """Whether CuPy imports and sees at least one CUDA device (:func:`cuda_unavailable_reason` says why not)."""
+    return cuda_unavailable_reason() is None
 
 
 def device_info() -> dict:
@@ -677,13 +688,25 @@ class CudaBackend:
         ``(None, reason)`` where the fused kernel cannot run it."""
         from ..kernels import fused  # noqa: PLC0415 - the kernels package imports the backends
 
-        return fused.program_or_reason(lambda: fused.chain_program(plan, shape), fused.fusable(plan, shape), decode)
+        return self._on_this_device(
+            fused.program_or_reason(lambda: fused.chain_program(plan, shape), fused.fusable(plan, shape), decode))
 
     def operator_program(self, op, decode: str):
         """``(program, None)``: the FEM operator ``op`` as :meth:`chain`'s kernel program, or ``(None, reason)``."""
         from ..kernels import fused  # noqa: PLC0415
 
-        return fused.program_or_reason(lambda: fused.operator_program(op), fused.operator_fusable(op), decode)
+        return self._on_this_device(
+            fused.program_or_reason(lambda: fused.operator_program(op), fused.operator_fusable(op), decode))
+
+    def _on_this_device(self, found: tuple) -> tuple:
+        """``found`` (``(program, reason)``), or ``(None, reason)`` where this device's arch cannot launch the program."""
+        from ..kernels.limits import ARCH_LIMITS, launch_use  # noqa: PLC0415
+
+        prog, why = found
+        if prog is None or self.arch.rstrip("a") not in ARCH_LIMITS:  # an arch without a table: its launch says
+            return found
+        use = launch_use("rns_chain_fused", self.arch, prog.threads, prog.shared_bytes)
+        return found if use.fits else (None, f"on this {self.arch} device: {use.problem}")
 
     def chain(self, program, x, decode: str, field=None, fexp=None):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.

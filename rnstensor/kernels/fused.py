@@ -37,9 +37,11 @@ __all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "Slot
 
 #: threads per block (RNS_CHAIN_THREADS of rns_chain_layout.cuh)
 THREADS = KERNEL["THREADS"]
-#: shared memory a block aims for (two blocks per SM on Hopper)
-SHARED_BUDGET = 100 * 1024
-#: the most dynamic shared memory one block may take (Hopper: 227 KiB)
+#: shared memory a block of several tensors aims for: the most a block may opt in to on every arch the kernels
+#: are built for (sm_86 / sm_89: 99 KiB; two such blocks per SM on Hopper)
+SHARED_BUDGET = 99 * 1024
+#: the most dynamic shared memory one block may take on any arch (Hopper: 227 KiB); a device with less declines
+#: the larger programs (CudaBackend.chain_program: rnstensor.kernels.limits)
 SHARED_MAX = 227 * 1024
 #: row widths (4-byte words, the padded n_in / 4) the kernel is instantiated for
 WIDTHS = tuple(range(1, 17))

@@ -1,10 +1,20 @@
-"""GPU tests: skipped unless CuPy imports and sees a CUDA device; their kernels are built side by side first.
+"""GPU tests: they run where CuPy sees a CUDA device; their kernels are built side by side first.
 
 ``RNSTENSOR_CUPY_STANDIN=1 python -m pytest tests/gpu`` is a dry run on a
-machine without a GPU: CuPy is replaced by tests/cupy_standin.py, whose
+machine without a GPU (CI runs it): CuPy is replaced by the strict
+tests/cupy_standin.py (CuPy's rules: no implicit host conversion), whose
 launches run host builds of the kernels. It checks the tests and the
 backend's calls before a GPU session spends device time on them; the
 device code itself runs only on a GPU.
+
+Without CuPy or a device the tests are skipped, except on a machine that
+has an NVIDIA GPU (``/proc/driver/nvidia/gpus`` lists one) or where
+``RNSTENSOR_REQUIRE_GPU=1`` (device_check.sh sets it): there a CuPy that
+does not import or sees no device fails every test with its message.
+``RNSTENSOR_REQUIRE_GPU=0`` lets such a machine skip them.
+
+``-m "not slow"`` leaves out the large-batch tests (thousands of tensors
+per launch), which the dry run in CI does not need.
 """
 
 from __future__ import annotations
@@ -12,8 +22,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -21,50 +29,42 @@ import pytest
 from rnstensor.kernels import cache_dir
 
 STANDIN = os.environ.get("RNSTENSOR_CUPY_STANDIN") == "1"
-if STANDIN:
+if STANDIN:  # (already there if tests/standin/sitecustomize.py installed it in this process)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import cupy_standin
 
-    cupy_standin.install(Path(tempfile.mkdtemp(prefix="rnstensor-standin-")), cache_dir(), device_arrays_are_cupy=True,
-                         simt_max_macs=1 << 24)
+    cupy_standin.install_for_process()
 
-from rnstensor.backends.cuda import cuda_available  # noqa: E402  (after the stand-in, if any)
+from cuda_support import gpu_required  # noqa: E402
+from rnstensor.backends.cuda import cuda_unavailable_reason  # noqa: E402  (after the stand-in, if any)
 
-HAVE_GPU = cuda_available()
+WHY_NOT = cuda_unavailable_reason()
+HAVE_GPU = WHY_NOT is None
+
+
+REQUIRED = not HAVE_GPU and gpu_required()
 
 
 def _in_gpu_dir(item) -> bool:
     return "tests/gpu/" in str(item.fspath).replace("\\", "/")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: large batches (thousands of tensors a launch); the CI dry run leaves them out")
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAVE_GPU:
+    if HAVE_GPU or REQUIRED:  # REQUIRED: each test fails in its set-up (pytest_runtest_setup)
         return
-    skip = pytest.mark.skip(reason="no CUDA device: CuPy and a GPU are needed (pip install 'rnstensor[gpu]')")
+    skip = pytest.mark.skip(reason=f"no CUDA device ({WHY_NOT}): CuPy and a GPU are needed (pip install 'rnstensor[gpu]')")
     for item in items:
         if _in_gpu_dir(item):
             item.add_marker(skip)
 
 
-def _warm_cpu_backend() -> None:
-    """JIT-compile the CPU backend's numba kernels that the references use (tens of seconds when cold)."""
-    import numpy as np
-
-    import rnstensor as rt
-    from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
-
-    rng = np.random.default_rng(0)
-    plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2])
-    for decode in ("fp64", "exact"):
-        plan.run(rng.uniform(-1, 1, (2, 4, 4, 4)), decode, backend="cpu")
-    a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
-    rt.dgemm(a, b, backend="cpu")
-    rt.zgemm(a + 1j * a, b - 1j * b, backend="cpu")
-    basis = TensorBasis(2)
-    mesh = box_mesh(basis, shape=(1, 1, 1), curved=0.1)
-    u = rng.standard_normal((mesh.nelem, 2, 2, 2))
-    MassOperator(basis, mesh.qdata, backend="cpu").apply(u)
-    PoissonOperator(basis, mesh.G, backend="cpu").apply(u)
+def pytest_runtest_setup(item):
+    if REQUIRED and _in_gpu_dir(item):
+        pytest.fail(f"this machine has a GPU (or RNSTENSOR_REQUIRE_GPU=1) but CUDA is unusable: {WHY_NOT}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -79,38 +79,22 @@ def _kernels_built_side_by_side(request):
     """
     if not HAVE_GPU:
         return
-    import threading
+    from prebuild import build_side_by_side, module_programs
 
-    from rnstensor.backends import get_backend
-
-    modules = dict.fromkeys(item.module for item in request.session.items if _in_gpu_dir(item))
-    programs = [p for m in modules if hasattr(m, "spec_programs") for p in m.spec_programs()]
-    backend = get_backend("cuda")
-    result: dict = {}
-
-    def build() -> None:
-        try:
-            result["builds"] = backend.prebuild(programs)
-        except Exception as exc:  # noqa: BLE001 - reported below; each test that needs the build fails on its own
-            result["error"] = f"{type(exc).__name__}: {exc}"
-
-    t0 = time.perf_counter()
-    # pytest-xdist workers (device_check.sh runs one per test module): the first to take the lock builds,
+    items = [item for item in request.session.items if _in_gpu_dir(item)]
+    modules = dict.fromkeys(item.module for item in items)
+    slow = {item.module for item in items if item.get_closest_marker("slow")}
+    # pytest-xdist workers or one process per module (device_check.sh): the first to take the lock builds,
     # the others then find every build in the disk cache
     build_dir = cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / "prebuild.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        worker = threading.Thread(target=build)
-        worker.start()
-        _warm_cpu_backend()
-        t_cpu = time.perf_counter() - t0
-        worker.join()
+        result, took, t_cpu = build_side_by_side(module_programs(modules, slow))
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:  # past the capture: device_check.sh's log shows the time
         what = (f"{result['builds']} kernel builds" if "builds" in result
                 else f"kernel prebuild FAILED ({result['error']})")
-        took = f"{time.perf_counter() - t0:.1f} s (CPU backend warm in {t_cpu:.1f} s)"
         with capture.global_and_fixture_disabled():
-            reporter.write_line(f"[tests/gpu] {what}; {took}")
+            reporter.write_line(f"[tests/gpu] {what}; {took:.1f} s (CPU backend warm in {t_cpu:.1f} s)")

@@ -10,7 +10,9 @@ from rnstensor.backends.cpu import CpuBackend
 from rnstensor.basis import Basis, int8_pool
 from residues import random_planes
 
-cp = pytest.importorskip("cupy")
+from cuda_support import cupy_or_skip  # noqa: E402
+
+cp = cupy_or_skip()
 
 CPU = CpuBackend()
 POOL = int8_pool()

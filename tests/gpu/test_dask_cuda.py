@@ -9,7 +9,9 @@ import pytest
 
 import rnstensor as rt
 
-cp = pytest.importorskip("cupy")
+from cuda_support import cupy_or_skip  # noqa: E402
+
+cp = cupy_or_skip()
 
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
