@@ -67,6 +67,7 @@ from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
 from .gemm import SplitNeeded, gemm_program, gemm_scale
 from .magnitude import measure_ratio
+from .run.epilogue import exact_combination, exact_parts, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program import ir
@@ -356,7 +357,8 @@ def _leaves(x) -> list:
     return [leaf for item in x for leaf in _leaves(item)]
 
 
-def _tile_fn(prog, k: int, alpha, beta, backend):
+def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False):
+    """One output tile's task; ``exact``: ``moduli='auto'``'s exact epilogue (:mod:`rnstensor.run.epilogue`)."""
     enc_a, enc_b, product, dec = prog.steps
     cplx = prog.complex
     total = ir.Add(2, 2, 4, False, product.bound)  # the k-chunk sum: bounds add up to the whole product's
@@ -380,31 +382,23 @@ def _tile_fn(prog, k: int, alpha, beta, backend):
                 if n:
                     run_step(total, vals, prog.basis, be, backend)
                 vals[4] = vals[2]
-            term[...] = run_step(dec, vals, prog.basis, be, backend)
-            # rows / columns holding inf or NaN: NumPy float64 products with IEEE propagation, as in memory
-            # (on the host, so that the bits are NumPy's; only these rows / columns come back)
+            c = rest[-1] if beta != 0 else None
+            if exact:  # the tile's exact integers, alpha, beta and c, rounded once (on the host)
+                term[...] = xp.asarray(exact_combination(exact_parts(vals[4], prog.basis, cplx), alpha, beta,
+                                                         None if c is None else _host(c), cplx))
+            else:
+                term[...] = run_step(dec, vals, prog.basis, be, backend)
+            # rows / columns holding inf or NaN: float64 products with IEEE propagation, as in memory
             if not bool(fa.all()) or not bool(fb.all()):
-                a_blocks, b_blocks = _leaves(rest[0]), _leaves(rest[1])
-                Af = np.concatenate([_host(x) for x in a_blocks], axis=1)
-                Bf = np.concatenate([_host(x) for x in b_blocks], axis=0)
-                fah, fbh = _host(fa), _host(fb)
-                with np.errstate(invalid="ignore", over="ignore"):
-                    if not fah.all():
-                        rows = np.flatnonzero(~fah)
-                        term[xp.asarray(rows), :] = xp.asarray(alpha * (Af[rows] @ Bf))
-                    if not fbh.all():
-                        cols = np.flatnonzero(~fbh)
-                        term[:, xp.asarray(cols)] = xp.asarray(alpha * (Af @ Bf[:, cols]))
+                A = xp.concatenate(_leaves(rest[0]), axis=1)
+                B = xp.concatenate(_leaves(rest[1]), axis=0)
+                ieee_rows(term, A, B, fa, fb, alpha, *((beta, c) if exact else ()))
+            if exact:
+                return term
+        if exact and beta != 0 and mb and nb:  # nothing multiplied (alpha = 0 or k = 0): beta * c, once
+            return xp.asarray(exact_combination(zero_parts((mb, nb), cplx), alpha, beta, _host(rest[-1]), cplx))
         if beta != 0:
-            c = rest[-1]
-            with np.errstate(invalid="ignore", over="ignore"):
-                if beta == 1:
-                    term = term + c
-                elif xp is np or not isinstance(beta, complex) or beta.imag == 0:
-                    term = term + beta * c
-                else:
-                    # NumPy's complex multiply (its own rounding, FMA where the CPU has it): on the host
-                    term = term + xp.asarray(beta * _host(c))
+            term = plus_beta_c(term, beta, rest[-1], xp)
         return term
 
     return fn
@@ -491,7 +485,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
                          new_axes=axes, dtype=np.int8, meta=_meta(opa, len(lab_a), np.int8))
     enc_b = da.blockwise(_encoder(prog, 1, backend), lab_b, opb, "kj", eb_d, "j", fb_d, "j",
                          new_axes=axes, dtype=np.int8, meta=_meta(opb, len(lab_b), np.int8))
-    fn = _tile_fn(prog, k, alpha, beta, backend)
+    fn = _tile_fn(prog, k, alpha, beta, backend, needs_exact_epilogue(moduli, alpha, beta, cplx))
     args = [enc_a, lab_a, enc_b, lab_b, ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
     if not (fa.all() and fb.all()):
         args += [opa, "ik", opb, "kj"]

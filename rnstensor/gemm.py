@@ -23,10 +23,10 @@ from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 
-from .arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array
+from .arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array, to_host, to_module
 from .backends import dispatch
 from .basis import Basis, int8_pool, moduli_count
-from .arith import float_parts, round_scaled_int, to_int_ref
+from .arith import to_int_ref
 from .encode import _NONE, entry_stats, exact_bits_needed
 from .errors import RNSRangeError
 from .magnitude import MeasuredRatio, magnitude_ratio, measure_ratio
@@ -34,6 +34,7 @@ from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, plan_drops
 from .program import ir
 from .program.execute import Value, run_step
+from .run.epilogue import exact_combination, exact_parts, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
 
 __all__ = [
     "dgemm",
@@ -754,35 +755,10 @@ def exact_split_sums(A, Bm, s: int, be, backend_name) -> tuple[np.ndarray, np.nd
     return S, e
 
 
-def _exact_auto(A, Bm, cplx: bool, alpha, s: int, be, backend_name) -> np.ndarray:
-    """``alpha * A @ Bm`` correctly rounded (each part) from :func:`exact_split_sums`."""
+def _exact_auto(A, Bm, cplx: bool, alpha, beta, c, s: int, be, backend_name) -> np.ndarray:
+    """``alpha * A @ Bm + beta * c`` rounded once (each part) from :func:`exact_split_sums`."""
     sums = [exact_split_sums(x, y, s, be, backend_name) for x, y in _auto_operands(A, Bm, cplx)]
-    shape = sums[0][0].shape
-    if not cplx:
-        ma, ka = _exact_parts(float(alpha))
-        (S, e), = sums
-        return np.array([round_scaled_int(ma * v, ka + x) for v, x in zip(S.ravel(), e.ravel())]).reshape(shape)
-    (Sr, er), (Si, ei) = sums
-    (mr, kr), (mi, ki) = _exact_parts(complex(alpha).real), _exact_parts(complex(alpha).imag)
-    out = np.empty(shape, np.complex128)
-    for idx in np.ndindex(*shape):
-        re, im = (int(Sr[idx]), int(er[idx])), (int(Si[idx]), int(ei[idx]))
-        # (mr 2^kr + i mi 2^ki)(re + i im), each part one exact sum of two products, rounded once
-        out[idx] = complex(_round_sum((mr * re[0], kr + re[1]), (-mi * im[0], ki + im[1])),
-                           _round_sum((mr * im[0], kr + im[1]), (mi * re[0], ki + re[1])))
-    return out
-
-
-def _exact_parts(x: float) -> tuple[int, int]:
-    """``x == m * 2**k`` exactly, as Python ints (:func:`rnstensor.arith.float_parts` of one value)."""
-    m, k = float_parts(np.float64(x))
-    return int(m), int(k)
-
-
-def _round_sum(a: tuple[int, int], b: tuple[int, int]) -> float:
-    """``a0 2**a1 + b0 2**b1`` rounded once."""
-    lo = min(a[1], b[1])
-    return round_scaled_int((a[0] << (a[1] - lo)) + (b[0] << (b[1] - lo)), lo)
+    return exact_combination(sums, alpha, beta, c, cplx)
 
 
 # ----- the program ------------------------------------------------------------------------------
@@ -844,8 +820,11 @@ def _rows(v: Value, lo: int, hi: int) -> Value:
 
 
 def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, nb: int, cache_a: bool, be, xp,
-               backend_name, transposed: bool) -> None:
-    """Every output tile of ``prog``: ``op(b)`` encoded once per column block, ``op(a)`` once or per row block."""
+               backend_name, transposed: bool, finish=None) -> None:
+    """Every output tile of ``prog``: ``op(b)`` encoded once per column block, ``op(a)`` once or per row block.
+
+    ``finish(product value, i0, i1, j0, j1)`` gives the tile's result (in the product's layout) in place of the
+    program's decode (the exact epilogue)."""
     enc_a, enc_b, product, dec = prog.steps
     cplx = prog.complex
     basis = prog.basis
@@ -883,15 +862,17 @@ def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, n
             with _phase("products"):
                 run_step(product, vals, basis, be, backend_name)
             with _phase("decode"):
-                res = run_step(dec, vals, basis, be, backend_name)
+                res = (run_step(dec, vals, basis, be, backend_name) if finish is None
+                       else finish(vals[product.out], i0, i1, j0, j1))
             term[i0:i1, j0:j1] = res.T if transposed else res
 
 
 def _run_product(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, s: int, cplx: bool, workspace: int,
-                 be, xp, backend_name, transposed: bool) -> None:
-    """``term <- prog(A, Bm)``: the backend's own exact GEMM engine where it takes the shape, else the INT8 tiles."""
+                 be, xp, backend_name, transposed: bool, finish=None) -> None:
+    """``term <- prog(A, Bm)``: the backend's own exact GEMM engine where it takes the shape, else the INT8 tiles
+    (``finish``: see :func:`_run_tiles`; the engine decodes itself, so it is not used then)."""
     engine = getattr(be, "exact_gemm", None)
-    if engine is not None and not transposed:
+    if engine is not None and not transposed and finish is None:
         with _phase("products"):  # the engine's encode and decode count here too
             res = engine(prog, A, Bm, ea, eb, workspace)
         if res is not None:
@@ -899,7 +880,21 @@ def _run_product(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, 
             return
     with _phase("other"):
         mb, nb, cache_a = _plan_tiles(m, n, k, s, cplx, workspace)
-    _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed)
+    _run_tiles(term, prog, A, Bm, ea, eb, m, n, mb, nb, cache_a, be, xp, backend_name, transposed, finish)
+
+
+def _exact_whole(prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, s: int, cplx: bool, workspace: int, be, xp,
+                 backend_name, transposed: bool, alpha, beta, c):
+    """``alpha * A @ Bm + beta * c`` rounded once per entry (part): ``prog``'s exact products, tile by tile, through
+    the exact epilogue (:func:`rnstensor.run.epilogue.exact_combination`; ``c`` on the host, or ``None``)."""
+    term = np.zeros((m, n), np.complex128 if cplx else np.float64)
+
+    def finish(v: Value, i0: int, i1: int, j0: int, j1: int):
+        ct = None if c is None else (c[i0:i1, j0:j1].T if transposed else c[i0:i1, j0:j1])
+        return exact_combination(exact_parts(v, prog.basis, cplx), alpha, beta, ct, cplx)
+
+    _run_product(term, prog, A, Bm, ea, eb, m, n, k, s, cplx, workspace, be, xp, backend_name, transposed, finish)
+    return to_module(term, xp)
 
 
 # ----- the driver --------------------------------------------------------------------------------
@@ -996,6 +991,11 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
             raise ValueError(f"{fn}: out must be a writeable {dtype.name} {kind} of shape ({m}, {n})")
 
     term = xp.zeros((m, n), dtype)
+    # moduli='auto' promises alpha * op(a) @ op(b) + beta * c rounded once: where the decode alone cannot (a beta
+    # term, or both parts of a complex alpha), the exact product's integers meet alpha, beta and c in the exact
+    # epilogue (Python integers, on the host)
+    exact_epilogue = needs_exact_epilogue(moduli, alpha, beta, cplx)
+    combined = False
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
             mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits)
@@ -1017,11 +1017,17 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
                 eb = t - _slice_exponent(Bm, 0)
             if mode != "exact":
                 prog = gemm_program(Basis.int8(s), t, k, cplx, alpha, transposed)
-        if mode == "whole":
+        if mode == "whole" and exact_epilogue:
+            term = _exact_whole(prog, A, Bm, ea, eb, m, n, k, s, cplx, workspace, be, xp, backend_name, transposed,
+                                alpha, beta, to_host(c) if beta != 0 else None)
+            combined = True
+        elif mode == "whole":
             _run_product(term, prog, A, Bm, ea, eb, m, n, k, s, cplx, workspace, be, xp, backend_name, transposed)
         elif mode == "exact":
             with _phase("products"):
-                term[...] = _exact_auto(A, Bm, cplx, alpha, s, be, backend_name)
+                term[...] = _exact_auto(A, Bm, cplx, alpha, beta if exact_epilogue else 0, to_host(c) if (
+                    exact_epilogue and beta != 0) else None, s, be, backend_name)
+            combined = exact_epilogue
         else:
             ms, ns = A.shape[0], Bm.shape[1]
             pairs = xp.zeros((ms, ns), dtype)
@@ -1030,15 +1036,12 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
             with _phase("decode"):  # each pair correctly rounded, summed in float64 slice by slice
                 by_row = _sum_slices(pairs, own_a, rank_a, m)
                 term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
-        # rows / columns holding inf or NaN: float64 matmul with IEEE propagation (where the data lives)
-        with np.errstate(invalid="ignore", over="ignore"):
-            if not finite_a:
-                term[~fa, :] = alpha * (opa[~fa] @ opb)
-            if not finite_b:
-                term[:, ~fb] = alpha * (opa @ opb[:, ~fb])
-    if beta != 0:
-        with np.errstate(invalid="ignore", over="ignore"):
-            term = term + (c if beta == 1 else beta * c)
+        if not (finite_a and finite_b):
+            ieee_rows(term, opa, opb, fa, fb, alpha, *((beta, c) if combined else ()))
+    if exact_epilogue and not combined and m and n:  # nothing multiplied (alpha = 0 or k = 0): beta * c, once
+        term = to_module(exact_combination(zero_parts((m, n), cplx), alpha, beta, to_host(c), cplx), xp)
+    elif beta != 0 and not combined:
+        term = plus_beta_c(term, beta, c, xp)
     if out is not None:
         out[...] = term
         return out
@@ -1075,7 +1078,11 @@ def dgemm(
     the correctly rounded ``alpha`` times the scaled integer product (and of
     the exact ``alpha * op(a) @ op(b)`` whenever the encoding is exact, e.g.
     ``moduli='auto'``). With ``beta != 0`` it is ``fl(that + fl(beta * c))``
-    (``fl(that + c)`` for ``beta = 1``).
+    (``fl(that + c)`` for ``beta = 1``), except with ``moduli='auto'``: there
+    the exact product's integers, ``alpha``, ``beta`` and ``c`` are summed
+    exactly and rounded once (:func:`rnstensor.run.epilogue.exact_combination`,
+    Python integers on the host), so the whole ``alpha * op(a) @ op(b) + beta
+    * c`` is correctly rounded.
 
     BLAS semantics: ``beta = 0`` ignores ``c`` (NaN included); ``alpha = 0``
     or ``k = 0`` gives ``beta * c`` without touching ``a`` and ``b``; empty
@@ -1120,13 +1127,13 @@ def dgemm(
         (:func:`exact_bits_needed`: per row / column, from the leading bit of
         the largest magnitude to the lowest set bit of the smallest nonzero
         one), so the integer product is the exact product and the result is
-        correctly rounded. Where 49 moduli cannot hold that width, every row
-        and column is split exactly into slices of bounded span, the slice
-        pairs are residue products, and each entry's pair integers are summed
-        exactly (Python integers, :func:`exact_split_sums`) before its one
-        rounding: correctly rounded on any exponent range, subnormal results
-        and overflow included (NumPy operands; CuPy ones raise
-        ``RNSRangeError`` there).
+        correctly rounded, ``beta * c`` included. Where 49 moduli cannot hold
+        that width, every row and column is split exactly into slices of
+        bounded span, the slice pairs are residue products, and each entry's
+        pair integers are summed exactly (Python integers,
+        :func:`exact_split_sums`) before its one rounding: correctly rounded
+        on any exponent range, subnormal results and overflow included (NumPy
+        operands; CuPy ones raise ``RNSRangeError`` there).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional
@@ -1209,9 +1216,11 @@ def zgemm(
     moduli : None, 'fast', 'auto' or int in 1..49
         As :func:`dgemm` (``None``: the classical complex bound ``sqrt(2)
         gamma_{k+2} |alpha| |A||B|``; ``'fast'``: the 53-bit width;
-        ``'auto'``: both parts correctly rounded on any exponent range, the
-        split product working on the real products ``[Ar, -Ai] [Br; Bi]``
-        and ``[Ar, Ai] [Bi; Br]`` so that every part is encoded exactly).
+        ``'auto'``: both parts of ``alpha * op(a) @ op(b) + beta * c``
+        correctly rounded on any exponent range, complex ``alpha`` and
+        ``beta`` included, the split product working on the real products
+        ``[Ar, -Ai] [Br; Bi]`` and ``[Ar, Ai] [Bi; Br]`` so that every part is
+        encoded exactly).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional

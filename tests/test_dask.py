@@ -148,6 +148,22 @@ def test_dgemm_blas_parameters_and_non_finite_rows():
     assert np.array_equal(rd.dgemm(da.from_array(A, chunks=4), da.from_array(B, chunks=4), Cn).compute(), rt.dgemm(A, B))
 
 
+def test_auto_with_alpha_beta_is_the_in_memory_correctly_rounded_result():
+    # moduli='auto' rounds alpha op(a) op(b) + beta c once, in every tile as in memory (the exact epilogue)
+    A, B = _gemm_case(seed=6)
+    C = np.random.default_rng(7).standard_normal((13, 11)) * 1e-5
+    ref = rt.dgemm(A, B, C, alpha=1.5, beta=-0.3, moduli="auto")
+    got = rd.dgemm(da.from_array(A, chunks=(5, 7)), da.from_array(B, chunks=(6, 4)), C, alpha=1.5, beta=-0.3,
+                   moduli="auto").compute()
+    assert np.array_equal(got, ref)
+    Z = A + 1j * A[::-1]
+    W = B - 2j * B
+    ref = rt.zgemm(Z, W, C + 1j, alpha=0.5 - 1.5j, beta=2 + 1j, moduli="auto")
+    got = rd.zgemm(da.from_array(Z, chunks=4), da.from_array(W, chunks=(5, 6)), C + 1j, alpha=0.5 - 1.5j,
+                   beta=2 + 1j, moduli="auto").compute()
+    assert np.array_equal(got, ref)
+
+
 @pytest.mark.parametrize("trans_b", ["N", "C"])
 def test_zgemm_bitwise_for_any_chunking(trans_b):
     A, B = _gemm_case(cplx=True, seed=4)

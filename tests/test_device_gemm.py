@@ -56,6 +56,22 @@ def test_zgemm(device):
         same_bits(got, rt.zgemm(a, bh, **host))
 
 
+def test_auto_with_alpha_and_beta_rounds_once_on_the_device(device):
+    # the exact epilogue runs on the host (Python integers): the product's integers and c come over, the CPU's bits
+    # come back as a device array
+    rng = np.random.default_rng(6)
+    a, b = _operands(rng, 9, 20, 7)
+    c = rng.standard_normal((9, 7)) * 1e-3
+    ad, bd, cd = device.put(a), device.put(b), device.put(c)
+    got = rt.dgemm(ad, bd, cd, alpha=1.5, beta=-0.3, moduli="auto")
+    assert isinstance(got, device.cp.ndarray)
+    same_bits(got, rt.dgemm(a, b, c, alpha=1.5, beta=-0.3, moduli="auto"))
+    za, zb = a + 1j * a[::-1], b - 0.5j * b
+    zc = c + 1j
+    got = rt.zgemm(device.put(za), device.put(zb), device.put(zc), alpha=0.5 + 2j, beta=1 - 1j, moduli="auto")
+    same_bits(got, rt.zgemm(za, zb, zc, alpha=0.5 + 2j, beta=1 - 1j, moduli="auto"))
+
+
 def test_nonfinite_rows_and_tiles(device):
     rng = np.random.default_rng(5)
     a, b = _operands(rng, 20, 50, 16)

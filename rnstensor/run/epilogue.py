@@ -1,0 +1,158 @@
+"""The GEMM epilogue ``alpha * P + beta * C`` rounded once, from the exact product ``P`` (``moduli='auto'``).
+
+The residue product is an exact integer per entry; ``alpha``, ``beta`` and
+``C`` are exact float64 (or complex128) values. Their combination is a sum
+of a few exact terms, integers times powers of two, which Python integers
+add without rounding; the sum is rounded once to nearest-even (subnormals
+and overflow as IEEE float64 has them). For a complex result each part is
+``Re(alpha) Re(P) - Im(alpha) Im(P) + Re(beta) Re(C) - Im(beta) Im(C)``
+(and its ``Im``), rounded once: the correctly rounded parts of the whole
+expression, whatever ``alpha`` and ``beta``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..arith import float_parts, round_scaled_int, to_int_ref
+from ..arrays import to_host
+
+__all__ = ["exact_combination", "exact_parts", "zero_parts", "needs_exact_epilogue", "plus_beta_c", "ieee_rows"]
+
+
+def needs_exact_epilogue(moduli, alpha, beta, cplx: bool) -> bool:
+    """Whether ``moduli='auto'``'s one rounding needs :func:`exact_combination`: a ``beta * c`` term, or both parts
+    of a complex ``alpha`` (a real or purely imaginary ``alpha`` is the exact decode's own factor)."""
+    if moduli != "auto":
+        return False
+    a = complex(alpha)
+    return beta != 0 or (cplx and a.real != 0 and a.imag != 0)
+
+
+def zero_parts(shape: tuple, cplx: bool) -> list:
+    """The parts of an all-zero product (``alpha = 0`` or ``k = 0``: ``beta * c`` alone, still rounded once)."""
+    part = (np.zeros(shape, dtype=object), np.zeros(shape, np.int64))
+    return [part, part] if cplx else [part]
+
+
+def exact_parts(v, basis, cplx: bool) -> list:
+    """``[(S, e)]`` (``[(Re), (Im)]`` complex) of a product value (:class:`rnstensor.program.execute.Value`): its
+    exact integers as Python ints and their exponents, on the host (a device value is copied over)."""
+    planes = to_host(v.planes)
+    e = np.broadcast_to(to_host(v.exp.total()).astype(np.int64), planes.shape[1:])
+    moduli = v.active or basis.moduli
+    f = int(v.factor)
+    if not cplx:
+        return [(to_int_ref(planes, moduli) * f, e)]
+    return [(to_int_ref(planes[:, 0], moduli) * f, e[0]), (to_int_ref(planes[:, 1], moduli) * f, e[1])]
+
+
+def plus_beta_c(term, beta, c, xp):
+    """``term + beta * c`` in float64 as NumPy rounds it (``term + c`` for ``beta = 1``), where ``term`` lives.
+
+    A complex ``beta`` times a device ``c`` is formed on the host: NumPy's
+    complex multiply (its own rounding, FMA where the CPU has it) is the
+    reference every backend and chunking returns.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        if beta == 1:
+            return term + c
+        if xp is np or not isinstance(beta, complex) or beta.imag == 0:
+            return term + beta * c
+        return term + xp.asarray(beta * to_host(c))
+
+
+def ieee_rows(term, opa, opb, fa, fb, alpha, beta=0, c=None) -> None:
+    """Rows of ``op(a)`` (``~fa``) and columns of ``op(b)`` (``~fb``) holding inf or NaN, in place: ``alpha`` times
+    their float64 product (plus ``beta * c`` where given), IEEE propagation, where the data lives.
+
+    Every entry of such a row or column is inf or NaN, and which one IEEE
+    arithmetic decides whatever the summation order: any backend gives the
+    same values.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        if not bool(fa.all()):
+            term[~fa, :] = alpha * (opa[~fa] @ opb) + (beta * c[~fa, :] if beta != 0 and c is not None else 0)
+        if not bool(fb.all()):
+            term[:, ~fb] = alpha * (opa @ opb[:, ~fb]) + (beta * c[:, ~fb] if beta != 0 and c is not None else 0)
+
+
+def _scalar_parts(x: float) -> tuple[int, int]:
+    """``x == m * 2**k`` exactly (``m = 0`` for zero)."""
+    m, k = float_parts(np.float64(x))
+    return int(m), int(k)
+
+
+def _round_terms(terms) -> float:
+    """``sum(w * 2**e for w, e in terms)`` rounded once (terms with ``w == 0`` skipped)."""
+    live = [(int(w), int(e)) for w, e in terms if w]
+    if not live:
+        return 0.0
+    lo = min(e for _, e in live)
+    return round_scaled_int(sum(w << (e - lo) for w, e in live), lo)
+
+
+def exact_combination(parts: Sequence[tuple[np.ndarray, np.ndarray]], alpha, beta, c: Optional[np.ndarray],
+                      cplx: bool) -> np.ndarray:
+    """``alpha * P + beta * c`` rounded once per entry (per part for complex results), on the host.
+
+    Parameters
+    ----------
+    parts : sequence of (S, e)
+        The exact product ``P = S * 2**e`` per entry: ``S`` an object array of
+        Python ints, ``e`` an int array of the same shape; one pair for a real
+        product, ``(Re, Im)`` for a complex one (:func:`exact_parts`,
+        :func:`zero_parts`).
+    alpha, beta : float or complex
+    c : ndarray, optional
+        Read only where ``beta != 0``.
+    cplx : bool
+        A complex128 result.
+
+    Returns
+    -------
+    ndarray
+        float64 or complex128, the shape of ``S``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> S = np.array([[3, 1 << 80]], dtype=object); e = np.array([[-2, -80]])
+    >>> exact_combination([(S, e)], 1.0, 1.0, np.array([[2.0**-60, -1.0]]), False)  # 0.75 + 2**-60, 1 - 1: exact
+    array([[0.75, 0.  ]])
+    """
+    shape = parts[0][0].shape
+    use_c = beta != 0 and c is not None
+    if not cplx:
+        (S, e), = parts
+        ma, ka = _scalar_parts(float(alpha))
+        mb, kb = _scalar_parts(float(beta))
+        mc, kc = float_parts(np.asarray(c, dtype=np.float64)) if use_c else (None, None)
+        out = np.empty(shape, np.float64)
+        for idx in np.ndindex(*shape):
+            terms = [(ma * S[idx], ka + e[idx])]
+            if use_c:
+                terms.append((mb * int(mc[idx]), kb + int(kc[idx])))
+            out[idx] = _round_terms(terms)
+        return out
+    (Sr, er), (Si, ei) = parts
+    alpha, beta = complex(alpha), complex(beta)
+    (ar, kar), (ai, kai) = _scalar_parts(alpha.real), _scalar_parts(alpha.imag)
+    (br, kbr), (bi, kbi) = _scalar_parts(beta.real), _scalar_parts(beta.imag)
+    if use_c:
+        c = np.asarray(c, dtype=np.complex128)
+        (cr, kcr), (ci, kci) = float_parts(c.real), float_parts(c.imag)
+    out = np.empty(shape, np.complex128)
+    for idx in np.ndindex(*shape):
+        pr, xr = Sr[idx], int(er[idx])
+        pi, xi = Si[idx], int(ei[idx])
+        re = [(ar * pr, kar + xr), (-ai * pi, kai + xi)]
+        im = [(ar * pi, kar + xi), (ai * pr, kai + xr)]
+        if use_c:
+            gr, yr, gi, yi = int(cr[idx]), int(kcr[idx]), int(ci[idx]), int(kci[idx])
+            re += [(br * gr, kbr + yr), (-bi * gi, kbi + yi)]
+            im += [(br * gi, kbr + yi), (bi * gr, kbi + yr)]
+        out[idx] = complex(_round_terms(re), _round_terms(im))
+    return out
