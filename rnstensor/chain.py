@@ -23,6 +23,7 @@ from .program.errors import composed_bound, fraction_up, inflate, operator_norms
 from .primitives import DECODE_MODES, strip_pending
 from .program import ir
 from .program.execute import Value, encode_value, moved, run_step, value_of
+from .run.policy import accuracy_policy, check_rtol
 from .tensor import RNSTensor, Scale
 
 __all__ = ["ChainPlan", "plan_chain", "mode_chain"]
@@ -78,6 +79,11 @@ class ChainPlan:
         self.program = schedule.program
         #: Held to the classical float64 bound (``plan_chain(moduli=None)``, the default): see :meth:`run`.
         self.classical = False
+        #: The accuracy policy of moduli= (:mod:`rnstensor.run.policy`): 'classical', 'fast', 'auto' or 'basis'.
+        self.policy = "basis"
+        #: a target in place of the classical bound (``plan_chain(rtol=...)``), or None
+        self.rtol: Optional[float] = None
+        self._exact_exprs: dict = {}
         #: How the last classical call ran: ``'residues on 15 moduli'`` (certified; more moduli where this plan's run
         #: is not) or ``'composed classical GEMMs'``.
         self.last_evaluation: Optional[str] = None
@@ -173,6 +179,8 @@ class ChainPlan:
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        if self.policy == "auto":
+            return self._exact_chain(X, backend, nonfinite)
         Xz, original = self._finite_part(X, nonfinite)
         if original is not None:
             # an output that meets an inf or NaN in float64 is inf or NaN (inf * 0 is NaN): numpy's there
@@ -190,6 +198,7 @@ class ChainPlan:
             x = self._check_input(X)
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
             if plan is None:
+                self._check_fallback_target()
                 self.last_evaluation = "composed classical GEMMs"
                 return self.classical_chain(x)
             self.last_evaluation = f"residues on {len(plan.basis)} moduli"
@@ -209,6 +218,38 @@ class ChainPlan:
         y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
         return y.reshape(lead + tuple(y.shape[1:]))
 
+    # ----- moduli='auto': the exact chain rounded once ----------------------------------------
+
+    def einsum_subscripts(self, batch: int) -> str:
+        """The chain as an einsum expression over ``X`` (``batch`` leading axes) and the operators, in order."""
+        letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        lead = "".join(next(letters) for _ in range(batch))
+        cur = [next(letters) for _ in range(self.ndim)]
+        terms = [lead + "".join(cur)]
+        for ax in self.axes:
+            new = next(letters)
+            terms.append(new + cur[ax])
+            cur[ax] = new
+        return ",".join(terms) + "->" + lead + "".join(cur)
+
+    def _exact_chain(self, X, backend, nonfinite: str):
+        """``moduli='auto'``: the exact chain, rounded once per entry (no rounding drop): the einsum of the same
+        contractions with ``moduli='auto'`` (:func:`rnstensor.contract_expression`), built once per input shape."""
+        from .contract import contract_expression  # noqa: PLC0415 - the front end of einsum, above this one
+
+        shape = tuple(getattr(X, "shape", np.shape(X)))
+        batch = self._check_shape(shape)
+        key = (shape, nonfinite)
+        if key not in self._exact_exprs:
+            ops = [np.asarray(A, dtype=np.float64) for A in self.operators]
+            self._exact_exprs[key] = contract_expression(
+                self.einsum_subscripts(batch), shape, *ops, constants=range(1, len(ops) + 1), moduli="auto",
+                backend=backend, nonfinite=nonfinite)
+        expr = self._exact_exprs[key]
+        y = expr(X, backend=backend)
+        self.last_evaluation = expr.last_evaluation
+        return y
+
     # ----- the classical default ----------------------------------------------------------
 
     @property
@@ -225,9 +266,17 @@ class ChainPlan:
         whose run on ``xb`` is certified to meet the classical bound; ``(None, None)`` for the classical GEMMs."""
         m = self.classical_terms
         plan, s = self, len(self.basis)
+        if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
+            s = max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8))
+            plan = None
+            while plan is None and s <= len(int8_pool()):
+                plan = self._wider(s)
+                s += plan is None
+            if plan is None:
+                return None, None
         while True:
             obs = plan._certificate(xb, m)
-            if obs is not None and obs.certified(m):
+            if obs is not None and obs.certified(m, self.rtol):
                 return plan, obs
             if obs is None or obs.excess is None:
                 return None, None
@@ -239,6 +288,15 @@ class ChainPlan:
             if plan is None:
                 return None, None
 
+    def _check_fallback_target(self) -> None:
+        """The classical GEMMs meet ``γ_m``: a tighter ``rtol`` no plan certified is refused, with the fix."""
+        m = self.classical_terms
+        if self.rtol is not None and self.rtol < gamma(m):
+            raise RNSRangeError(
+                f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, and the "
+                f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly rounded (within any "
+                f"rtol >= 2**-52), or pass a larger rtol")
+
     def _wider(self, s: int) -> Optional["ChainPlan"]:
         """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""
         if not hasattr(self, "_rungs"):
@@ -246,7 +304,8 @@ class ChainPlan:
         if s not in self._rungs:
             try:
                 self._rungs[s] = plan_chain(self.operators, self.axes, moduli=s, method=self.method,
-                                            planner=self.planner, input_bits="max", ndim=self.ndim)
+                                            planner=self.planner, input_bits="max", ndim=self.ndim,
+                                            min_bits=MIN_BITS if self.rtol is None else 0)
             except (PlanError, RNSRangeError):
                 self._rungs[s] = None
         return self._rungs[s]
@@ -456,6 +515,11 @@ class ChainPlan:
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        if self.policy == "auto":  # correctly rounded: half the spacing at the largest result
+            y = self._exact_chain(X, None, "propagate")
+            xp = array_module(y)
+            finite = y[xp.isfinite(y)]
+            return float(xp.spacing(xp.abs(finite)).max()) / 2 if finite.size else 0.0
         x = self._check_input(self._finite_part(X, "propagate")[0])
         xp = array_module(x)
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
@@ -463,6 +527,7 @@ class ChainPlan:
             # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
             if plan is None:
+                self._check_fallback_target()
                 return self._classical_bound(x, xnorm)
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
             if plan is not self:
@@ -615,6 +680,7 @@ def plan_chain(
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
     min_bits: int = MIN_BITS,
+    rtol: Optional[float] = None,
 ) -> ChainPlan:
     """Plan a chain of mode products once; apply the plan to many tensors.
 
@@ -624,8 +690,11 @@ def plan_chain(
         ``A_i`` (``n_out × n_in``, rectangular allowed), applied in order.
     axes : sequence of int
         The tensor axis each operator contracts; repeats revisit a mode.
-    moduli : None, int, Basis or tuple
-        The working basis (``15`` = ``Basis.int8(15)``). ``None`` (default):
+    moduli : None, 'fast', 'auto', int, Basis or tuple
+        The working basis (``15`` = ``Basis.int8(15)``). ``'fast'``: the
+        15-moduli plan, uncertified. ``'auto'``: every call returns the exact
+        chain rounded once per entry (no rounding drop: the einsum of the same
+        contractions with ``moduli='auto'``). ``None`` (default):
         15 moduli, and every ``fp64`` call of the plan meets the classical
         float64 bound ``|Ŷ - Y| <= γ_m |A_n| ... |A_1| |X|`` entrywise
         (``m``: the operators' columns added up): the residue run is certified
@@ -665,6 +734,12 @@ def plan_chain(
         ``bits``, when that is smaller), as in :func:`einsum`: a plan that
         keeps fewer raises :class:`PlanError` instead of returning a poor
         result. ``0`` accepts any plan (the papers' sweeps over ``s``).
+    rtol : float, optional
+        A target in place of the classical bound (with ``moduli=None``):
+        every entry within ``rtol |A_n| ... |A_1| |X|``, certified before the
+        run on the fewest moduli that meet it (a loose target takes fewer
+        than 15); a target no plan certifies and the classical GEMMs do not
+        meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
 
     Returns
     -------
@@ -688,10 +763,23 @@ def plan_chain(
     """
     ops, axes, nd = _normalize_chain(operators, axes, ndim)
     _axis_lengths(ops, axes, nd)
-    basis = as_basis(15 if moduli is None else moduli, "moduli")
-    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits, nd, min_bits)
+    acc = accuracy_policy(moduli, "plan_chain")
+    if acc.policy == "auto" and (bits is not None or input_bits is not None):
+        raise ValueError("plan_chain: moduli='auto' chooses the widths that keep the chain exact; leave bits and "
+                         "input_bits unset")
+    basis = as_basis(moduli if acc.policy == "basis" else acc.moduli or 15, "moduli")
+    # moduli='auto' evaluates the exact chain per call; its 15-moduli plan only describes the chain (any width)
+    sched = plan_schedule(ops, axes, basis, method, planner, bits, input_bits, nd,
+                          0 if acc.policy == "auto" else min_bits)
     plan = ChainPlan(sched, ops, axes, nd, planner)
-    plan.classical = moduli is None and bits is None and input_bits is None
+    plan.policy = acc.policy
+    if acc.policy == "classical" and (bits is not None or input_bits is not None):
+        plan.policy = "basis"  # an explicit width is the papers' plan, as planned
+    plan.classical = plan.policy == "classical"
+    plan.rtol = check_rtol(rtol, "plan_chain")
+    if plan.rtol is not None and not plan.classical:
+        raise ValueError("plan_chain: rtol chooses the moduli and widths itself; pass it with moduli=None and no "
+                         "bits or input_bits")
     return plan
 
 
@@ -709,6 +797,7 @@ def mode_chain(
     ndim: Optional[int] = None,
     min_bits: int = MIN_BITS,
     nonfinite: str = "propagate",
+    rtol: Optional[float] = None,
 ) -> np.ndarray:
     """One-shot chain of mode products: ``plan_chain(...)(X, decode)``.
 
@@ -722,6 +811,6 @@ def mode_chain(
     """
     plan = plan_chain(
         operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits, ndim=ndim,
-        min_bits=min_bits,
+        min_bits=min_bits, rtol=rtol,
     )
     return plan.run(X, decode=decode, nonfinite=nonfinite)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import string
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from .program import ir
 from .program.classical import certify, classical_terms, gamma
 from .program.errors import EntrywiseErrors, decoded, inflate
 from .program.execute import Value, execute, moved, permuted, tensor_of, value_of
+from .run.exact import exact_value, least_moduli, round_exact_sum, split_exact
+from .run.policy import accuracy_policy, check_rtol
 from .tensor import RNSTensor, Scale
 
 __all__ = ["einsum", "contract_expression", "ContractExpression", "tensordot", "transpose", "EINSUM_METHODS"]
@@ -625,7 +628,7 @@ class ContractExpression:
     """
 
     def __init__(self, terms, output, shapes, constants, basis, method, optimize, decode, bits, backend=None, min_bits=MIN_BITS,
-                 nonfinite="propagate", classical=False):
+                 nonfinite="propagate", policy="basis", rtol=None):
         self.terms, self.output = list(terms), output
         self.subscripts = ",".join(terms) + "->" + output
         self.shapes = [tuple(int(n) for n in s) for s in shapes]
@@ -633,7 +636,13 @@ class ContractExpression:
         self.basis, self.method, self.decode, self.backend = basis, method, decode, backend
         self.bits, self.min_bits = bits, min_bits
         self.nonfinite = check_nonfinite(nonfinite)
-        self.classical = bool(classical)
+        if isinstance(policy, bool):  # (the former flag: the classical default or an explicit basis)
+            policy = "classical" if policy else "basis"
+        #: the accuracy policy of moduli= (:mod:`rnstensor.run.policy`): 'classical', 'fast', 'auto' or 'basis'
+        self.policy = policy
+        self.classical = policy == "classical"
+        #: the target of the default in place of the classical bound (``rtol (|A||B|...)`` entry by entry), or None
+        self.rtol = rtol
         self.sizes = _label_sizes(terms, self.shapes)
         opt, limit = _path_option(optimize, len(self.terms))
         self.path, self._info = opt_einsum.contract_path(
@@ -659,7 +668,7 @@ class ContractExpression:
         other = ContractExpression(
             # the same path: the same plan, so each batch entry gets the same integers however it is split
             self.terms, self.output, full, self.constants, self.basis, self.method, [tuple(p) for p in self.path],
-            self.decode, self.bits, self.backend, self.min_bits, self.nonfinite, self.classical,
+            self.decode, self.bits, self.backend, self.min_bits, self.nonfinite, self.policy, self.rtol,
         )
         const_labels = {c for i in self.constants for c in self.terms[i]}
         if all(other.sizes[c] == self.sizes[c] for c in const_labels):
@@ -784,6 +793,8 @@ class ContractExpression:
         CuPy results on the CUDA backend (constants may be either: they are
         encoded once per device).
         """
+        if self.policy == "auto":
+            return self._auto(arrays, backend)
         if self._certifies(arrays):
             return self._classical(arrays, backend, bound=False)
         parsed = self._operands(arrays)
@@ -809,6 +820,104 @@ class ContractExpression:
             y = self._numpy_where_nonfinite(y, arrays)
         return y[()] if y.ndim == 0 and not is_device_array(y) else y
 
+    # ----- moduli='auto': correctly rounded ---------------------------------------------------------
+
+    def _auto(self, arrays, backend):
+        """The correctly rounded result: the plan on the fewest moduli that encodes every operand exactly and drops
+        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly; numpy's inf / NaN where they enter."""
+        parsed = self._operands(arrays)
+        ops, kinds, cplx, tensors, nonfinite = parsed
+        if tensors:
+            raise TypeError("einsum: moduli='auto' takes float operands (an RNSTensor carries its own basis: pass "
+                            "moduli=None or its basis)")
+        _, xp, _ = self._backend(ops, kinds, backend)
+        if any(n == 0 for n in self.sizes.values()):
+            return self._run(arrays, backend, track=False, parsed=parsed)
+        leaf = self._leaves(ops, kinds, cplx, xp)
+        widths = tuple(max(1, exact_bits_needed(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t),
+                                                                          self.output)))
+                       for i, t in enumerate(self.terms))
+        expr = self._exact_rung(kinds, cplx, widths)
+        if expr is None:
+            return self._auto_split(parsed, arrays, backend, widths)
+        self.last_evaluation = f"{len(expr.basis)} moduli, exact"
+        y = expr._fused(parsed, backend, widths, "exact")
+        if y is not None:
+            return y
+        T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, widths)
+        return expr._finish(T, plan, be_name, nonfinite, arrays, "exact")
+
+    #: the most exact part products ``moduli='auto'`` evaluates for one call before it gives up
+    _MAX_SPLIT_PRODUCTS = 512
+
+    def _auto_split(self, parsed: tuple, arrays, backend, widths: tuple):
+        """``moduli='auto'`` beyond 49 moduli: the widest operands split exactly (:func:`rnstensor.run.exact.split_exact`)
+        until one exact plan holds every part, each product of parts evaluated exactly, their integers summed exactly
+        (Python integers, on the host) and rounded once."""
+        ops, kinds, cplx, _, nonfinite = parsed
+        counts = [1] * len(widths)
+        inputs = tuple("input" for _ in kinds)  # constants are split like the rest: every operand is passed
+        while True:
+            i = max(range(len(widths)), key=lambda j: -(-widths[j] // counts[j]))
+            counts[i] += 1
+            parts_w = tuple(-(-w // c) for w, c in zip(widths, counts))
+            if math.prod(counts) > self._MAX_SPLIT_PRODUCTS or min(parts_w) < 1:
+                raise RNSRangeError(
+                    f"einsum: moduli='auto' needs the exact value of {self.subscripts!r}: its operands encode exactly "
+                    f"at {list(widths)} bits (one exponent per slice along the output indices), and even split into "
+                    f"{math.prod(counts)} exact part products they need more than 49 INT8 moduli hold without "
+                    f"rounding; pass moduli=None (the classical float64 bound)"
+                )
+            rung = ContractExpression(self.terms, self.output, self.shapes, {}, self.basis, "rescale_be",
+                                      [tuple(p) for p in self.path], "exact", None, self.backend, 0, self.nonfinite)
+            expr = rung._exact_rung(inputs, cplx, parts_w)
+            if expr is not None:
+                break
+        xp = array_module(*[x for x in ops])
+        split = [split_exact(x, _shared_axes(t, self.output), c) for x, t, c in zip(ops, self.terms, counts)]
+        terms = []
+        for combo in itertools.product(*split):
+            T, plan, _, _, _ = expr._run(list(combo), backend, False, None, parts_w)
+            terms.append(exact_value(T))
+        y = round_exact_sum(terms)
+        if plan.complex:
+            y = y[0] + 1j * y[1]
+        y = to_module(y, xp)
+        self.last_evaluation = f"{len(expr.basis)} moduli, exact, {len(terms)} part products"
+        if nonfinite:
+            y = self._numpy_where_nonfinite(y, arrays)
+        return y[()] if y.ndim == 0 and not is_device_array(y) else y
+
+    def _exact_rung(self, kinds: tuple, cplx: tuple, widths: tuple) -> Optional["ContractExpression"]:
+        """This expression on the fewest INT8 moduli whose plan for operands of exact ``widths`` rounds nowhere
+        (cached per widths: the data decides them)."""
+        key = ("exact", kinds, cplx, widths)
+        if key in self._rungs:
+            return self._rungs[key]
+        found: dict = {}
+
+        def fits(s: int) -> bool:
+            expr = ContractExpression(self.terms, self.output, self.shapes, self.constants,
+                                      as_basis(moduli_count(s), "moduli"), "rescale_be", [tuple(p) for p in self.path],
+                                      "exact", None, self.backend, 0, self.nonfinite)
+            expr._const_cache = self._const_cache  # the constants' arrays (their encodings are per width)
+            try:
+                plan = expr._plan(kinds, cplx, {}, widths)
+            except PlanError:
+                return False
+            if plan.kept_bits != math.inf:
+                return False
+            found[s] = expr
+            return True
+
+        # the product of the operands' widths and the sums' terms, at least: the range cannot be smaller
+        start = max(2, (sum(widths) + 1) // 8 - 1)
+        s = least_moduli(fits, start)
+        if len(self._rungs) > 64:
+            self._rungs.clear()
+        self._rungs[key] = found.get(s) if s is not None else None
+        return self._rungs[key]
+
     # ----- the classical default ------------------------------------------------------------------
 
     #: The widest input encoding the escalation tries before the composed evaluation.
@@ -827,15 +936,17 @@ class ContractExpression:
 
     def _rung(self, cap: int, kinds: tuple, cplx: tuple) -> Optional["ContractExpression"]:
         """This expression with operands encoded at ``cap`` bits, on the fewest INT8 moduli its plan fits (cached)."""
-        if cap == 53:
+        if cap == 53 and self.rtol is None:
             return self
         key = (cap, kinds, cplx)
+        # a target may take fewer moduli than the default's 15, and any width (its certificate decides)
+        fewest = len(self.basis) if self.rtol is None else 2
         if key not in self._rungs:
             self._rungs[key] = None
-            for s in range(max(len(self.basis), (2 * cap + 15) // 8), len(int8_pool()) + 1):
+            for s in range(max(fewest, (2 * cap + 15) // 8), len(int8_pool()) + 1):
                 expr = ContractExpression(self.terms, self.output, self.shapes, self.constants, as_basis(moduli_count(s), "moduli"),
                                           self.method, [tuple(p) for p in self.path], "fp64", cap, self.backend,
-                                          self.min_bits, self.nonfinite)
+                                          self.min_bits if self.rtol is None else 0, self.nonfinite)
                 try:
                     expr._plan(kinds, cplx, {})
                 except PlanError:
@@ -859,7 +970,8 @@ class ContractExpression:
             return -group_exponents(leaf(st), st.bits, st.shared)
 
         widths = None
-        cap = 53
+        # a target starts at the width it asks for (a loose one, narrower and on fewer moduli), the default at 53
+        cap = 53 if self.rtol is None else min(53, max(8, math.ceil(-math.log2(self.rtol)) + 8))
         while cap <= self._WIDEST:
             expr = self._rung(cap, kinds, cplx)
             if expr is None:
@@ -877,8 +989,8 @@ class ContractExpression:
                     if exact.kept_bits == math.inf:
                         plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
-            obs = certify(plan, leaf, exponents, m)
-            if obs.certified(m):
+            obs = certify(plan, leaf, exponents, m, self.rtol)
+            if obs.certified(m, self.rtol):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
@@ -891,6 +1003,14 @@ class ContractExpression:
             if obs.excess is None:  # refused: wider encodings do not help
                 break
             cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
+        if self.rtol is not None:
+            m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
+            if self.rtol < (2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)):
+                raise RNSRangeError(
+                    f"einsum: rtol={self.rtol:g} cannot be certified for {self.subscripts!r} on these operands within "
+                    f"49 INT8 moduli and {self._WIDEST}-bit encodings, and the classical GEMMs meet only gamma_{m} = "
+                    f"{gamma(m):.2g}; moduli='auto' is correctly rounded (within any rtol >= 2**-52), or pass a "
+                    f"larger rtol")
         self.last_evaluation = "composed classical GEMMs"
         return self._composed_classical(arrays, bound, parsed)
 
@@ -975,6 +1095,12 @@ class ContractExpression:
         """
         if self.decode is None:
             raise ValueError("error_bound: this expression returns RNSTensors (decode=None); nothing is rounded")
+        if self.policy == "auto":  # correctly rounded: within half the spacing at the result (per part)
+            y = self._auto(arrays, backend)
+            xp = array_module(y)
+            with np.errstate(over="ignore", invalid="ignore"):
+                half = (lambda v: xp.where(xp.isfinite(v), xp.spacing(xp.abs(v)) / 2, np.inf))
+                return half(y.real) + half(y.imag) if xp.iscomplexobj(y) else half(y)
         if self._certifies(arrays):
             return self._classical(arrays, backend, bound=True)
         return self._bound(arrays, backend, self.decode)
@@ -1231,6 +1357,27 @@ def _leaf_array(term: str, sizes: dict, x, cplx: bool):
 # ----- public functions ---------------------------------------------------------------------
 
 
+def _check_auto(policy: str, decode, bits, fn: str) -> None:
+    """``moduli='auto'`` returns the correctly rounded result: it chooses the widths and decodes exactly itself."""
+    if policy != "auto":
+        return
+    if decode is None:
+        raise ValueError(f"{fn}: moduli='auto' returns the correctly rounded float result; decode=None (an RNSTensor) "
+                         f"needs an explicit basis")
+    if bits is not None:
+        raise ValueError(f"{fn}: moduli='auto' chooses the widths that encode every operand exactly; leave bits=None "
+                         f"(got bits={bits!r})")
+
+
+def _check_rtol(rtol, policy: str, decode, bits, fn: str) -> Optional[float]:
+    """``rtol=``: a target for the default (``moduli=None``, the fp64 decode, no ``bits``), at least ``2**-52``."""
+    rtol = check_rtol(rtol, fn)
+    if rtol is not None and (policy != "classical" or decode != "fp64" or bits is not None):
+        raise ValueError(f"{fn}: rtol chooses the moduli and widths itself; pass it with moduli=None, decode='fp64' "
+                         f"and bits=None")
+    return rtol
+
+
 def _check_options(method: str, decode, moduli, bits) -> Basis:
     if method not in EINSUM_METHODS:
         raise ValueError(f"method must be one of {EINSUM_METHODS}; got {method!r}")
@@ -1255,6 +1402,7 @@ def contract_expression(
     backend: Optional[str] = None,
     min_bits: int = MIN_BITS,
     nonfinite: str = "propagate",
+    rtol: Optional[float] = None,
 ) -> ContractExpression:
     """Plan an einsum expression once; apply it to many operands in the residue domain.
 
@@ -1272,9 +1420,14 @@ def contract_expression(
         One shape per operand; arrays at the ``constants`` positions.
     constants : sequence of int
         Operand positions whose arrays are fixed.
-    moduli : None, int, Basis or sequence of int
+    moduli : None, 'fast', 'auto', int, Basis or sequence of int
         The residue basis (an int ``s``: the first ``s`` INT8 moduli).
-        ``None`` (default): every call on float operands meets the
+        ``'auto'``: the correctly rounded value of the whole expression on
+        every finite input (the library chooses the moduli and widths that
+        encode every operand exactly with no rounding drop, and splits
+        operands exactly where 49 moduli cannot hold them; exact sums in
+        Python integers there, slower). ``'fast'``: the 15-moduli plan,
+        uncertified. ``None`` (default): every call on float operands meets the
         classical float64 bound of the same contractions along the same path,
         ``|ŷ - y| <= γ_m (|A| |B| ...)`` entrywise with ``γ_m = m u / (1 - m u)``
         and ``m`` the terms the path's steps sum (``k`` per contraction of
@@ -1323,6 +1476,13 @@ def contract_expression(
         every output whose float64 computation meets one is numpy's (inf or
         NaN) and the rest stays exact and bounded (their residues never read
         those entries); ``'raise'``: a ``ValueError``. Constants must be finite.
+    rtol : float, optional
+        A target in place of the classical bound (with ``moduli=None``): every
+        entry within ``rtol (|A| |B| ...)``, certified before the run on the
+        fewest moduli and narrowest widths that meet it (a loose target takes
+        fewer than 15 moduli). At least ``2**-52``; a target that no plan
+        certifies and the classical GEMMs do not meet raises
+        :class:`RNSRangeError` pointing to ``moduli='auto'``.
 
     Returns
     -------
@@ -1338,8 +1498,10 @@ def contract_expression(
     array([[ 5.  , -1.5 ],
            [-1.5 ,  1.25]])
     """
-    classical = moduli is None
-    basis = _check_options(method, decode, 15 if classical else moduli, bits)
+    acc = accuracy_policy(moduli, "contract_expression")
+    _check_auto(acc.policy, decode, bits, "contract_expression")
+    rtol = _check_rtol(rtol, acc.policy, decode, bits, "contract_expression")
+    basis = _check_options(method, decode, acc.moduli or 15, bits)
     constants = tuple(sorted({int(c) for c in constants}))
     n = len(shapes_or_arrays)
     bad = [c for c in constants if not 0 <= c < n]
@@ -1366,7 +1528,7 @@ def contract_expression(
         raise TypeError(f"contract_expression: subscripts must be a string like 'ij,jk->ik'; got {subscripts!r}")
     terms, output = _parse_subscripts(subscripts, shapes)
     return ContractExpression(terms, output, shapes, consts, basis, method, optimize, decode, bits, backend, min_bits,
-                              nonfinite, classical)
+                              nonfinite, acc.policy, rtol)
 
 
 def einsum(
@@ -1383,6 +1545,7 @@ def einsum(
     dtype: Any = None,
     casting: str = "safe",
     order: str = "K",
+    rtol: Optional[float] = None,
 ):
     """Evaluate an einsum expression exactly in residues: one encode per operand, one decode.
 
@@ -1406,10 +1569,12 @@ def einsum(
     *operands
         ``subscripts, a, b, ...`` or the interleaved form. RNSTensor operands
         (real, on the same basis) are contracted without re-encoding.
-    moduli : int, Basis or sequence of int, optional
+    moduli : None, 'fast', 'auto', int, Basis or sequence of int, optional
         The residue basis; an int ``s`` means the first ``s`` INT8 moduli.
         Default: the classical float64 bound on float operands (see
         :func:`contract_expression`), or the basis of the RNSTensor operands.
+        ``'auto'``: correctly rounded; ``'fast'``: the 15-moduli plan,
+        uncertified (see :func:`contract_expression`).
     method : {'rescale_be', 'composed'}
     optimize : str, bool, tuple or path
         The contraction order (default ``'auto'``); numpy's values too, see
@@ -1425,7 +1590,7 @@ def einsum(
         The widest encoding of an operand (default 53; with ``decode='exact'``
         as wide as the basis allows).
     backend : str, optional
-    min_bits, nonfinite
+    min_bits, nonfinite, rtol
         See :func:`contract_expression`.
     out : ndarray, optional
         Where to write the result (numpy's ``out``): the result's shape, and
@@ -1501,15 +1666,21 @@ def einsum(
                                 f"casting={casting!r}; pass dtype=complex128 or None{hint}")
             if dt is not None and want == np.float64 and dt.kind == "c":
                 arrays[i] = np.real(x)  # casting='unsafe' asked for it: numpy's complex -> float cast
-    classical = moduli is None and not tensors
-    if moduli is None:
-        moduli = tensors[0].basis if tensors else 15
+    acc = accuracy_policy(moduli, "einsum")
+    policy = acc.policy
+    if moduli is None and tensors:  # RNSTensor operands carry their basis: it runs as planned, uncertified
+        policy, moduli = "basis", tensors[0].basis
     if decode == "auto":
         decode = None if tensors and len(tensors) == len(arrays) else "fp64"
-    basis = _check_options(method, decode, moduli, bits)
+    _check_auto(policy, decode, bits, "einsum")
+    rtol = _check_rtol(rtol, policy, decode, bits, "einsum")
+    if policy == "auto" and tensors:
+        raise TypeError("einsum: moduli='auto' takes float operands (an RNSTensor carries its own basis: pass "
+                        "moduli=None or its basis)")
+    basis = _check_options(method, decode, moduli if policy == "basis" else (acc.moduli or 15), bits)
     expr = _cached_expression(
         tuple(terms), output, tuple(_shape_of(x) for x in arrays), basis, method, optimize, decode, bits, backend,
-        min_bits, check_nonfinite(nonfinite), classical,
+        min_bits, check_nonfinite(nonfinite), policy, rtol,
     )
     res = expr(*arrays)
     if isinstance(res, RNSTensor):
@@ -1585,13 +1756,13 @@ _EXPR_CACHE: dict = {}
 
 
 def _cached_expression(terms, output, shapes, basis, method, optimize, decode, bits, backend, min_bits,
-                       nonfinite, classical=False) -> ContractExpression:
+                       nonfinite, policy="basis", rtol=None) -> ContractExpression:
     key = (terms, output, shapes, basis, method, _path_option(optimize, len(terms)), decode, bits, backend, min_bits,
-           nonfinite, classical)
+           nonfinite, policy, rtol)
     expr = _EXPR_CACHE.get(key)
     if expr is None:
         expr = ContractExpression(terms, output, shapes, {}, basis, method, optimize, decode, bits, backend, min_bits,
-                                  nonfinite, classical)
+                                  nonfinite, policy, rtol)
         if len(_EXPR_CACHE) > 256:
             _EXPR_CACHE.clear()
         _EXPR_CACHE[key] = expr

@@ -64,7 +64,7 @@ from .basis import Basis
 from .errors import RNSRangeError
 from .chain import ChainPlan
 from .contract import ContractExpression
-from .gemm import _check_moduli, _check_scalar, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
+from .gemm import _check_moduli, _check_scalar, _check_target, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
 from .gemm import SplitNeeded, gemm_program, gemm_scale
 from .magnitude import measure_ratio
 from .run.epilogue import exact_combination, exact_parts, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
@@ -404,7 +404,7 @@ def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False):
     return fn
 
 
-def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits):
+def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits, rtol=None):
     da = _dask_array()
     dtype = np.dtype(np.complex128 if cplx else np.float64)
     for name, x in (("a", a), ("b", b)):
@@ -417,6 +417,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     ta = _check_trans(trans_a, "trans_a", ("N", "T", "C"))
     tb = _check_trans(trans_b, "trans_b", ("N", "T", "C"))
     moduli = _check_moduli(moduli, fn_name)
+    rtol = _check_target(rtol, moduli, f"rnstensor.dask.{fn_name}")
     alpha = _check_scalar(alpha, "alpha", fn_name, cplx)
     beta = _check_scalar(beta, "beta", fn_name, cplx)
     operands = {"a": a, "b": b}
@@ -466,7 +467,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
 
     try:
         s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),
-                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of)
+                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of, rtol)
     except SplitNeeded as exc:
         raise RNSRangeError(
             f"rnstensor.dask.{fn_name}: {exc}; the in-memory {fn_name} splits such rows and columns exactly, the Dask "
@@ -495,7 +496,7 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
 
 
 def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str = "N", trans_b: str = "N",
-          moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS):
+          moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS, rtol: Optional[float] = None):
     """:func:`rnstensor.dgemm` on Dask arrays: bitwise the in-memory result for any chunking.
 
     Output tiles follow ``op(a)``'s row chunks and ``op(b)``'s column chunks.
@@ -514,16 +515,17 @@ def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str =
     >>> bool((D.compute() == rt.dgemm(A, A.T)).all())
     True
     """
-    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits)
+    return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits, rtol)
 
 
 def zgemm(a, b, c=None, *, alpha: complex = 1.0, beta: complex = 0.0, trans_a: str = "N", trans_b: str = "N",
-          moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS):
+          moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS, rtol: Optional[float] = None):
     """:func:`rnstensor.zgemm` on Dask arrays (the exact 3M form, chunk products summed in residues); see :func:`dgemm`."""
-    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits)
+    return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, backend, min_bits, rtol)
 
 
-def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS):
+def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = MIN_BITS,
+           rtol: Optional[float] = None):
     """``a @ b`` on Dask arrays with numpy's semantics: 2-D (and 1-D) by :func:`dgemm` / :func:`zgemm`.
 
     Operands with batch axes are multiplied block by block on whole ``k``
@@ -541,6 +543,7 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = 
         if x.dtype not in (np.float64, np.complex128):
             raise TypeError(f"rnstensor.dask.matmul: {name} must be float64 or complex128; got {x.dtype}")
     moduli = _check_moduli(moduli, "matmul")
+    rtol = _check_target(rtol, moduli, "rnstensor.dask.matmul")
     backend, device = _resolve_backend("rnstensor.dask.matmul", backend, {"a": a, "b": b})
     cplx = np.complex128 in (a.dtype, b.dtype)
     if cplx:
@@ -548,13 +551,13 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = 
     if a.ndim <= 2 and b.ndim <= 2:
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
-        res = (zgemm if cplx else dgemm)(a2, b2, moduli=moduli, backend=backend, min_bits=min_bits)
+        res = (zgemm if cplx else dgemm)(a2, b2, moduli=moduli, backend=backend, min_bits=min_bits, rtol=rtol)
         if a.ndim == 1:
             res = res[0]
         if b.ndim == 1:
             res = res[..., 0]
         return res
-    if moduli is None:  # the default's width depends on every row and column: whole matrices per block
+    if moduli is None:  # the default's (and a target's) width depends on every row and column: whole matrices
         a = a.rechunk({a.ndim - 1: -1, **({a.ndim - 2: -1} if a.ndim > 1 else {})})
         b = b.rechunk({b.ndim - 1: -1, **({b.ndim - 2: -1} if b.ndim > 1 else {})})
     else:
@@ -569,6 +572,6 @@ def matmul(a, b, *, moduli=None, backend: Optional[str] = None, min_bits: int = 
     dtype = np.complex128 if cplx else np.float64
 
     def block(x, y):  # NumPy or CuPy blocks: the in-memory matmul keeps each where it is
-        return _matmul_in_memory(x, y, moduli=moduli, backend=backend, min_bits=min_bits)
+        return _matmul_in_memory(x, y, moduli=moduli, backend=backend, min_bits=min_bits, rtol=rtol)
 
     return da.blockwise(block, out, a, ia, b, ib, dtype=dtype, concatenate=True, meta=_meta(a, len(out), dtype))

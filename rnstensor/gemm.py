@@ -34,6 +34,8 @@ from .planner.methods import MIN_BITS, check_kept_bits
 from .planner.program import Failure, Given, plan_drops
 from .program import ir
 from .program.execute import Value, run_step
+from .run.exact import least_moduli
+from .run.policy import check_rtol
 from .run.epilogue import exact_combination, exact_parts, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
 
 __all__ = [
@@ -413,7 +415,30 @@ def _groups(fin, Emax, Emin, lsb):
     return fin & (Emax != _NONE), spread, need
 
 
-def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int]) -> bool:
+def encoding_budget(k: int, cplx: bool, rtol: Optional[float] = None) -> Fraction:
+    """The relative encoding error ``rho`` a GEMM may have against ``|A||B|``, entry by entry.
+
+    ``None``: ``(k - 1) u``, which with the decode's rounding keeps the
+    classical bound ``gamma_k`` (:func:`classical_fits`). A target ``rtol``:
+    ``rho + u (1 + rho) <= rtol``, so ``(rtol - u) / (1 + u)`` (complex: each
+    part within ``rtol / sqrt 2``, so ``rtol * 7 / 10`` stands for it).
+    """
+    u = Fraction(1, 1 << 53)
+    if rtol is None:
+        return (max(int(k), 1) - 1) * u
+    r = Fraction(rtol) * (Fraction(7, 10) if cplx else 1)
+    return max(Fraction(0), (r - u) / (1 + u))
+
+
+def _check_target(rtol, moduli, fn: str) -> Optional[float]:
+    """``rtol`` checked, with ``moduli=None`` (a target chooses the moduli itself)."""
+    rtol = check_rtol(rtol, fn)
+    if rtol is not None and moduli is not None:
+        raise ValueError(f"{fn}: rtol chooses the moduli itself; pass moduli=None with it (got moduli={moduli!r})")
+    return rtol
+
+
+def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int], budget: Optional[Fraction] = None) -> bool:
     """Whether relative encoding errors ``2**rho_a`` (rows) and ``2**rho_b`` (columns) keep the classical bound.
 
     The integer product then differs from the exact one by at most
@@ -430,10 +455,10 @@ def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int]) -> bool:
     """
     ra = Fraction(2) ** rho_a if rho_a is not None else Fraction(0)
     rb = Fraction(2) ** rho_b if rho_b is not None else Fraction(0)
-    return ra + rb + ra * rb <= Fraction(max(int(k), 1) - 1, 1 << 53)
+    return ra + rb + ra * rb <= (Fraction(max(int(k), 1) - 1, 1 << 53) if budget is None else budget)
 
 
-def _measured_fits(k: int, t: int, cplx: bool, ratio: float) -> bool:
+def _measured_fits(k: int, t: int, cplx: bool, ratio: float, budget: Optional[Fraction] = None) -> bool:
     """The classical bound entry by entry at width ``t`` from :func:`magnitude_ratio`.
 
     With ``e = 2**(-t-1)`` (complex: ``sqrt 2`` times that, both parts
@@ -444,7 +469,8 @@ def _measured_fits(k: int, t: int, cplx: bool, ratio: float) -> bool:
     """
     e = Fraction(1, 1 << (t + 1)) * (Fraction(3, 2) if cplx else 1)  # 3/2 > sqrt 2
     u = Fraction(1, 1 << 53)
-    return e * (1 + k * e) <= (max(k, 1) - 1) * u / (1 + u) * Fraction(ratio)
+    rho = (max(k, 1) - 1) * u if budget is None else budget
+    return e * (1 + k * e) <= rho / (1 + u) * Fraction(ratio)
 
 
 def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[int]]) -> Optional[float]:
@@ -457,7 +483,7 @@ def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[in
 
 
 def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
-                     magnitudes_of: Optional[Callable] = None) -> int:
+                     magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> int:
     """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the classical bound: ``moduli=None``.
 
     From the per row / column exponents of :func:`group_stats`: first
@@ -477,37 +503,30 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     improves with ``s``, so a galloping search from the 53-bit count finds
     the least. Scalars only come back from the device.
 
+    ``rtol``: the target ``|C~ - C| <= rtol |A||B|`` in place of the
+    classical bound (:func:`encoding_budget`), from the fewest moduli that
+    hold any width (a loose target takes fewer than the 53-bit count).
+
     Raises
     ------
     SplitNeeded
         No ``s <= 49`` fits: some row or column spans more binades than 49
-        moduli hold at the classical accuracy.
+        moduli hold at the classical accuracy (or at ``rtol``).
     """
     kind = "complex" if cplx else "real"
-    s0 = moduli_for_bits(k, 53, kind=kind)
+    budget = encoding_budget(k, cplx, rtol)
+    # the classical default never takes fewer than the 53-bit count; a target, the fewest that hold a width
+    s0 = moduli_for_bits(k, 53, kind=kind) if rtol is None else moduli_for_bits(k, 1, kind=kind)
     (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
 
     def fits(s, ga, gb, ratio):
         t = gemm_width(s, k, kind)
-        if ratio is not None and _measured_fits(k, t, cplx, ratio):
+        if ratio is not None and _measured_fits(k, t, cplx, ratio, budget):
             return True
-        return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx))
+        return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx), budget)
 
-    def least(ga, gb, ratio):
-        lo, step = s0, 1  # galloping from s0 (the usual answer is near it), then a bisection
-        if fits(s0, ga, gb, ratio):
-            return s0
-        while True:
-            hi = min(lo + step, _MAX_MODULI)
-            if fits(hi, ga, gb, ratio):
-                break
-            if hi == _MAX_MODULI:
-                return None
-            lo, step = hi, 2 * step
-        while hi - lo > 1:  # fits(lo) is false, fits(hi) true
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fits(mid, ga, gb, ratio) else (mid, hi)
-        return hi
+    def least(ga, gb, ratio):  # galloping from s0 (the usual answer is near it), then a bisection
+        return least_moduli(lambda s: fits(s, ga, gb, ratio), s0)
 
     ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
     ratio = None
@@ -526,13 +545,14 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     if s is None:
         raise SplitNeeded(
             f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
-            f"classical float64 accuracy (k={k})"
+            f"{'classical float64 accuracy' if rtol is None else f'accuracy rtol={rtol:g}'} (k={k})"
         )
     return s
 
 
 def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS,
-               lsb_of: Optional[Callable] = None, magnitudes_of: Optional[Callable] = None):
+               lsb_of: Optional[Callable] = None, magnitudes_of: Optional[Callable] = None,
+               rtol: Optional[float] = None):
     """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
 
     From the :func:`group_stats` of both operands (host or device vectors;
@@ -562,7 +582,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     elif moduli == "fast":
         s = moduli_for_bits(k, 53, kind=kind)
     elif moduli is None:
-        s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of)
+        s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of, rtol)
     else:
         need = 1
         for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
@@ -593,7 +613,8 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     return s, t, ea, eb
 
 
-def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS):
+def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS,
+            rtol: Optional[float] = None):
     """The scan and moduli choice of one in-memory GEMM: ``(mode, s, t, ea, eb, A, Bm, fa, fb)``.
 
     ``A`` / ``Bm`` are ``op(a)`` / ``op(b)`` with their non-finite rows /
@@ -612,17 +633,21 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
     Bm = opb if bool(fb.all()) else xp.where(fb[None, :], opb, 0)
     try:
         s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits, lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
-                                  lambda: measure_ratio(A, sa[1], Bm, sb[1]))
+                                  lambda: measure_ratio(A, sa[1], Bm, sb[1]), rtol)
         return "whole", s, t, ea, eb, A, Bm, fa, fb
-    except SplitNeeded:
+    except SplitNeeded as exc:
+        if rtol is not None:  # the split product meets the classical bound, not an arbitrary target
+            raise RNSRangeError(f"{fn}: rtol={rtol:g} cannot be met within 49 INT8 moduli: {exc}; moduli='auto' is "
+                                f"correctly rounded on any data (so within rtol), or pass rtol=None for the classical "
+                                f"float64 bound") from None
         if auto:
             return "exact", auto_split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
         return "pairs", split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
 
 
-def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool) -> int:
+def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool, rtol: Optional[float] = None) -> int:
     """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
-    return _choose(moduli, opa, opb, k, cplx, min_bits=0)[1]
+    return _choose(moduli, opa, opb, k, cplx, min_bits=0, rtol=rtol)[1]
 
 
 # ----- exact slices of wide rows / columns (moduli=None beyond 49 moduli) -------------------------
@@ -900,7 +925,8 @@ def _exact_whole(prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, s: int
 # ----- the driver --------------------------------------------------------------------------------
 
 
-def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str = "N") -> int:
+def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str = "N",
+                rtol: Optional[float] = None) -> int:
     """The number of moduli ``s`` that :func:`dgemm` / :func:`zgemm` use for ``op(a) @ op(b)`` with this ``moduli``.
 
     An integer is returned as is; ``None`` gives :func:`classical_moduli`
@@ -910,8 +936,8 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
     encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly (at
     most 49; beyond, the count of the exact split product,
-    :func:`auto_split_width`). Complex input (either operand)
-    selects the complex rule. NumPy or CuPy operands (the scan runs where
+    :func:`auto_split_width`); ``rtol`` (with ``None``) the fewest that meet
+    that target. Complex input (either operand) selects the complex rule. NumPy or CuPy operands (the scan runs where
     they live).
 
     Examples
@@ -926,6 +952,7 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     cplx = a.dtype.kind == "c" or b.dtype.kind == "c"
     fn = "gemm_moduli"
     moduli = _check_moduli(moduli, fn)
+    rtol = _check_target(rtol, moduli, fn)
     flags = ("N", "T", "C")
     ta, tb = _check_trans(trans_a, "trans_a", flags), _check_trans(trans_b, "trans_b", flags)
     if a.ndim != 2 or b.ndim != 2:
@@ -934,7 +961,7 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     opb = b if tb == "N" else b.T
     dtype = np.complex128 if cplx else np.float64
     opa, opb = opa.astype(dtype, copy=False), opb.astype(dtype, copy=False)
-    return _resolve_moduli(moduli, opa, opb, opa.shape[1], cplx)
+    return _resolve_moduli(moduli, opa, opb, opa.shape[1], cplx, rtol)
 
 
 def blas_operands(a, b, ta: str, tb: str, cplx: bool, fn: str):
@@ -959,7 +986,7 @@ def blas_operands(a, b, ta: str, tb: str, cplx: bool, fn: str):
 
 
 def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes,
-          min_bits):
+          min_bits, rtol=None):
     dtype = np.dtype(np.complex128 if cplx else np.float64)
     flags = ("N", "T", "C")
     ta = _check_trans(trans_a, "trans_a", flags)
@@ -968,6 +995,7 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     a = _check_array(a, "a", dtype, fn, xp)
     b = _check_array(b, "b", dtype, fn, xp)
     moduli = _check_moduli(moduli, fn)
+    rtol = _check_target(rtol, moduli, fn)
     alpha = _check_scalar(alpha, "alpha", fn, cplx)
     beta = _check_scalar(beta, "beta", fn, cplx)
     workspace = _check_workspace(workspace_bytes, fn, xp)
@@ -998,7 +1026,7 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     combined = False
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
-            mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits)
+            mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits, rtol)
             finite_a, finite_b = bool(fa.all()), bool(fb.all())
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
             if mode == "exact" and xp is not np:  # exact slices, exact sums of their products, one rounding
@@ -1062,6 +1090,7 @@ def dgemm(
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
     min_bits: int = MIN_BITS,
+    rtol: Optional[float] = None,
 ) -> np.ndarray:
     """``alpha * op(a) @ op(b) + beta * c`` in float64, by exact INT8 residue arithmetic (Ozaki scheme II).
 
@@ -1147,6 +1176,13 @@ def dgemm(
         With an explicit ``moduli``, the fewest bits the width ``t`` may keep
         (as :func:`rnstensor.einsum`'s ``min_bits``): below it the call raises
         :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
+    rtol : float, optional
+        A target in place of the classical bound (with ``moduli=None``):
+        every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
+        of the complex magnitudes), from the fewest moduli whose rigorous
+        bound meets it (:func:`classical_moduli`; a loose target takes fewer
+        than the default). At least ``2**-52``; a target 49 moduli cannot
+        meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
 
     Returns
     -------
@@ -1173,7 +1209,7 @@ def dgemm(
            [ 7.5, 11. ]])
     """
     return _gemm("dgemm", False, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes,
-                 min_bits)
+                 min_bits, rtol)
 
 
 def zgemm(
@@ -1190,6 +1226,7 @@ def zgemm(
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
     min_bits: int = MIN_BITS,
+    rtol: Optional[float] = None,
 ) -> np.ndarray:
     """``alpha * op(a) @ op(b) + beta * c`` in complex128 by the exact 3M form in residues.
 
@@ -1234,6 +1271,13 @@ def zgemm(
         With an explicit ``moduli``, the fewest bits the width ``t`` may keep
         (as :func:`rnstensor.einsum`'s ``min_bits``): below it the call raises
         :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
+    rtol : float, optional
+        A target in place of the classical bound (with ``moduli=None``):
+        every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
+        of the complex magnitudes), from the fewest moduli whose rigorous
+        bound meets it (:func:`classical_moduli`; a loose target takes fewer
+        than the default). At least ``2**-52``; a target 49 moduli cannot
+        meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
 
     Returns
     -------
@@ -1247,7 +1291,7 @@ def zgemm(
     array([[15.+0.j]])
     """
     return _gemm("zgemm", True, a, b, c, alpha, beta, trans_a, trans_b, moduli, out, backend, workspace_bytes,
-                 min_bits)
+                 min_bits, rtol)
 
 
 def _matmul_dtype(a, b, dtype, fn: str = "matmul") -> np.dtype:
@@ -1275,6 +1319,7 @@ def matmul(
     backend: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
     min_bits: int = MIN_BITS,
+    rtol: Optional[float] = None,
 ):
     """``a @ b`` with numpy's semantics, every 2-D product by :func:`dgemm` (real) or :func:`zgemm` (complex).
 
@@ -1305,9 +1350,9 @@ def matmul(
     casting : {'no', 'equiv', 'safe', 'same_kind', 'unsafe'}
         numpy's rule for writing the result into ``out`` (numpy's ufunc
         default, ``'same_kind'``; ``'safe'`` refuses every rounding).
-    moduli, backend, workspace_bytes, min_bits
+    moduli, backend, workspace_bytes, min_bits, rtol
         As for :func:`dgemm`. Integer and bool results take ``None`` or
-        ``'auto'`` (both mean ``'auto'``: exactness needs it).
+        ``'auto'`` (both mean ``'auto'``: exactness needs it), and no ``rtol``.
 
     Returns
     -------
@@ -1343,7 +1388,7 @@ def matmul(
         if x.ndim == 0:
             raise ValueError(f"matmul: {name} is 0-d; matmul needs at least 1-D operands (use * for scalars)")
     dt = _matmul_dtype(a, b, dtype)
-    if dt.kind in "biu" and moduli not in (None, "auto"):
+    if dt.kind in "biu" and (moduli not in (None, "auto") or rtol is not None):
         raise ValueError(f"matmul: integer and bool operands give exact integer results, which need moduli='auto' "
                          f"(or None, which means it here); got moduli={moduli!r}")
     a, b = exact_float(a, "a", "matmul"), exact_float(b, "b", "matmul")
@@ -1377,7 +1422,7 @@ def matmul(
     gemm = zgemm if cplx else dgemm
     for idx in np.ndindex(*batch):
         gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes,
-             min_bits=min_bits)
+             min_bits=min_bits, rtol=rtol)
     if out is not None:
         narrower_int = dt.kind in "biu" and out.dtype.kind in "biu"
         # res is a fresh array, so out may overlap a or b

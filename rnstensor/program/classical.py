@@ -249,9 +249,9 @@ class ClassicalErrors:
         r, a = self.state[self.out][3:5]
         return r == 0.0 and a == 0.0
 
-    def certified(self, m: int) -> bool:
+    def certified(self, m: int, target: Optional[float] = None) -> bool:
         """Whether the result meets ``γ_m (|A||B|...)`` on every entry (with the fp64 decode, or exactly decoded
-        where :attr:`exact`); ``m`` from :func:`classical_terms`."""
+        where :attr:`exact`); ``m`` from :func:`classical_terms`. ``target``: ``rtol (|A||B|...)`` instead."""
         if self.reason is not None or self.out is None:
             return False
         if self.exact and m <= 1:
@@ -263,11 +263,12 @@ class ClassicalErrors:
             lo = _min_positive(array_module(c).maximum(c[0], c[1])) * sc * (1 - 2.0**-50)
         rho = (1 + g) / (1 - g)
         total = (r + _DECODE * (1 + r)) * rho + a * (1 + _DECODE) / (lo * (1 - g))
-        target = gamma(m)
-        if _up(total, 16) <= target:
+        goal = gamma(m) if target is None else target
+        if _up(total, 16) <= goal:
             return True
-        self.excess = _up(total, 16) / target if target > 0 else None
-        self.reason = f"the residue error bound is {self.excess} x gamma_{m} of the magnitudes"
+        self.excess = _up(total, 16) / goal if goal > 0 else None
+        self.reason = (f"the residue error bound is {self.excess} x " +
+                       (f"gamma_{m}" if target is None else f"rtol={target:g}") + " of the magnitudes")
         return False
 
 
@@ -355,10 +356,10 @@ class ChainStatistics:
         return c, lo, bound * (1 + (2 * K + 20) * 2.0**-52)
 
 
-def certify(program, leaf: Callable, exponents: Callable, m: int) -> ClassicalErrors:
-    """The certification of ``program`` against ``γ_m``: from its statistics where it is a plain chain on the CPU
-    and that certificate holds (:class:`ChainStatistics`), else the full one, so that the verdict is always the
-    full certificate's. ``exponents`` is read once per step."""
+def certify(program, leaf: Callable, exponents: Callable, m: int, target: Optional[float] = None) -> ClassicalErrors:
+    """The certification of ``program`` against ``γ_m`` (or ``target``): from its statistics where it is a plain chain
+    on the CPU and that certificate holds (:class:`ChainStatistics`), else the full one, so that the verdict is always
+    the full certificate's. ``exponents`` is read once per step."""
     seen: dict = {}
 
     def once(st):
@@ -369,7 +370,7 @@ def certify(program, leaf: Callable, exponents: Callable, m: int) -> ClassicalEr
     stats = ChainStatistics.of(program, leaf, once)
     if stats is not None:
         quick = ClassicalErrors(leaf, once, magnitudes=stats).run(program)
-        if quick.certified(m):
+        if quick.certified(m, target):
             return quick
     return ClassicalErrors(leaf, once).run(program)
 

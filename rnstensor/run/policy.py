@@ -1,0 +1,99 @@
+"""The one accuracy policy: what ``moduli=`` and ``rtol=`` mean, the same in every entry point.
+
+``None`` (default)
+    The classical float64 bound of the same computation, certified before
+    it runs (wider plans, else classical GEMMs, where the certificate fails).
+``'fast'``
+    The 53-bit plan on the default basis, uncertified: float64-level
+    accuracy on well-scaled data, the least work.
+``'auto'``
+    The correctly rounded value of the whole expression on every finite
+    input: the library chooses the moduli and widths (exact encodings, no
+    rounding drop) and splits operands exactly where 49 moduli cannot hold
+    them.
+an int ``s``, a :class:`~rnstensor.Basis` or a sequence of moduli
+    That basis, as planned (the explicit opt-out).
+
+``rtol=`` (with ``moduli=None``) replaces the classical bound by a target:
+every entry within ``rtol`` times the exact magnitude contraction
+``(|A||B|...)``, from the fewest moduli whose rigorous bound (or
+certificate) meets it; an unreachable target raises with ``moduli='auto'``
+(correctly rounded, so within any ``rtol >= 2**-52``) as the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..basis import Basis
+
+__all__ = ["Accuracy", "accuracy_policy", "check_rtol", "POLICIES", "DEFAULT_MODULI"]
+
+#: what each ``moduli=`` selects; ``'basis'`` is an explicit one
+POLICIES = ("classical", "fast", "auto", "basis")
+
+#: the basis of ``None`` and ``'fast'`` plans (15 INT8 moduli, log2 P = 117.8)
+DEFAULT_MODULI = 15
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A call's accuracy policy (one of :data:`POLICIES`) and the basis it plans on first (``None``: it chooses)."""
+
+    policy: str
+    moduli: object = None
+
+    @property
+    def certified(self) -> bool:
+        return self.policy == "classical"
+
+    @property
+    def correctly_rounded(self) -> bool:
+        return self.policy == "auto"
+
+
+def accuracy_policy(moduli, fn: str) -> Accuracy:
+    """``moduli=`` of ``fn`` as an :class:`Accuracy`; a ``ValueError`` naming the choices for anything else.
+
+    Examples
+    --------
+    >>> accuracy_policy(None, "einsum").policy, accuracy_policy("auto", "einsum").policy
+    ('classical', 'auto')
+    >>> accuracy_policy(20, "einsum")
+    Accuracy(policy='basis', moduli=20)
+    """
+    if moduli is None:
+        return Accuracy("classical", DEFAULT_MODULI)
+    if isinstance(moduli, str):
+        if moduli == "fast":
+            return Accuracy("fast", DEFAULT_MODULI)
+        if moduli == "auto":
+            return Accuracy("auto", None)
+        raise ValueError(f"{fn}: moduli must be None, 'fast', 'auto', an int 1..49, a Basis or a sequence of moduli; "
+                         f"got {moduli!r}")
+    if isinstance(moduli, (bool, np.bool_)):
+        raise ValueError(f"{fn}: moduli must be None, 'fast', 'auto', an int 1..49, a Basis or a sequence of moduli; "
+                         f"got {moduli!r}")
+    if isinstance(moduli, (Basis, int, np.integer)) or hasattr(moduli, "__len__"):
+        return Accuracy("basis", moduli)
+    raise ValueError(f"{fn}: moduli must be None, 'fast', 'auto', an int 1..49, a Basis or a sequence of moduli; "
+                     f"got {moduli!r}")
+
+
+def check_rtol(rtol, fn: str) -> Optional[float]:
+    """``rtol=`` of ``fn``: ``None`` or a float at least ``u = 2**-53`` (a float64 result is never closer)."""
+    if rtol is None:
+        return None
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{fn}: rtol must be a float (the largest error relative to |A||B|..., entry by entry); "
+                        f"got {type(rtol).__name__}")
+    rtol = float(rtol)
+    if not (rtol >= 2.0**-52) or not np.isfinite(rtol):
+        raise ValueError(
+            f"{fn}: rtol={rtol!r} is below what a float64 result can meet (2**-52 = 2.2e-16 relative to |A||B|..., "
+            f"twice the unit roundoff, where the final rounding alone may take half); for the closest float64 use "
+            f"moduli='auto' (correctly rounded)")
+    return rtol

@@ -1,0 +1,128 @@
+"""``rtol=``: a target accuracy in place of the classical bound, for GEMMs, einsum and chain plans.
+
+Oracle: the correctly rounded result (``moduli='auto'``, itself checked
+against Fractions in tests/test_auto_policy.py and tests/test_run_epilogue.py)
+is within ``2**-53 |y|`` of the exact value, so ``|y~ - y_cr| + u |y_cr|``
+bounds the error of ``y~``; the target is relative to the exact magnitude
+contraction ``|A||B|...``, entry by entry.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import rnstensor as rt
+from rnstensor.gemm_accuracy import gemm_dataset
+
+U = 2.0**-53
+
+
+def _within(y, y_cr, mag, rtol):
+    err = np.abs(y - y_cr) + U * np.abs(y_cr)
+    assert (err <= rtol * mag).all(), float((err / mag).max())
+
+
+@pytest.mark.parametrize("rtol", [1e-4, 1e-9, 1e-13, 3e-16])
+def test_dgemm_meets_the_target_with_the_fewest_moduli(rtol):
+    A, B = gemm_dataset("phi4", 12, 300, 9, seed=3)
+    y = rt.dgemm(A, B, rtol=rtol)
+    _within(y, rt.dgemm(A, B, moduli="auto"), np.abs(A) @ np.abs(B), rtol)
+
+
+def test_loose_targets_take_fewer_moduli():
+    from rnstensor import gemm as G
+
+    A, B = gemm_dataset("phi2", 10, 256, 8, seed=4)
+    sa, sb = G.group_stats(A, 1, False), G.group_stats(B, 0, False)
+    counts = [G.classical_moduli(256, False, sa, sb, rtol=r) for r in (1e-3, 1e-8, 1e-14)]
+    assert counts[0] < counts[1] < counts[2] and counts[0] < rt.gemm_moduli(A, B)
+
+
+def test_zgemm_and_matmul_take_a_target():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((6, 40)) + 1j * rng.standard_normal((6, 40))
+    b = rng.standard_normal((40, 5)) - 1j * rng.standard_normal((40, 5))
+    mag = np.abs(a.real) @ np.abs(b.real) + np.abs(a.imag) @ np.abs(b.imag)  # below the complex |A||B|
+    y, y_cr = rt.zgemm(a, b, rtol=1e-10), rt.zgemm(a, b, moduli="auto")
+    _within(y.real, y_cr.real, mag, 1e-10)
+    stack = rng.standard_normal((3, 4, 20)), rng.standard_normal((3, 20, 2))
+    _within(rt.matmul(*stack, rtol=1e-11), rt.matmul(*stack, moduli="auto"), np.abs(stack[0]) @ np.abs(stack[1]), 1e-11)
+
+
+def test_einsum_and_expressions_meet_the_target():
+    rng = np.random.default_rng(6)
+    g = rng.standard_normal((6,) * 4) * np.exp(rng.uniform(-10, 0, (6,) * 4))
+    C = rng.standard_normal((6, 6))
+    sub = "pqrs,pi,qj,rk,sl->ijkl"
+    y_cr = rt.einsum(sub, g, C, C, C, C, moduli="auto")
+    mag = np.einsum(sub, np.abs(g), *[np.abs(C)] * 4)
+    seen = []
+    for rtol in (1e-5, 1e-12, 1e-15):
+        expr = rt.contract_expression(sub, g.shape, C, C, C, C, constants=[1, 2, 3, 4], rtol=rtol)
+        _within(expr(g), y_cr, mag, rtol)
+        seen.append(int(expr.last_evaluation.split()[0]))
+        _within(rt.einsum(sub, g, C, C, C, C, rtol=rtol), y_cr, mag, rtol)
+    assert seen[0] < 15 <= seen[-1] and seen == sorted(seen)
+
+
+def test_chain_plans_meet_the_target():
+    rng = np.random.default_rng(7)
+    ops = [rng.uniform(-1, 1, (6, 6)) for _ in range(3)]
+    X = rng.standard_normal((5, 6, 6, 6)) * np.exp2(rng.integers(-20, 20, (5, 1, 1, 1)))
+    exact = rt.plan_chain(ops, [0, 1, 2], moduli="auto")
+    y_cr = exact(X)
+    sub = exact.einsum_subscripts(1)
+    mag = np.einsum(sub, np.abs(X), *[np.abs(A) for A in ops])
+    for rtol in (1e-7, 1e-14):
+        plan = rt.plan_chain(ops, [0, 1, 2], rtol=rtol)
+        _within(plan(X), y_cr, mag, rtol)
+        _within(rt.mode_chain(X, ops, [0, 1, 2], rtol=rtol), y_cr, mag, rtol)
+    loose = rt.plan_chain(ops, [0, 1, 2], rtol=1e-7)
+    loose(X)
+    assert loose.last_evaluation.startswith("residues on") and int(loose.last_evaluation.split()[2]) < 15
+
+
+def test_unreachable_targets_are_refused_with_a_fix_that_works():
+    # a row spanning ~2000 binades whose product reads only its smallest entries: no residue plan within 49 moduli
+    # holds it, and the classical GEMMs meet only gamma_3 = 3.3e-16
+    a = np.array([[1e300, 3e-300, -1e-300], [1.0, 2.0, 3.0]])
+    b = np.array([[0.0, 1.0], [1.0, 0.5], [1.0, 2.0]])
+    rtol = 2.5e-16
+    with pytest.raises(rt.RNSRangeError, match="moduli='auto'") as info:
+        rt.dgemm(a, b, rtol=rtol)
+    assert "rtol=2.5e-16" in str(info.value)
+    y = rt.dgemm(a, b, moduli="auto")  # the fix it names: correctly rounded, so within rtol
+    assert y[0, 0] == float(Fraction(3e-300) - Fraction(1e-300))
+    with pytest.raises(rt.RNSRangeError, match="moduli='auto'"):
+        rt.einsum("ij,jk->ik", a, b, rtol=rtol)
+    assert np.array_equal(rt.einsum("ij,jk->ik", a, b, moduli="auto"), y)
+
+
+def test_bad_targets_name_the_argument_and_the_fix():
+    a = np.ones((2, 2))
+    for f in (lambda **k: rt.dgemm(a, a, **k), lambda **k: rt.einsum("ij,jk->ik", a, a, **k),
+              lambda **k: rt.plan_chain([a], [0], **k)):
+        with pytest.raises(ValueError, match="moduli='auto'"):
+            f(rtol=1e-17)  # below what a float64 meets: the fix is the correctly rounded result
+        with pytest.raises(ValueError, match="moduli=None"):
+            f(rtol=1e-8, moduli=20)
+        with pytest.raises(TypeError, match="rtol must be a float"):
+            f(rtol="tight")
+        f(rtol=1e-8)  # the hint followed: moduli=None (the default) with the target
+    assert np.array_equal(rt.dgemm(a, a, moduli="auto"), a @ a)
+
+
+def test_dask_gemms_take_the_target_bit_for_bit():
+    da = pytest.importorskip("dask.array")
+    import rnstensor.dask as rd
+
+    A, B = gemm_dataset("phi4", 10, 90, 7, seed=9)
+    want = rt.dgemm(A, B, rtol=1e-12)
+    got = rd.dgemm(da.from_array(A, chunks=(4, 30)), da.from_array(B, chunks=(45, 3)), rtol=1e-12).compute()
+    assert np.array_equal(got, want)
+    S = np.stack([A[:, :20], A[:, 20:40]]), np.stack([B[:20], B[20:40]])
+    got = rd.matmul(da.from_array(S[0], chunks=1), da.from_array(S[1], chunks=1), rtol=1e-9).compute()
+    assert np.array_equal(got, rt.matmul(*S, rtol=1e-9))
