@@ -442,9 +442,11 @@ class _Planner:
             if not any(self._shrink(n, short) for n in order):
                 why = (" (decode='exact' drops no moduli: a drop rounds, and the result would not be the correctly "
                        "rounded one)") if self.exact else ""
+                fix = ("moduli='auto' (it chooses the moduli, and splits operands exactly where 49 do not hold them)"
+                       if self.exact else "more moduli, or moduli=None (it chooses them)")
                 raise PlanError(
                     f"einsum: {what} needs 2^{log2_int(2 * B):.1f} of range even with every operand at the smallest "
-                    f"width{why}, but {self.basis!r} gives 2^{self.basis.log2_product:.1f}; use more moduli"
+                    f"width{why}, but {self.basis!r} gives 2^{self.basis.log2_product:.1f}; use {fix}"
                 )
 
     def _ready(self, n: _Node) -> None:
@@ -1253,8 +1255,8 @@ class ContractExpression:
             raise RNSRangeError(
                 f"einsum: decode='exact' promises the correctly rounded result, but operand {i} needs {need} bits to "
                 f"be encoded exactly (one exponent per slice along the output indices) and the plan on "
-                f"{self.basis!r} encodes it at {st.bits}; use more moduli ({need - st.bits} more bits for this operand, "
-                f"and the others share the range) or decode='fp64'"
+                f"{self.basis!r} encodes it at {st.bits}; use moduli='auto' (the correctly rounded result: it "
+                f"chooses the moduli, and splits operands exactly where 49 do not hold them) or decode='fp64'"
             )
 
     def explain(self) -> str:

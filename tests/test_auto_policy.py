@@ -154,3 +154,16 @@ def test_least_moduli_and_split():
         from rnstensor.encode import exact_bits_needed
         w = exact_bits_needed(x, (1,))
         assert all(exact_bits_needed(p, (1,)) <= -(-w // parts) for p in pieces)
+
+
+def test_decode_exact_refusals_name_a_fix_that_works():
+    rng = np.random.default_rng(16)
+    a, b = rng.standard_normal((2, 2, 3, 3)), rng.standard_normal((3, 3, 2, 2))
+    sub = "ijab,abcd->ijcd"
+    with pytest.raises((rt.RNSRangeError, rt.PlanError), match="moduli='auto'") as info:
+        rt.einsum(sub, a, b, decode="exact")
+    assert "decode='exact'" in str(info.value)
+    _same(rt.einsum(sub, a, b, moduli="auto"), _exact(sub, a, b))  # the hint followed
+    with pytest.raises((rt.RNSRangeError, rt.PlanError), match="moduli='auto'"):  # 49 moduli do not hold it exactly
+        rt.einsum("pqrs,pi,qj,rk,sl->ijkl", *([rng.standard_normal((12,) * 4)] + [rng.standard_normal((12, 12))] * 4),
+                  moduli=49, decode="exact")
