@@ -26,6 +26,10 @@ against a baseline timed in the same process on the same device:
   {8, 12, 14, 16} (the other product engines at s = 14 and 16), with its
   phase split (scan, encode, products, decode; synchronized per phase in a
   second, instrumented call), against CuPy float64 / complex128 matmul.
+* **peers** -- :mod:`bench_gpu_peers`: rt's default, ``'fast'`` and ``'auto'``
+  against native FP64, cuBLAS's FP64 emulation (both strategies, a child
+  process each) and nvmath's 8XINT8 where it imports, speed and accuracy on
+  the same inputs, and the table of which call to make.
 * **accuracy** -- phi = 4 data (``rnstensor.gemm_accuracy.gemm_dataset('phi4')``)
   of a smaller shape: the public ``rt.dgemm`` on device arrays (default s and
   each s) and CuPy float64 against the exact product (``ExactReference``:
@@ -57,6 +61,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+import bench_gpu_peers  # noqa: E402  (benchmarks/ on the path, above)
 
 CHAIN_SIZES = (8, 4, 16, 32, 64, 128)  # n = 8 (the target) first: a short budget drops the others
 CHAIN_DOFS = 1 << 24
@@ -846,10 +852,12 @@ def main(outdir: str = "benchmarks/results", budget_s: float = 200.0, scale: flo
     sections = (
         ("prebuild", 0.0, lambda dl: prebuild(env, res, rows)),
         ("ceilings", 0.10, lambda dl: ceilings(env, res, rows, scale)),
-        ("chain", 0.45, lambda dl: bench_chain(env, res, rows, scale, dl)),
-        ("fem", 0.25, lambda dl: bench_fem(env, res, rows, scale, dl)),
-        ("dgemm", 0.55, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=False)),
-        ("zgemm", 0.45, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=True)),
+        ("chain", 0.35, lambda dl: bench_chain(env, res, rows, scale, dl)),
+        ("fem", 0.2, lambda dl: bench_fem(env, res, rows, scale, dl)),
+        # which call a GPU user should make: rt's policies, native FP64, cuBLAS's emulation, nvmath (same run)
+        ("peers", 0.5, lambda dl: bench_gpu_peers.bench_peers(env, res, rows, scale, dl)),
+        ("dgemm", 0.5, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=False)),
+        ("zgemm", 0.4, lambda dl: bench_gemm(env, res, rows, scale, dl, cplx=True)),
         ("accuracy", 0.95, lambda dl: bench_accuracy(env, res, rows, scale, dl)),
     )
     timings = res.setdefault("section_s", {})
@@ -946,6 +954,13 @@ def summary(resdir: str) -> dict:
     for k, v in r.get("accuracy_phi4", {}).items():
         if isinstance(v, dict) and "normwise" in v:
             lines.append(f"phi=4 {k:<14} normwise {v['normwise']:.1e}  max ulp {v['max_ulp']:.3g}")
+    peers = r.get("peers") or {}
+    for name, info in (peers.get("peers") or {}).items():
+        state = info.get("skipped") or ("active" if info.get("active") else info.get("note", ""))
+        lines.append(f"peer {name}: {state}")
+    if peers.get("table"):
+        lines += ["", "which call to make (same run, same device; speed against native FP64):"] + list(peers["table"])
+    out["verdicts"] = peers.get("verdicts", [])
     out["failures"] = failures(r)
     lines += [f"FAILED {f}" for f in out["failures"]]
     with open(os.path.join(resdir, "summary.json"), "w") as f:

@@ -866,7 +866,7 @@ def _module(lib, launches: list) -> types.ModuleType:
     # records its launches: the stand-in compiles no CUDA C++
     cp.RawModule = lambda path=None, code=None: (
         FakeModule(path, lib, launches) if path is not None else _SourceModule(launches, code))
-    cp.random = types.SimpleNamespace(**{
+    cp.random = types.SimpleNamespace(seed=np.random.seed, **{
         name: _on_device(getattr(np.random, name)) for name in ("random", "randint", "standard_normal", "uniform")})
 
     def numpy_fallback(name: str):

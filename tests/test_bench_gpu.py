@@ -69,3 +69,62 @@ def test_product_bench_mismatches():
     res = {"shapes": [{"label": "gemm 1024", "mma": {"equal_mma": True}, "wgmma": {"equal_mma": False},
                        "cublas": {"tops": 1.0}}, {"label": "mode n=8", "mma": {"equal_mma": True}, "wgmma": None}]}
     assert bench_gpu_product.mismatches(res) == ["gemm 1024 wgmma"]
+
+
+import bench_gpu_peers  # noqa: E402
+
+
+def test_verdicts_pick_the_fastest_call_per_promise():
+    def row(call, t, cr, comp, worse, case="dgemm", size=4096, data="phi4"):
+        return {"case": case, "size": size, "data": data, "call": call, "median_s": t, "cr": cr,
+                "componentwise": comp, "worse_than_native": worse}
+
+    rows = [row("native", 1.0, 0.3, 1e-15, 0.0), row("rt fast", 0.5, 0.01, 1e-9, 0.4),  # fast but inaccurate
+            row("rt default", 0.8, 0.9, 5e-16, 0.0005), row("rt auto", 1.6, 1.0, 1e-16, 0.0),
+            row("cuBLAS emulation eager", 0.7, 0.2, 2e-15, 0.01),  # worse than native in its worst entry
+            {"case": "dgemm", "size": 4096, "data": "phi4", "call": "nvmath", "skipped": "not installed"},
+            row("native", 2.0, 0.5, 1e-16, 0.0, data="uniform"), row("rt auto", 1.0, 1.0, 1e-17, 0.0, data="uniform")]
+    table = {(v["data"]): v for v in bench_gpu_peers.verdicts(rows)}
+    assert table["phi4"]["float64"] == {"call": "rt default", "speedup_vs_native": 1.0 / 0.8}
+    assert table["phi4"]["correctly_rounded"] == {"call": "rt auto", "speedup_vs_native": 1.0 / 1.6}
+    assert table["uniform"]["float64"]["call"] == "rt auto" and table["uniform"]["float64"]["speedup_vs_native"] == 2.0
+    text = bench_gpu_peers.format_verdicts(list(table.values()))
+    assert "rt default (1.25x native)" in text and "rt auto (0.62x native)" in text
+    # no native row: no verdict (nothing to compare with)
+    assert bench_gpu_peers.verdicts([row("rt auto", 1.0, 1.0, 0.0, 0.0)]) == []
+
+
+def test_accuracy_of_against_the_exact_product():
+    rng = np.random.default_rng(3)
+    A, B = rng.standard_normal((6, 50)), rng.standard_normal((50, 5))
+    refs, absprod = bench_gpu_peers._references(A, B)
+    native = bench_gpu_peers.accuracy_of(A @ B, refs, absprod, None)
+    cr = bench_gpu_peers.accuracy_of(rt.dgemm(A, B, moduli="auto"), refs, absprod, native["err"])
+    assert cr["cr"] == 1.0 and cr["worse_than_native"] == 0.0 and cr["componentwise"] <= native["componentwise"]
+    off = (A @ B) * (1 + 2.0**-40)
+    bad = bench_gpu_peers.accuracy_of(off, refs, absprod, native["err"])
+    assert bad["cr"] == 0.0 and bad["worse_than_native"] == 1.0 and bad["componentwise"] > 1e-13
+    za = A[:, :10] + 1j * A[:, 10:20]
+    zb = B[:10] - 1j * B[10:20]
+    zrefs, zabs = bench_gpu_peers._references(za, zb)
+    assert bench_gpu_peers.accuracy_of(rt.zgemm(za, zb, moduli="auto"), zrefs, zabs, None)["cr"] == 1.0
+
+
+def test_the_chains_exact_block_is_exact():
+    rng = np.random.default_rng(4)
+    X, A = rng.standard_normal((5, 3, 3, 3)), rng.standard_normal((3, 3))
+    saved = bench_gpu_peers.CHAIN_BLOCK
+    bench_gpu_peers.CHAIN_BLOCK = (2, 5)
+    try:
+        refs, _ = bench_gpu_peers._exact_chain_block(X, A)
+        y = rt.einsum("eijk,ai,bj,ck->eabc", X, A, A, A, moduli="auto")
+        block = bench_gpu_peers._result_block("eijk,ai,bj,ck->eabc", (X, A), y)
+        assert bench_gpu_peers._references_of("eijk,ai,bj,ck->eabc", (X, A))[0][0].rounded.shape == (2, 5)
+    finally:
+        bench_gpu_peers.CHAIN_BLOCK = saved
+    assert np.array_equal(refs[0].rounded, block)
+
+
+def test_peer_sizes_follow_the_scale():
+    assert bench_gpu_peers.gemm_sizes(1.0) == [2048, 4096, 8192, 16384]
+    assert bench_gpu_peers.gemm_sizes(1e-5)[0] == 32 and len(bench_gpu_peers.gemm_sizes(1e-5)) == 4
