@@ -1,0 +1,214 @@
+"""The classical default (moduli=None): certified residue plans, escalated, else composed classical GEMMs."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import opt_einsum
+
+from ..arrays import array_module, is_device_array, to_module
+from ..basis import int8_pool, moduli_count
+from ..encode import as_basis, group_exponents
+from ..errors import PlanError, RNSRangeError
+from ..program.classical import certify, classical_terms, gamma
+from ..program.errors import inflate
+from ..tensor import RNSTensor
+from .parse import _C, _unique
+from .planner import _exact_width, _rounds_inside, _shared_axes
+
+__all__ = ["_ClassicalDefault", "_arranged", "_classical_pair", "_classical_single", "_prepared"]
+
+
+class _ClassicalDefault:
+    """The default evaluation (``moduli=None``) of a :class:`~rnstensor.ContractExpression` (a mixin of it: the
+    expression on wider encodings and more moduli, built as ``type(self)``)."""
+
+    # ----- the classical default ------------------------------------------------------------------
+
+    #: The widest input encoding the escalation tries before the composed evaluation.
+    _WIDEST = 160
+
+    def _certifies(self, arrays) -> bool:
+        """Whether this call is held to the classical bound (the default: ``moduli=None``, float operands)."""
+        if not (self.classical and self.decode == "fp64" and self.bits is None and self.method == "rescale_be"):
+            return False
+        it = iter(arrays)
+        for i in range(len(self.terms)):
+            x = self.constants[i] if i in self.constants else next(it, None)
+            if isinstance(x, RNSTensor):
+                return False
+        return True
+
+    def _rung(self, cap: int, kinds: tuple, cplx: tuple) -> Optional["ContractExpression"]:
+        """This expression with operands encoded at ``cap`` bits, on the fewest INT8 moduli its plan fits (cached)."""
+        if cap == 53 and self.rtol is None:
+            return self
+        key = (cap, kinds, cplx)
+        # a target may take fewer moduli than the default's 15, and any width (its certificate decides)
+        fewest = len(self.basis) if self.rtol is None else 2
+        if key not in self._rungs:
+            self._rungs[key] = None
+            for s in range(max(fewest, (2 * cap + 15) // 8), len(int8_pool()) + 1):
+                expr = type(self)(self.terms, self.output, self.shapes, self.constants, as_basis(moduli_count(s), "moduli"),
+                                  self.method, [tuple(p) for p in self.path], "fp64", cap, self.backend,
+                                  self.min_bits if self.rtol is None else 0, self.nonfinite)
+                try:
+                    expr._plan(kinds, cplx, {})
+                except PlanError:
+                    continue
+                self._rungs[key] = expr
+                break
+        return self._rungs[key]
+
+    def _classical(self, arrays, backend, bound: bool):
+        """The default evaluation: the residue program at the narrowest width whose result is certified to meet the
+        classical float64 bound (:mod:`rnstensor.program.classical`, before it runs), else the composed classical
+        evaluation."""
+        if any(n == 0 for n in self.sizes.values()):  # nothing to certify: the zeros of an empty contraction
+            return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
+        parsed = self._operands(arrays)
+        ops, kinds, cplx, _, _ = parsed
+        _, xp, _ = self._backend(ops, kinds, backend)  # where the non-constant operands live
+        leaf = self._leaves(ops, kinds, cplx, xp)
+
+        def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
+            return -group_exponents(leaf(st), st.bits, st.shared)
+
+        widths = None
+        # a target starts at the width it asks for (a loose one, narrower and on fewer moduli), the default at 53
+        cap = 53 if self.rtol is None else min(53, max(8, math.ceil(-math.log2(self.rtol)) + 8))
+        while cap <= self._WIDEST:
+            expr = self._rung(cap, kinds, cplx)
+            if expr is None:
+                break
+            plan, used = expr._plan(kinds, cplx, {}), None
+            if _rounds_inside(plan, cap):
+                # operands float64 holds in fewer bits (integers, short mantissas) encoded no wider: exactly, with
+                # their data's bound; where that makes the whole plan exact, the result is the exact integer, as
+                # numpy's float64 is on such data. Otherwise the plan as planned (the explicit basis's, bit for bit).
+                if widths is None:
+                    widths = tuple(_exact_width(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t), self.output))
+                                   for i, t in enumerate(self.terms))
+                if min(widths, default=math.inf) < cap:
+                    exact = expr._plan(kinds, cplx, {}, widths)
+                    if exact.kept_bits == math.inf:
+                        plan, used = exact, widths
+            m = classical_terms(plan, self.sizes)
+            obs = certify(plan, leaf, exponents, m, self.rtol)
+            if obs.certified(m, self.rtol):
+                mode = "exact" if obs.exact and m <= 1 else "fp64"
+                self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
+                if bound:
+                    return expr._bound(arrays, backend, mode, parsed, used)
+                y = expr._fused(parsed, backend, used, mode)
+                if y is not None:
+                    return y
+                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, used)
+                return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
+            if obs.excess is None:  # refused: wider encodings do not help
+                break
+            cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
+        if self.rtol is not None:
+            m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
+            if self.rtol < (2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)):
+                raise RNSRangeError(
+                    f"einsum: rtol={self.rtol:g} cannot be certified for {self.subscripts!r} on these operands within "
+                    f"49 INT8 moduli and {self._WIDEST}-bit encodings, and the classical GEMMs meet only gamma_{m} = "
+                    f"{gamma(m):.2g}; moduli='auto' is correctly rounded (within any rtol >= 2**-52), or pass a "
+                    f"larger rtol")
+        self.last_evaluation = "composed classical GEMMs"
+        return self._composed_classical(arrays, bound, parsed)
+
+    def _composed_classical(self, arrays, bound: bool, parsed: tuple):
+        """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.
+
+        Steps meeting ``γ_k |X||Y|`` compose to ``γ_(k1 + k2 + ...)`` of the
+        magnitudes: the fallback for operands the residue certification
+        refuses (slices spanning hundreds of binades) or that would need more
+        than 49 moduli.
+        """
+        ops, kinds, cplx, _, nonfinite = parsed
+        _, xp, _ = self._backend(ops, kinds, None)
+        vals = [(_prepared(t, self.sizes, self.constants[i] if kinds[i] == "const" else x, xp), _unique(t))
+                for i, (t, x) in enumerate(zip(self.terms, ops))]
+        if bound:
+            m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
+            terms = math.prod(self.sizes.values())  # every product of the whole contraction, for the underflows
+            # complex: each step's ZGEMM meets sqrt(2) γ_(k+2) |X||Y|, and |Re err| + |Im err| <= sqrt(2) |err|
+            factor = 2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)
+            with np.errstate(over="ignore", under="ignore"):
+                mag = opt_einsum.contract(",".join(lab for _, lab in vals) + "->" + self.output,
+                                          *[xp.abs(v) for v, _ in vals],
+                                          optimize=[tuple(p) for p in self.path])
+                D = inflate(inflate(mag, m + len(self.terms)) * (factor * (1 + 2.0**-40) + 2.0**-70)
+                            + terms * 2.0**-1072, 4)
+            if nonfinite:
+                ref = self._float64_reference(arrays)
+                D = xp.where(xp.isfinite(ref), D, np.inf)
+            return D
+        for inds, _, einsum_str, _, _ in self._info.contraction_list:
+            out = einsum_str.split("->")[1]
+            group = [vals.pop(i) for i in inds]
+            while len(group) > 1:
+                keep = out + "".join(lab for _, lab in group[2:])
+                group = [_classical_pair(*group[0], *group[1], keep)] + group[2:]
+            vals.append(_classical_single(*group[0], out))
+        (y, lab), = vals
+        y = _arranged(y, lab, self.output)
+        if nonfinite:
+            y = self._numpy_where_nonfinite(y, arrays)
+        return y[()] if y.ndim == 0 and not is_device_array(y) else y
+
+
+def _arranged(x, labels: str, order: str, sizes: Optional[dict] = None):
+    """``x`` (axes ``labels``) with its axes in ``order``; labels it lacks are broadcast to ``sizes``."""
+    xp = array_module(x)
+    present = [c for c in order if c in labels]
+    x = x.transpose([labels.index(c) for c in present]) if present != list(labels) else x
+    if len(present) == len(order):
+        return x
+    dims = iter(x.shape)
+    x = x.reshape([next(dims) if c in labels else 1 for c in order])
+    return xp.broadcast_to(x, [sizes[c] for c in order])
+
+
+def _classical_pair(x, xl: str, y, yl: str, keep: str):
+    """``x`` and ``y`` (float64 or complex128) summed over their labels absent from ``keep``, as batched classical GEMMs."""
+    from ..gemm import matmul  # noqa: PLC0415 - the fallback of the classical default only
+
+    sizes = dict(zip(xl, x.shape)) | dict(zip(yl, y.shape))
+    batch = "".join(c for c in xl if c in yl and c in keep)
+    xk = "".join(c for c in xl if c not in yl and c in keep)
+    yk = "".join(c for c in yl if c not in xl and c in keep)
+    summed = "".join(c for c in dict.fromkeys(xl + yl) if c not in keep)
+    n = lambda labels: math.prod(sizes[c] for c in labels)  # noqa: E731
+    X = _arranged(x, xl, batch + xk + summed, sizes).reshape(n(batch), n(xk), n(summed))
+    Y = _arranged(y, yl, batch + summed + yk, sizes).reshape(n(batch), n(summed), n(yk))
+    Z = matmul(X, Y)
+    return Z.reshape([sizes[c] for c in batch + xk + yk]), batch + xk + yk
+
+
+def _classical_single(x, xl: str, out: str):
+    """``x`` summed over its labels absent from ``out`` (a classical GEMM with a column of ones), axes as ``out``."""
+    from ..gemm import matmul  # noqa: PLC0415
+
+    summed = "".join(c for c in xl if c not in out)
+    kept = "".join(c for c in xl if c in out)
+    if summed:
+        sizes = dict(zip(xl, x.shape))
+        X = _arranged(x, xl, kept + summed).reshape(-1, math.prod(sizes[c] for c in summed))
+        ones = array_module(x).ones(X.shape[1])
+        x = matmul(X, ones).reshape([sizes[c] for c in kept])
+    return _arranged(x, kept, out), out
+
+
+def _prepared(term: str, sizes: dict, x, xp):
+    """An operand with its diagonals taken and broadcast to the full sizes, float64 or complex128, on ``xp``."""
+    x = to_module(x, xp) if array_module(x) is not xp else xp.asarray(x)
+    labels = _unique(term)
+    if labels != term:
+        x = xp.einsum(f"{term}->{labels}", x)  # a diagonal is a selection: exact
+    x = xp.broadcast_to(x, tuple(sizes[c] for c in labels))
+    return x.astype(np.complex128 if xp.iscomplexobj(x) else np.float64, copy=False)
