@@ -594,3 +594,21 @@ def test_composed_has_no_persistent_encoding():
     plan = rt.plan_chain(ops, [0, 1, 2], method="composed")
     with pytest.raises(ValueError):
         plan.encode_input(np.ones((8, 8, 8)))
+
+
+def test_composed_overflow_between_products_names_the_cause_and_the_fix():
+    # the first product is 2**1024 (eight terms of 2**1021), the second brings it back to about 2**325: the
+    # composed method decodes the intermediate to float64, which overflows; the input itself is finite
+    A1 = np.full((3, 8), 2.0**1021)
+    A2 = np.full((2, 3), 2.0**-700)
+    X = np.ones((1, 8, 2))
+    plan = rt.plan_chain([A1, A2], [0, 0], ndim=2, method="composed", moduli=15, min_bits=0)
+    with pytest.raises(rt.RNSRangeError, match="composed method decodes every intermediate") as info:
+        plan(X)
+    assert "overflows" in str(info.value) and "method='rescale_be'" in str(info.value)
+    assert "non-finite entries" not in str(info.value)
+    # the fix it names: the intermediates stay in residues, the result is finite and within its bound
+    fixed = rt.plan_chain([A1, A2], [0, 0], ndim=2, method="rescale_be", moduli=15, min_bits=0)
+    Y = fixed(X)
+    exact = 8 * 3 * 2.0**321
+    assert np.isfinite(Y).all() and np.abs(Y - exact).max() <= fixed.error_bound(X)

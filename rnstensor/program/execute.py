@@ -21,6 +21,7 @@ import numpy as np
 from ..arith import alpha_parts, drop_spec
 from ..arrays import array_module, to_module
 from ..basis import Basis, centered, pow2_cycle
+from ..errors import RNSRangeError
 from ..encode import encode
 from ..primitives import decode as decode_tensor
 from ..tensor import RNSTensor, Scale
@@ -394,6 +395,13 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
     elif isinstance(st, Reencode):
         x = vals[st.x]
         y = decode_tensor(tensor_of(x, basis), "fp64", backend=backend_name)
+        xp = array_module(y)
+        if not bool(xp.isfinite(y).all()):  # one flag back: the intermediate left float64's range, not the input
+            raise RNSRangeError(
+                f"the composed method decodes every intermediate to float64, and the one after this product "
+                f"overflows it ({int((~xp.isfinite(y)).sum())} entries beyond 1.8e308) although the final result may "
+                f"be finite; method='rescale_be' keeps the intermediates in residues (moduli=None certifies the "
+                f"default's plan instead)")
         v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound)
     elif isinstance(st, Fold):
         x = vals[st.x]
