@@ -1,0 +1,141 @@
+"""The exponent scan of a GEMM's operands and the scale it gives (in memory and :mod:`rnstensor.dask` alike)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..arrays import array_module
+from ..encode import _NONE, entry_stats
+from ..errors import RNSRangeError
+from ..planner.methods import MIN_BITS, check_kept_bits
+from .width import _MAX_MODULI, _RANGE_FACTOR, SplitNeeded, classical_moduli, gemm_width, moduli_for_bits
+
+__all__ = ["frexp_exponent", "group_stats", "group_lsb", "gemm_scale"]
+
+# ----- the exponent scan (in memory and Dask alike) -----------------------------------------------
+
+def _magnitude(x):
+    """``|x|``, or ``max(|re|, |im|)`` of complex entries: the magnitude an exponent per group is read from."""
+    xp = array_module(x)
+    return xp.abs(x) if x.dtype.kind != "c" else xp.maximum(xp.abs(x.real), xp.abs(x.imag))
+
+
+def frexp_exponent(a):
+    """The frexp exponent of every positive entry, ``NONE`` for zeros (int64), where ``a`` lives."""
+    xp = array_module(a)
+    return xp.where(a > 0, xp.frexp(a)[1].astype(np.int64), _NONE)
+
+
+def group_stats(x, axis: int, need_lsb: bool):
+    """``(finite, Emax, lsb_min, Emin)`` per row (``axis=1``) or column (``axis=0``) of a matrix, where it lives.
+
+    ``finite``: the group holds no inf / NaN; ``Emax``: the frexp exponent of
+    its largest finite magnitude (``max(|re|, |im|)`` for complex data;
+    ``NONE`` for an all-zero group); ``lsb_min`` (``need_lsb`` only, else
+    ``None``): the lowest set bit of any of its significands; ``Emin``: the
+    frexp exponent of its smallest nonzero finite part (real or imaginary),
+    ``NONE`` for an all-zero group. NumPy matrices: one threaded pass over
+    the IEEE bits (:func:`rnstensor.backends.cpu_gemm.group_stats`); other
+    arrays: two passes over ``|x|`` for the exponents, and the lowest bits
+    need every significand.
+    """
+    if _cpu_scannable(x):
+        from ..backends.cpu_gemm import group_stats as scan  # noqa: PLC0415 - numba, loaded on first use
+
+        return scan(x, axis, need_lsb)
+    return _group_stats_array(x, axis, need_lsb)
+
+
+def _cpu_scannable(x) -> bool:
+    """Whether the CPU's one-pass scan takes ``x``: a 2-D float64 or complex128 NumPy matrix."""
+    return array_module(x) is np and x.ndim == 2 and x.dtype in (np.float64, np.complex128)
+
+
+def _group_stats_array(x, axis: int, need_lsb: bool):
+    """:func:`group_stats` in array operations, where ``x`` lives (CuPy, and the reference of the CPU scan)."""
+    xp = array_module(x)
+    mag = _magnitude(x)
+    finite = xp.isfinite(x)
+    fin = finite.all(axis=axis)
+    all_finite = bool(fin.all())
+    amax = mag.max(axis=axis) if all_finite else xp.where(finite, mag, 0.0).max(axis=axis)
+    parts = (mag,) if x.dtype.kind != "c" else (xp.abs(x.real), xp.abs(x.imag))
+    amin = None
+    for p in parts:
+        keep = p != 0 if all_finite else (p != 0) & xp.isfinite(p)
+        low = xp.where(keep, p, np.inf).min(axis=axis)
+        amin = low if amin is None else xp.minimum(amin, low)
+    lsb = group_lsb(x, axis) if need_lsb else None
+    return fin, frexp_exponent(amax), lsb, frexp_exponent(xp.where(xp.isfinite(amin), amin, 0.0))
+
+
+def group_lsb(x, axis: int):
+    """The ``lsb_min`` of :func:`group_stats` alone (the lowest set bit of any significand per group)."""
+    if _cpu_scannable(x):
+        return group_stats(x, axis, True)[2]
+    return entry_stats(x)[2].min(axis=axis)
+
+
+def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS,
+               lsb_of: Optional[Callable] = None, magnitudes_of: Optional[Callable] = None,
+               rtol: Optional[float] = None):
+    """``(s, t, ea, eb)``: moduli, width, and the encoding exponent of every row of ``op(a)`` / column of ``op(b)``.
+
+    From the :func:`group_stats` of both operands (host or device vectors;
+    the moduli choice reads scalars back). ``moduli=None``:
+    :func:`classical_moduli` (the classical componentwise bound; ``lsb_of``
+    and ``magnitudes_of`` supply its refinements on demand); ``'fast'``:
+    ``moduli_for_bits(k, 53)``; ``'auto'``: the smallest ``s`` whose width
+    holds every finite row and column exactly. ``ea = t - Emax`` for finite
+    nonzero rows, 0 for the rest (their results come from float64).
+
+    Raises
+    ------
+    SplitNeeded
+        ``moduli=None`` or ``'auto'`` on a row / column wider than 49 moduli
+        hold (the in-memory GEMM then splits it, see :func:`dgemm`).
+    RNSRangeError
+        ``s`` moduli cannot hold a product of length ``k`` (no width ``t >= 1``).
+    PlanError
+        An explicit ``moduli`` gives a width ``t`` below ``min_bits``
+        (:func:`rnstensor.planner.methods.check_kept_bits`, the rule of einsum and chains).
+    """
+    kind = "complex" if cplx else "real"
+    (fa, Ea, la, _), (fb, Eb, lb, _) = a_stats, b_stats
+    xp = array_module(fa, fb, Ea, Eb)
+    if isinstance(moduli, int):
+        s = moduli
+    elif moduli == "fast":
+        s = moduli_for_bits(k, 53, kind=kind)
+    elif moduli is None:
+        s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of, rtol)
+    else:
+        need = 1
+        for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
+            ok = f & (E != _NONE)
+            if E.size:
+                need = max(need, int(xp.where(ok, E - lo, 1).max()))
+        try:
+            s = moduli_for_bits(k, need, kind=kind)
+        except RNSRangeError:
+            # the in-memory GEMM splits such rows / columns exactly and sums the slice products exactly
+            raise SplitNeeded(
+                f"{fn}: moduli='auto' needs a width of {need} bits to encode every row of op(a) and column of op(b) "
+                f"exactly (from the largest entry's leading bit to the smallest nonzero one's lowest), but "
+                f"{_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}"
+            ) from None
+    t = gemm_width(s, k, kind)
+    if t < 1:
+        least = moduli_for_bits(k, 1, kind=kind)
+        raise RNSRangeError(
+            f"{fn}: moduli={s} cannot hold a product of length k={k} (even width 1 needs "
+            f"{_RANGE_FACTOR[kind]}*k*4 < P); use moduli >= {least}"
+        )
+    if isinstance(moduli, int):
+        check_kept_bits(f"{fn}: moduli={s} at k={k} (width t={t})", float(t), min_bits, None,
+                        f"use more moduli (moduli='fast' keeps 53 bits: {moduli_for_bits(k, 53, kind=kind)} at this k)")
+    ea = xp.where(fa & (Ea != _NONE), t - Ea, 0).astype(np.int64)
+    eb = xp.where(fb & (Eb != _NONE), t - Eb, 0).astype(np.int64)
+    return s, t, ea, eb

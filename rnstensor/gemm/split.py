@@ -1,0 +1,195 @@
+"""One product or a split one (the in-memory GEMM's choice), and exact slices of rows / columns too wide for 49 moduli."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..arith import to_int_ref
+from ..arrays import array_module
+from ..basis import Basis
+from ..encode import _NONE
+from ..errors import RNSRangeError
+from ..magnitude import measure_ratio
+from ..planner.methods import MIN_BITS
+from ..program.execute import run_step
+from ..run.epilogue import exact_combination
+from .scan import _magnitude, frexp_exponent, gemm_scale, group_lsb, group_stats
+from .tiles import _encoded, gemm_program
+from .width import _MAX_MODULI, SplitNeeded, gemm_width, moduli_for_bits
+
+__all__ = ["row_slices", "split_width", "auto_split_width", "exact_split_sums"]
+
+
+def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS,
+            rtol: Optional[float] = None):
+    """The scan and moduli choice of one in-memory GEMM: ``(mode, s, t, ea, eb, A, Bm, fa, fb)``.
+
+    ``A`` / ``Bm`` are ``op(a)`` / ``op(b)`` with their non-finite rows /
+    columns zeroed (``fa`` / ``fb`` mark the finite ones). ``mode``:
+    ``'whole'`` (one product at ``s`` moduli, width ``t``, exponents ``ea``,
+    ``eb``), ``'pairs'`` (``moduli=None`` beyond 49 moduli: :func:`row_slices`
+    at :func:`split_width`'s ``s``) or ``'exact'`` (``'auto'`` beyond:
+    :func:`exact_split_sums` at :func:`auto_split_width`'s ``s``); the split
+    modes leave ``t``, ``ea``, ``eb`` to their slicing.
+    """
+    xp = array_module(opa, opb)
+    auto = moduli == "auto"
+    sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
+    fa, fb = sa[0], sb[0]
+    A = opa if bool(fa.all()) else xp.where(fa[:, None], opa, 0)
+    Bm = opb if bool(fb.all()) else xp.where(fb[None, :], opb, 0)
+    try:
+        s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits, lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
+                                  lambda: measure_ratio(A, sa[1], Bm, sb[1]), rtol)
+        return "whole", s, t, ea, eb, A, Bm, fa, fb
+    except SplitNeeded as exc:
+        if rtol is not None:  # the split product meets the classical bound, not an arbitrary target
+            raise RNSRangeError(f"{fn}: rtol={rtol:g} cannot be met within 49 INT8 moduli: {exc}; moduli='auto' is "
+                                f"correctly rounded on any data (so within rtol), or pass rtol=None for the classical "
+                                f"float64 bound") from None
+        if auto:
+            return "exact", auto_split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
+        return "pairs", split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
+
+
+def _resolve_moduli(moduli, opa, opb, k: int, cplx: bool, rtol: Optional[float] = None) -> int:
+    """The number of moduli a GEMM of ``op(a) @ op(b)`` uses (finite rows / columns only)."""
+    return _choose(moduli, opa, opb, k, cplx, min_bits=0, rtol=rtol)[1]
+
+
+# ----- exact slices of wide rows / columns (moduli=None beyond 49 moduli) -------------------------
+
+
+def row_slices(x, t: int):
+    """Split every row of ``x`` into slices each within ``t - 53`` binades of its own largest entry.
+
+    Entry ``x_ik`` of exponent ``E`` goes to slice ``(Emax_i - E) // (t - 52)``
+    of its row, whole, so the slices of a row sum to it exactly and each is
+    encoded at width ``t`` with an exact leading part (real: exactly; complex:
+    the smaller part of an entry loses at most ``u`` of its modulus).
+
+    Returns
+    -------
+    (xs, owner, rank)
+        ``xs`` (rows x k): the nonempty slices, row-major by ``(owner, slice)``;
+        ``owner[r]``: the row of ``x`` slice ``r`` belongs to; ``rank[r]``:
+        its position among that row's slices.
+
+    Examples
+    --------
+    >>> xs, owner, rank = row_slices(np.array([[1.0, 1e-300, 0.5]]), 60)
+    >>> xs, owner, rank
+    (array([[1.e+000, 0.e+000, 5.e-001],
+           [0.e+000, 1.e-300, 0.e+000]]), array([0, 0]), array([0, 1]))
+    """
+    xp = array_module(x)
+    q, keys, span = _slice_keys(x, t)
+    owner, slot = keys // span, keys % span
+    rank = xp.arange(keys.size, dtype=np.int64) - xp.searchsorted(owner, owner, side="left")
+    xs = xp.where(q[owner] == slot[:, None], x[owner], 0)
+    return xs, owner, rank
+
+
+def _slice_keys(x, t: int):
+    """``(q, keys, span)``: every entry's slice (``-1`` for zeros) and the sorted ``row * span + slice`` in use."""
+    xp = array_module(x)
+    m, k = x.shape
+    E = frexp_exponent(_magnitude(x))
+    nz = E != _NONE
+    Emax = xp.max(xp.where(nz, E, _NONE), axis=1) if k else xp.full(m, _NONE, np.int64)
+    q = xp.where(nz, (Emax[:, None] - E) // (t - 52), -1)
+    span = int(q.max()) + 2 if q.size else 1
+    keys = xp.unique((xp.arange(m, dtype=np.int64)[:, None] * span + q)[nz])
+    return q, keys, span
+
+
+def _sum_slices(part, owner, rank, rows: int):
+    """``sum`` of the slice rows of ``part`` into ``rows`` rows, slice 0 first: the same order on every backend."""
+    xp = array_module(part)
+    out = xp.zeros((rows,) + tuple(part.shape[1:]), part.dtype)
+    for r in range(int(rank.max()) + 1 if rank.size else 0):
+        sel = rank == r  # each owner at most once per rank: a plain indexed add
+        out[owner[sel]] += part[sel]
+    return out
+
+
+def _slice_exponent(x, axis: int):
+    """frexp exponent of each slice's largest magnitude (every slice is nonempty)."""
+    return frexp_exponent(_magnitude(x).max(axis=axis))
+
+
+def split_width(k: int, cplx: bool, A, Bm) -> int:
+    """The moduli count of a split GEMM: the cheapest of a few widths by ``s * rows' * columns'`` (slices counted)."""
+    kind = "complex" if cplx else "real"
+    s0 = moduli_for_bits(k, 53, kind=kind)
+    best = None
+    for s in sorted({s0, (s0 + _MAX_MODULI) // 2, (3 * s0 + _MAX_MODULI) // 4, _MAX_MODULI}):
+        t = gemm_width(s, k, kind)
+        rows, cols = _slice_keys(A, t)[1].size, _slice_keys(Bm.T, t)[1].size
+        cost = s * max(rows, 1) * max(cols, 1)
+        if best is None or cost < best[0]:
+            best = (cost, s)
+    return best[1]
+
+
+def _auto_operands(A, Bm, cplx: bool):
+    """The real products whose exact sums give ``op(a) @ op(b)``: itself, or (Re, Im) of the complex one.
+
+    ``Re = [Ar, -Ai] [Br; Bi]`` and ``Im = [Ar, Ai] [Bi; Br]``: real slices
+    encode every part exactly (a complex entry's two parts may be far apart).
+    """
+    if not cplx:
+        return [(A, Bm)]
+    xp = array_module(A, Bm)
+    re = (xp.hstack([A.real, -A.imag]), xp.vstack([Bm.real, Bm.imag]))
+    im = (xp.hstack([A.real, A.imag]), xp.vstack([Bm.imag, Bm.real]))
+    return [re, im]
+
+
+def auto_split_width(k: int, cplx: bool, A, Bm) -> int:
+    """The moduli count of ``moduli='auto'``'s exact split product (:func:`split_width` of its real products)."""
+    real = _auto_operands(A, Bm, cplx)
+    return split_width(real[0][0].shape[1], False, *real[0])
+
+
+def exact_split_sums(A, Bm, s: int, be, backend_name) -> tuple[np.ndarray, np.ndarray]:
+    """``(S, e)``: the exact real ``A @ Bm`` as Python ints ``S_ij * 2**e_ij``, from exact slices of each row / column.
+
+    Every row of ``A`` and column of ``Bm`` is cut into slices of at most
+    ``t - 53`` binades (:func:`row_slices`, each encoded exactly at width
+    ``t``), all slice pairs are one residue product, and each output's pair
+    integers, shifted to their common exponent, are summed as Python ints:
+    nothing rounds. Host arrays (the sums are Python ints).
+    """
+    k = A.shape[1]
+    t = gemm_width(s, k)
+    xa, own_a, _ = row_slices(A, t)
+    xbt, own_b, _ = row_slices(Bm.T, t)
+    basis = Basis.int8(s)
+    enc_a, enc_b, product, _ = gemm_program(basis, t, k, False, 1.0).steps
+    Ea, Eb = _slice_exponent(xa, 1), _slice_exponent(xbt, 1)
+    vals = {0: _encoded(xa, (t - Ea)[:, None], enc_a, basis, be), 1: _encoded(xbt.T, (t - Eb)[None, :], enc_b, basis, be)}
+    run_step(product, vals, basis, be, backend_name)
+    N = to_int_ref(np.asarray(vals[product.out].planes), basis.moduli)
+    ex = (Ea[:, None] + Eb[None, :] - 2 * t).astype(np.int64)  # pair (r, c) is N_rc * 2**ex_rc
+    m, n = A.shape[0], Bm.shape[1]
+    rows = [np.flatnonzero(own_a == i) for i in range(m)]
+    cols = [np.flatnonzero(own_b == j) for j in range(n)]
+    S = np.zeros((m, n), dtype=object)
+    e = np.zeros((m, n), dtype=np.int64)
+    for i in range(m):
+        for j in range(n):
+            pairs = [(N[r, c], int(ex[r, c])) for r in rows[i] for c in cols[j] if N[r, c] != 0]
+            if pairs:
+                lo = min(x for _, x in pairs)
+                S[i, j] = sum(v << (x - lo) for v, x in pairs)
+                e[i, j] = lo
+    return S, e
+
+
+def _exact_auto(A, Bm, cplx: bool, alpha, beta, c, s: int, be, backend_name) -> np.ndarray:
+    """``alpha * A @ Bm + beta * c`` rounded once (each part) from :func:`exact_split_sums`."""
+    sums = [exact_split_sums(x, y, s, be, backend_name) for x, y in _auto_operands(A, Bm, cplx)]
+    return exact_combination(sums, alpha, beta, c, cplx)

@@ -1,0 +1,287 @@
+"""The width rule: moduli ``s`` and width ``t`` for a GEMM of length ``k``, and whether they keep the classical bound."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, Optional
+
+from ..arrays import array_module
+from ..basis import Basis, int8_pool
+from ..encode import _NONE
+from ..errors import RNSRangeError
+from ..magnitude import MeasuredRatio
+from ..run.exact import least_moduli
+
+__all__ = [
+    "gemm_width",
+    "moduli_for_bits",
+    "SplitNeeded",
+    "encoding_budget",
+    "classical_fits",
+    "classical_moduli",
+]
+
+#: Range factor ``c`` of the width rule ``c * k * 4**t < P`` (see :func:`gemm_width`).
+_RANGE_FACTOR = {"real": 2, "complex": 12}
+_MAX_MODULI = len(int8_pool())
+_MIN_MODULI = 2
+
+# ----- the width rule ------------------------------------------------------------------------
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in _RANGE_FACTOR:
+        raise ValueError(f"kind must be 'real' or 'complex'; got {kind!r}")
+    return kind
+
+
+def gemm_width(s: int, k: int, kind: str = "real") -> int:
+    """The scaling width ``t``: the largest integer with ``c * k * 4**t < P(s)`` (``c = 2`` real, ``12`` complex).
+
+    Derivation. Every row of ``op(a)`` and every column of ``op(b)`` is encoded
+    with its own power of two so that its integers satisfy ``|v| <= 2**t``
+    (``rnstensor.encode``, ``bits=t``). The integer product then has
+    ``|c_ij| <= k * 2**t * 2**t``, and the residues determine it only while
+    ``2 * |c_ij| < P`` (the centered range): real ``2 * k * 4**t < P``. For the
+    3M complex form the sums ``Ar + Ai``, ``Br + Bi`` reach ``2**(t+1)``, so
+    ``P2 = (Ar+Ai)(Br+Bi)`` is bounded by ``4 k 4**t``; ``Im = (P2 - P0) - P1``
+    is formed by two exact subtractions whose bounds add:
+    ``(4 + 1 + 1) k 4**t``, and that bound must satisfy ``2 * 6 k 4**t < P``:
+    complex ``12 * k * 4**t < P`` (about 1.3 bits of ``t`` fewer than real).
+    These are exactly the range checks of :func:`rnstensor.mode_product`,
+    :func:`rnstensor.add` and :func:`rnstensor.sub` with their a-priori bounds,
+    so the primitives never raise at this width. The encoder holds any width
+    the basis range allows (the wide path builds residues from the IEEE
+    significand), so no further cap applies: ``s = 49`` gives ``t = 164`` at
+    ``k = 4096``.
+
+    Parameters
+    ----------
+    s : int
+        Number of INT8 moduli (``Basis.int8(s)``).
+    k : int
+        Contraction length (``k = 0`` is treated as 1).
+    kind : {'real', 'complex'}
+
+    Returns
+    -------
+    int
+        ``t``; below 1 when no positive width fits (too few moduli for ``k``).
+
+    Examples
+    --------
+    >>> gemm_width(16, 4096), gemm_width(16, 4096, "complex"), gemm_width(20, 4096)
+    (56, 54, 71)
+    """
+    c = _RANGE_FACTOR[_check_kind(kind)]
+    P = Basis.int8(s).product
+    q = (P - 1) // (c * max(int(k), 1))  # 4**t <= q  <=>  c k 4**t < P
+    if q < 1:
+        return 0
+    return (q.bit_length() - 1) // 2
+
+
+def moduli_for_bits(k: int, bits: int = 53, *, kind: str = "real") -> int:
+    """The smallest number of INT8 moduli ``s`` whose width ``gemm_width(s, k)`` is at least ``bits``.
+
+    ``bits = 53`` (the default of :func:`dgemm`) gives float64-level accuracy on
+    well-scaled data ([2610.26945] Sec. 4.5, 9.1): the error bound is
+    ``|c~ - c| <= 2**-D_i sum_p |b_pj| / 2 + 2**-E_j sum_p |a_ip| / 2 + k 2**(-D_i-E_j) / 4``
+    with ``2**-D_i <= 2 * max_p |a_ip| * 2**-t``, i.e. about
+    ``2**(1-t) (max|a_i.| |b_.j| + |a_i.| max|b_.j|)``. When the entries of a row
+    (column) are of comparable size that is ``O(2**-t) (|A||B|)_ij``; ``t >= 53``
+    puts it at or below the unit roundoff times ``|A||B|``, below the classical
+    DGEMM bound ``k u |A||B|``. Moreover every entry within ``t - 53`` binades
+    of its row (column) maximum is encoded exactly, so ``U[-1, 1)`` data at
+    ``k = 4096`` (``s = 16``, ``t = 56``) is exact and the result correctly
+    rounded.
+
+    Parameters
+    ----------
+    k : int
+        Contraction length.
+    bits : int
+        Required width ``t >= 1``.
+    kind : {'real', 'complex'}
+        The complex (3M) width rule is slightly tighter (see :func:`gemm_width`).
+
+    Raises
+    ------
+    RNSRangeError
+        If even 49 moduli give fewer than ``bits``.
+
+    Examples
+    --------
+    >>> moduli_for_bits(4096), moduli_for_bits(256), moduli_for_bits(4096, 100)
+    (16, 15, 28)
+    """
+    _check_kind(kind)
+    bits = int(bits)
+    for s in range(_MIN_MODULI, _MAX_MODULI + 1):
+        if gemm_width(s, k, kind) >= bits:
+            return s
+    raise RNSRangeError(
+        f"moduli_for_bits: width {bits} at k={k} needs more than {_MAX_MODULI} moduli "
+        f"(49 give t={gemm_width(_MAX_MODULI, k, kind)}); split the contraction or lower bits"
+    )
+
+
+class SplitNeeded(RNSRangeError):
+    """No width of at most 49 moduli meets the classical bound for some row / column: split it (internal)."""
+
+
+def _inexact_rho(group, t: int, cplx: bool) -> Optional[int]:
+    """``log2`` of the largest relative encoding error of a group at width ``t`` (``None``: all groups exact).
+
+    ``group = (ok, spread, need)`` per row / column (:func:`_groups`): a
+    group whose leading exponent is ``Emax`` is encoded at ``2**(t - Emax)``;
+    round to nearest moves an entry by at most ``2**(Emax - t - 1)``, which is
+    ``2**(spread - t)`` times any nonzero entry of the group (``spread = Emax
+    - Emin``; complex: twice that for the modulus of both parts). The group is
+    exact from ``t >= need``. One scalar read back, where the vectors live.
+    """
+    ok, spread, need = group
+    if not spread.size:
+        return None
+    xp = array_module(spread)
+    worst = int(xp.where(ok & (need > t), spread, _NONE).max())
+    return None if worst == _NONE else worst - t + (1 if cplx else 0)
+
+
+def _groups(fin, Emax, Emin, lsb):
+    """``(ok, spread, need)``: nonzero finite groups, their binade spread, and the width that encodes them exactly.
+
+    Every float64 has 53 significant bits, so ``spread + 53`` is always
+    enough; with the lowest set bits known, ``Emax - lsb``.
+    """
+    xp = array_module(Emax)
+    spread = Emax - Emin
+    need = spread + 53 if lsb is None else xp.minimum(spread + 53, Emax - lsb)
+    return fin & (Emax != _NONE), spread, need
+
+
+def encoding_budget(k: int, cplx: bool, rtol: Optional[float] = None) -> Fraction:
+    """The relative encoding error ``rho`` a GEMM may have against ``|A||B|``, entry by entry.
+
+    ``None``: ``(k - 1) u``, which with the decode's rounding keeps the
+    classical bound ``gamma_k`` (:func:`classical_fits`). A target ``rtol``:
+    ``rho + u (1 + rho) <= rtol``, so ``(rtol - u) / (1 + u)`` (complex: each
+    part within ``rtol / sqrt 2``, so ``rtol * 7 / 10`` stands for it).
+    """
+    u = Fraction(1, 1 << 53)
+    if rtol is None:
+        return (max(int(k), 1) - 1) * u
+    r = Fraction(rtol) * (Fraction(7, 10) if cplx else 1)
+    return max(Fraction(0), (r - u) / (1 + u))
+
+
+def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int], budget: Optional[Fraction] = None) -> bool:
+    """Whether relative encoding errors ``2**rho_a`` (rows) and ``2**rho_b`` (columns) keep the classical bound.
+
+    The integer product then differs from the exact one by at most
+    ``rho (|A||B|)_ij`` with ``rho = ra + rb + ra rb``, and the correctly
+    rounded decode adds ``u |c~|`` (``u = 2**-53``). ``rho <= (k - 1) u``
+    makes the whole error at most ``k u + (k - 1) u**2 <= gamma_k (|A||B|)_ij``,
+    the classical componentwise bound of a float64 GEMM (``gamma_k = k u /
+    (1 - k u)``); ``k = 1`` needs exact encodings. Checked in exact rationals.
+
+    Examples
+    --------
+    >>> classical_fits(1, None, None), classical_fits(1, -80, None), classical_fits(4096, -44, -44)
+    (True, False, True)
+    """
+    ra = Fraction(2) ** rho_a if rho_a is not None else Fraction(0)
+    rb = Fraction(2) ** rho_b if rho_b is not None else Fraction(0)
+    return ra + rb + ra * rb <= (Fraction(max(int(k), 1) - 1, 1 << 53) if budget is None else budget)
+
+
+def _measured_fits(k: int, t: int, cplx: bool, ratio: float, budget: Optional[Fraction] = None) -> bool:
+    """The classical bound entry by entry at width ``t`` from :func:`magnitude_ratio`.
+
+    With ``e = 2**(-t-1)`` (complex: ``sqrt 2`` times that, both parts
+    rounded) the error of entry ``ij`` is at most ``2**(Ea_i + Eb_j) e (d_ij +
+    k e)`` where ``d_ij >= 1`` is the ratio's denominator, so at most ``e (1 + k
+    e) d_ij``; that at most ``(k - 1) u / (1 + u)`` times ``|A||B|_ij >= ratio
+    d_ij`` keeps ``gamma_k`` as :func:`classical_fits` does. Exact rationals.
+    """
+    e = Fraction(1, 1 << (t + 1)) * (Fraction(3, 2) if cplx else 1)  # 3/2 > sqrt 2
+    u = Fraction(1, 1 << 53)
+    rho = (max(k, 1) - 1) * u if budget is None else budget
+    return e * (1 + k * e) <= rho / (1 + u) * Fraction(ratio)
+
+
+def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[int]]) -> Optional[float]:
+    """A ratio whose ``choice`` every device makes alike: the measured one where no device's measurement could choose
+    otherwise, else the settled one (:meth:`MeasuredRatio.settle`; ``None``: the spreads decide, the ratio not)."""
+    band = 2 * measured.spread
+    if choice(measured.value * (1 - band)) == choice(measured.value * (1 + band)):
+        return measured.value
+    return measured.settle()
+
+
+def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
+                     magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> int:
+    """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the classical bound: ``moduli=None``.
+
+    From the per row / column exponents of :func:`group_stats`: first
+    :func:`classical_fits` on the largest relative encoding error of either
+    side (the spreads: nothing but the scan). Where that asks for more than
+    the 53-bit width, either that or entry by entry with the measured
+    magnitudes (:func:`_measured_fits` on ``magnitudes_of()``,
+    :func:`~rnstensor.magnitude.measure_ratio`: one float32 GEMM of ``|A|``
+    and ``|B|``, whose last bits differ between devices: where that could
+    change the choice, the ratio settled alike on every device decides,
+    :func:`_agreed_ratio`). Where
+    the magnitudes cannot decide (an ``|A||B|`` entry that is zero, as in
+    sparse matrices, or no float32 bound at this ``k``), the lowest set bits
+    ``lsb_of()`` refine the spreads: groups exact at a width need no more
+    (small integers, or ``U[0, 1)`` data from ``random()``, are exact at 53
+    bits whatever their spread). Every test only
+    improves with ``s``, so a galloping search from the 53-bit count finds
+    the least. Scalars only come back from the device.
+
+    ``rtol``: the target ``|C~ - C| <= rtol |A||B|`` in place of the
+    classical bound (:func:`encoding_budget`), from the fewest moduli that
+    hold any width (a loose target takes fewer than the 53-bit count).
+
+    Raises
+    ------
+    SplitNeeded
+        No ``s <= 49`` fits: some row or column spans more binades than 49
+        moduli hold at the classical accuracy (or at ``rtol``).
+    """
+    kind = "complex" if cplx else "real"
+    budget = encoding_budget(k, cplx, rtol)
+    # the classical default never takes fewer than the 53-bit count; a target, the fewest that hold a width
+    s0 = moduli_for_bits(k, 53, kind=kind) if rtol is None else moduli_for_bits(k, 1, kind=kind)
+    (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
+
+    def fits(s, ga, gb, ratio):
+        t = gemm_width(s, k, kind)
+        if ratio is not None and _measured_fits(k, t, cplx, ratio, budget):
+            return True
+        return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx), budget)
+
+    def least(ga, gb, ratio):  # galloping from s0 (the usual answer is near it), then a bisection
+        return least_moduli(lambda s: fits(s, ga, gb, ratio), s0)
+
+    ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
+    ratio = None
+    s = least(ga, gb, ratio)
+    if s != s0 and magnitudes_of is not None:
+        measured = magnitudes_of()
+        if measured is not None:
+            ratio = _agreed_ratio(measured, lambda r: least(ga, gb, r))
+            s = least(ga, gb, ratio) if ratio is not None else s
+    # the lowest bits cost a pass over every significand: only where the magnitudes could not decide (an
+    # |A||B| entry that is zero, or k too long for their float32 bound), e.g. sparse integer matrices
+    if s != s0 and lsb_of is not None and (la is None or lb is None) and not ratio:
+        got_a, got_b = lsb_of()
+        ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
+        s = least(ga, gb, ratio)
+    if s is None:
+        raise SplitNeeded(
+            f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
+            f"{'classical float64 accuracy' if rtol is None else f'accuracy rtol={rtol:g}'} (k={k})"
+        )
+    return s
