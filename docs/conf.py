@@ -56,6 +56,10 @@ html_theme_options = {"description": "Float64-accurate tensor contractions in ex
 # package, each page in one namespace. The docstrings' own examples are run by tests/test_doctests.py in their
 # modules' namespaces, so the plain >>> blocks autodoc copies into the reference are not run again here.
 doctest_test_doctest_blocks = ""
+# exception messages are compared too (Sphinx's default ignores their details): a stale message fails the build
+import doctest as _doctest  # noqa: E402
+
+doctest_default_flags = _doctest.ELLIPSIS | _doctest.DONT_ACCEPT_TRUE_FOR_1
 
 
 def _defining_comment(name: str, obj) -> list:

@@ -581,7 +581,11 @@ class ChainPlan:
     # ----- reporting ----------------------------------------------------------------------
 
     def describe(self, file=None) -> str:
-        """Print (and return) per step: log2 bound before/after the product, drops, after, log2 range."""
+        """The plan per step: log2 bound before/after the product, drops, after, log2 range; returned, not printed.
+
+        ``print(plan.describe())`` shows it; ``file``, a text stream, is
+        written the same text (and a newline) as well.
+        """
         lines = [
             f"{self.method} plan ({self.planner}) on {self.basis!r}: b = {self.bits}"
             + (f", input b = {self.input_bits}" if self.input_bits != self.bits else "")
@@ -597,7 +601,8 @@ class ChainPlan:
                 f"{log2_int(st.range_after) - 1:>14.2f}"
             )
         text = "\n".join(lines)
-        print(text, file=file)
+        if file is not None:  # returned, never printed unasked: a REPL shows the returned text once
+            print(text, file=file)
         return text
 
     def __repr__(self) -> str:

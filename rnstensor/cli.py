@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -14,8 +16,39 @@ from .results import output_path as _writable
 __all__ = ["main"]
 
 
+def package_version() -> str:
+    """The installed rnstensor's version: its package metadata, else ``rnstensor.__version__``, else ``'unknown'``.
+
+    The metadata is what pip installed (and what ``pip show rnstensor`` says);
+    ``__version__`` covers a source tree imported without installing it.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("rnstensor")
+    except metadata.PackageNotFoundError:
+        package = sys.modules[__package__]  # rnstensor itself, imported before its cli
+        return str(getattr(package, "__version__", "unknown"))
+
+
+def _plain_role(match: "re.Match") -> str:
+    """The text Sphinx shows for a role: ``:doc:`title <page>``` its title, ``:func:`~a.b``` its last name ``b``."""
+    target = match.group(1)
+    titled = re.fullmatch(r"(.*?)\s*<[^>]*>", target, flags=re.S)
+    if titled:
+        return titled.group(1)
+    return target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
+
+
+def _plain(text: str) -> str:
+    """Docstring RST as the plain text ``--help`` prints: ``x``, :role:`x`, `x` and *x* / **x** all become x."""
+    text = re.sub(r":[\w:+.-]+:`([^`]+)`", _plain_role, text)
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
+    text = re.sub(r"`([^`]+)`_{0,2}", r"\1", text)  # the default role and hyperlink references
+    return re.sub(r"(?<![\w*])(\*{1,2})(?=\S)(.+?)(?<=\S)\1(?![\w*])", r"\2", text, flags=re.S)
+
+
 def _info(args) -> int:
-    from . import __version__
     from .backends import available_backends, get_backend
     from .backends.cuda import describe
     from .basis import Basis, int8_pool
@@ -25,7 +58,7 @@ def _info(args) -> int:
     parts = optional_parts()
     if args.json:
         record = {
-            "version": __version__,
+            "version": package_version(),
             "backend": get_backend().name,
             "available_backends": list(available_backends()),
             "int8_pool": [int(p) for p in pool],
@@ -36,7 +69,7 @@ def _info(args) -> int:
         }
         _write_json(args, "info", record)
         return 0
-    print(f"rnstensor {__version__}")
+    print(f"rnstensor {package_version()}")
     print(f"backend in use: {get_backend().name} (available: {', '.join(available_backends())})")
     print(f"INT8 moduli pool: {len(pool)} moduli, greedy descending pairwise coprime from 256")
     for i in range(0, len(pool), 12):
@@ -45,12 +78,23 @@ def _info(args) -> int:
     for B in bases:
         print(f" {len(B):2d}  {B.log2_product:7.2f}  {B.log2_product - 1:8.2f}  {max(B.moduli):9d}  {min(B.moduli):10d}")
     print()
-    for line in describe():  # the GPU, its arch and the built kernels; never compiles, never fails
-        print(line)
-    print()
+    kernels = _kernel_lines(describe())  # the built kernels; never compiles, never fails
     for part in parts:
         print(part["line"])
+        if part["part"] == "nvrtc":  # what NVRTC has built so far, under the line that says whether it works
+            for line in kernels:
+                print("  " + line)
     return 0
+
+
+#: The lines of :func:`rnstensor.backends.cuda.describe` about a part that :func:`optional_parts` reports too, by
+#: their start: the device (``gpu``) and NVRTC, each said once, by the line that tried it.
+_DESCRIBED_PARTS = ("cuda device:", "nvrtc:")
+
+
+def _kernel_lines(described: Sequence[str]) -> list[str]:
+    """The lines of ``cuda.describe()`` that no part line says already: which kernel modules are built, per arch."""
+    return [line for line in described if not line.startswith(_DESCRIBED_PARTS)]
 
 
 #: The optional parts ``rnstensor info`` reports: module, what it is for, the extra that installs it.
@@ -198,8 +242,10 @@ def _nvrtc_part() -> dict:
         t0 = time.perf_counter()
         size = build.probe(arch)
         ms = (time.perf_counter() - t0) * 1e3
-        return {"part": "nvrtc", "working": size > 0, "version": f"{major}.{minor}",
-                "line": f"nvrtc {major}.{minor}: compiles a test kernel for {arch} ({size} bytes, {ms:.0f} ms)"}
+        cache = build.cache_dir()
+        return {"part": "nvrtc", "working": size > 0, "version": f"{major}.{minor}", "kernel_cache": str(cache),
+                "line": f"nvrtc {major}.{minor}: compiles a test kernel for {arch} ({size} bytes, {ms:.0f} ms); "
+                        f"kernel cache: {cache}"}
     except Exception as exc:  # noqa: BLE001 - info reports whatever stops NVRTC
         return {"part": "nvrtc", "working": False, "version": None,
                 "line": f"nvrtc: not working ({exc}); the GPU kernels cannot be built (pip install 'rnstensor[gpu]')"}
@@ -244,8 +290,115 @@ def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
     return g
 
 
-def _demo(args) -> int:
+def _residue_chain(X, ops, axes, basis, bits: int, step: Optional[Callable] = None):
+    """The demo's chain, one primitive at a time: ``(decode 'fp64', decode 'exact')`` of the final tensor.
+
+    Encode once; per operator, fold a revisited axis's pending scale, encode
+    the operator and take the mode product; between products drop as the
+    paper's Alg. 2 does and extend back to the whole basis. ``step(label, T)``
+    sees the tensor after each primitive (the demo's table).
+    """
     from . import base_extend, decode, drop, encode, fold_pending, mode_product
+
+    step = step or (lambda label, T: None)
+    T = encode(X, basis, bits=bits)
+    step(f"encode (b = {bits}, one exponent)", T)
+    for i, (A, ax) in enumerate(zip(ops, axes)):
+        A_eff, T = fold_pending(T, A, ax)  # a revisited axis: its pending row scales go into A's columns
+        op = encode(A_eff, basis, bits=bits, shared_axes=(1,))
+        T = mode_product(T, op, ax)
+        note = " (pending scale folded)" if A_eff is not A else ""
+        step(f"mode product {i + 1}, axis {ax}{note}", T)
+        if i < len(axes) - 1:
+            g = _greedy_drops(T.bound, T.active, bits)
+            T = drop(T, g)
+            step(f"drop {g} smallest moduli (RnsDrop)", T)
+            T = base_extend(T)
+            step("base extension (MRC digits)", T)
+    return decode(T, mode="fp64"), decode(T, mode="exact")
+
+
+def _timed_compiles(run: Callable[[], object]) -> tuple[float, Optional[int]]:
+    """``(seconds, functions numba compiled)`` of one call of ``run`` (the count is None without numba's events).
+
+    numba announces every compilation as a ``numba:compile`` event and sends
+    none for a function it loads from its on-disk cache: the count tells a
+    cold cache from a warm one where the time alone cannot on a busy machine.
+    """
+    try:
+        from numba.core.event import install_recorder
+    except ImportError:  # no numba (the 'numpy' backend): nothing compiles
+        recorder = contextlib.nullcontext(None)
+    else:
+        recorder = install_recorder("numba:compile")
+    t0 = time.perf_counter()
+    with recorder as events:
+        run()
+    seconds = time.perf_counter() - t0
+    return seconds, None if events is None else sum(1 for _, ev in events.buffer if ev.is_start)
+
+
+def _warm_up_line(backend: str, seconds: float, compiled: Optional[int]) -> str:
+    """What the demo's first (untimed) run of the chain did: compile the CPU kernels, or load them from the cache."""
+    if backend != "cpu":
+        return f"first run on the '{backend}' backend (kernels loaded or built; not in the time below): {seconds:.1f} s"
+    if compiled or (compiled is None and seconds > 2.0):
+        return f"compiling the CPU kernels (first run only, cached afterwards): {seconds:.1f} s"
+    return f"CPU kernels loaded from the cache: {seconds:.1f} s"
+
+
+def _default_plan_errors(result) -> list[dict]:
+    """The default plan's errors on the data of ``result`` (a :func:`rnstensor.accuracy.run_accuracy` run), beside numpy's.
+
+    The same operators and tensors (the same seeds), planned as a user's
+    ``rt.plan_chain(ops, axes)`` is: ``moduli=None``, every result certified
+    to the classical float64 bound. One record per depth and dataset:
+    ``depth``, ``dataset``, ``default`` and ``numpy`` (the error metrics of
+    :func:`rnstensor.reference.error_metrics`) and ``ran_as`` (the plan's
+    ``last_evaluation``).
+    """
+    from .accuracy import dataset_seed, operator_seed
+    from .chain import plan_chain
+    from .reference import chain_operators, cycling_axes, dataset, error_metrics, exact_mode_chain, round_exact
+
+    cfg = result.config
+    n, count, seed = cfg["n"], cfg["count"], cfg["seed"]
+    inputs = {name: dataset(name, count, n, np.random.default_rng(dataset_seed(seed, name))) for name in cfg["datasets"]}
+    rows = []
+    for d in cfg["depths"]:
+        ops = chain_operators(d, n, np.random.default_rng(operator_seed(seed)))
+        axes = cycling_axes(d)
+        plan = plan_chain(ops, axes, ndim=3)  # no moduli=: the default, as a user writes it
+        for name, X in inputs.items():
+            ref = round_exact(*exact_mode_chain(X, ops, axes, ndim=3))
+            errors = error_metrics(plan(X), ref)
+            rows.append({"depth": d, "dataset": name, "default": errors, "ran_as": plan.last_evaluation,
+                         "numpy": dict(result.errors[("einsum", name, d)])})
+    return rows
+
+
+def _format_default_errors(rows: Sequence[dict]) -> str:
+    """The default plan's errors beside numpy's float64 chain, a line per depth and dataset."""
+    lines = [
+        "The default, rt.plan_chain(ops, axes) (moduli=None: every result certified to the classical float64 bound),",
+        "on the same operators and tensors, against the same exact reference:",
+        f"  {'':<16}{'normwise error':^21}   {'max elementwise error':^21}",
+        f"  {'dataset':<9}{'depth':<7}{'default':>10} {'numpy':>10}   {'default':>10} {'numpy':>10}   ran as",
+    ]
+    for r in rows:
+        de, ne = r["default"], r["numpy"]
+        lines.append(
+            f"  {r['dataset']:<9}{'d=' + str(r['depth']):<7}{de['normwise']:>10.2e} {ne['normwise']:>10.2e}   "
+            f"{de['max']:>10.2e} {ne['max']:>10.2e}   {r['ran_as']}"
+        )
+    lines.append(
+        "\n  The default holds every entry within the classical float64 error bound, the bound numpy's float64 chain"
+        "\n  is held to; the greedy drops above are not held to it and lose digits as the chain deepens."
+    )
+    return "\n".join(lines)
+
+
+def _demo(args) -> int:
     from .basis import Basis
     from .reference import exact_mode_chain, round_exact
 
@@ -259,30 +412,22 @@ def _demo(args) -> int:
 
     print("rnstensor demo: a chain of mode products on a tensor encoded once and decoded once")
     print(f"  X: {X.shape} U[-1,1), operators {n}x{n} U[-1,1), axes {axes}, {basis!r}\n")
+    # the first call compiles numba's kernels (or loads them from its cache): on one tensor, and not in the time below
+    warm_seconds, warm_compiled = _timed_compiles(lambda: _residue_chain(X[:1], ops, axes, basis, bits))
+    print(f"  {_warm_up_line(_backend_name(), warm_seconds, warm_compiled)}\n")
     print(f"  {'step':<46} {'moduli':>6} {'log2 bound':>11} {'log2 range':>11}")
 
     def row(label, T):
         steps.append({"step": label, "moduli": len(T.active), "log2_bound": T.log2_bound, "log2_range": T.log2_range})
         print(f"  {label:<46} {len(T.active):>6} {T.log2_bound:>11.1f} {T.log2_range:>11.1f}")
 
-    t0 = time.perf_counter()
-    T = encode(X, basis, bits=bits)
-    row(f"encode (b = {bits}, one exponent)", T)
-    for i, (A, ax) in enumerate(zip(ops, axes)):
-        A_eff, T = fold_pending(T, A, ax)  # a revisited axis: its pending row scales go into A's columns
-        op = encode(A_eff, basis, bits=bits, shared_axes=(1,))
-        T = mode_product(T, op, ax)
-        note = " (pending scale folded)" if A_eff is not A else ""
-        row(f"mode product {i + 1}, axis {ax}{note}", T)
-        if i < len(axes) - 1:
-            g = _greedy_drops(T.bound, T.active, bits)
-            T = drop(T, g)
-            row(f"drop {g} smallest moduli (RnsDrop)", T)
-            T = base_extend(T)
-            row("base extension (MRC digits)", T)
-    Y = decode(T, mode="fp64")
-    Y_exact_dec = decode(T, mode="exact")
-    elapsed = time.perf_counter() - t0
+    decoded = {}
+
+    def timed_chain():
+        decoded["fp64"], decoded["exact"] = _residue_chain(X, ops, axes, basis, bits, step=row)
+
+    elapsed, compiled_while_timed = _timed_compiles(timed_chain)
+    Y, Y_exact_dec = decoded["fp64"], decoded["exact"]
 
     Y64 = X
     for A, ax in zip(ops, axes):
@@ -294,7 +439,7 @@ def _demo(args) -> int:
         d = np.abs(Z - Yex)
         return float(np.linalg.norm(Z - Yex) / np.linalg.norm(Yex)), float(np.max(d / np.abs(Yex)))
 
-    print(f"\n  residue chain took {elapsed * 1e3:.1f} ms on the '{_backend_name()}' backend\n")
+    print(f"\n  residue chain took {elapsed * 1e3:.1f} ms on the '{_backend_name()}' backend (kernels already loaded)\n")
     print(f"  {'result vs the exact value':<46} {'normwise':>11} {'max elementwise':>16}")
     errors = []
     for label, Z in (
@@ -309,18 +454,30 @@ def _demo(args) -> int:
         "\n  The residue chain rounds only at the encode, at each drop (by design, ~2^-53 of the bound)"
         "\n  and at the decode; every product in between is exact integer arithmetic."
     )
-    record = {"steps": steps, "errors": errors, "seconds": elapsed, "accuracy": None}
+    record = {"steps": steps, "errors": errors, "seconds": elapsed, "accuracy": None, "default_accuracy": None,
+              "warm_up": {"seconds": warm_seconds, "compiled": warm_compiled},
+              "compiled_while_timed": compiled_while_timed}
     if args.accuracy_count > 0:
         print(
-            f"\n\nA short [2610.05059] accuracy experiment (n = 8, s = 15, d = 3 and 8, {args.accuracy_count} tensors per "
-            "dataset; the full one: rnstensor accuracy)\n"
+            "\n\nThe paper's setting ([2610.05059] Table 3: greedy drops, 15 moduli), not what the defaults do:\n"
+            f"a short accuracy experiment (n = 8, s = 15, d = 3 and 8, {args.accuracy_count} tensors per dataset; "
+            "the full one: rnstensor accuracy)\n"
         )
-        t0 = time.perf_counter()
-        # the paper's n = 8, s = 15
-        result = _run_accuracy_with_bar(dict(depths=(3, 8), count=args.accuracy_count, seed=args.seed), verbose=False)
-        print(result.format())
-        print(f"\n  ({time.perf_counter() - t0:.1f} s)")
-        record["accuracy"] = result.to_dict()
+        runs = {}
+
+        def accuracy_runs():
+            # the paper's n = 8, s = 15; then the default plan on the same data
+            runs["paper"] = _run_accuracy_with_bar(dict(depths=(3, 8), count=args.accuracy_count, seed=args.seed),
+                                                   verbose=False)
+            runs["default"] = _default_plan_errors(runs["paper"])
+
+        seconds, compiled = _timed_compiles(accuracy_runs)
+        print(runs["paper"].format())
+        print("\n" + _format_default_errors(runs["default"]))
+        # the fused chain kernels these plans run compile on their first use, as the primitives' did above
+        print(f"\n  ({seconds:.1f} s{', compiling the fused kernels (first run only) included' if compiled else ''})")
+        record["accuracy"] = runs["paper"].to_dict()
+        record["default_accuracy"] = runs["default"]
     _write_json(args, "demo", record)
     return 0
 
@@ -534,13 +691,21 @@ def _backend_name() -> str:
     return get_backend().name
 
 
+def _command(subparsers, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose one-line summary shows in ``rnstensor --help`` and heads its own ``--help``, as plain text."""
+    summary = _plain(summary)
+    return subparsers.add_parser(name, help=summary, description=summary)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``rnstensor`` console script."""
-    parser = argparse.ArgumentParser(prog="rnstensor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rnstensor", description=_plain(__doc__))
+    parser.add_argument("--version", action="version", version=f"rnstensor {package_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
+    info = _command(sub, "info", "moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
     info.add_argument("--json", metavar="PATH", type=_writable, default=None, help="write the report as JSON to PATH")
-    demo = sub.add_parser("demo", help="encode -> mode products -> drop -> base extension -> decode, checked")
+    demo = _command(sub, "demo", "encode -> mode products -> drop -> base extension -> decode, checked")
     demo.add_argument("--n", type=int, default=8, help="mode size (default 8)")
     demo.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")
     demo.add_argument("--moduli", type=int, default=15, help="INT8 moduli in the basis (default 15)")
@@ -552,9 +717,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="tensors per dataset in the short accuracy run at d = 3 and 8 (default 4; 0 skips it)",
     )
     demo.add_argument("--json", metavar="PATH", type=_writable, default=None, help="also write the tables as JSON to PATH")
-    acc = sub.add_parser(
-        "accuracy",
-        help="[2610.05059] Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
+    acc = _command(
+        sub, "accuracy",
+        "[2610.05059] Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",
     )
     acc.add_argument(
         "target", nargs="?", choices=("chain", "gemm"), default="chain",
@@ -599,8 +764,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     acc.add_argument("--json", metavar="PATH", type=_writable, help="also write the results as JSON to PATH")
     acc.add_argument("-v", "--verbose", action="store_true", help="a line per depth and dataset on stderr")
-    plot = sub.add_parser(
-        "plot", help="draw the figure of a --json result (accuracy vs depth, throughput vs n, DGEMM accuracy vs s, ...)"
+    plot = _command(
+        sub, "plot", "draw the figure of a --json result (accuracy vs depth, throughput vs n, DGEMM accuracy vs s, ...)"
     )
     plot.add_argument("result", metavar="RESULT.json", help="a file written by --json (rnstensor or a benchmark)")
     plot.add_argument(

@@ -612,3 +612,21 @@ def test_composed_overflow_between_products_names_the_cause_and_the_fix():
     Y = fixed(X)
     exact = 8 * 3 * 2.0**321
     assert np.isfinite(Y).all() and np.abs(Y - exact).max() <= fixed.error_bound(X)
+
+
+def test_describe_returns_the_text_and_prints_nothing(capsys):
+    import io
+
+    from rnstensor.fem import MassOperator, TensorBasis, box_mesh
+
+    rng = np.random.default_rng(0)
+    plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2])
+    basis = TensorBasis(3)
+    fem_plan = MassOperator(basis, box_mesh(basis, shape=(1, 1, 1)).qdata).plan
+    for described in (plan, fem_plan):
+        text = described.describe()
+        assert isinstance(text, str) and text.count("\n") >= 2, text
+        assert capsys.readouterr().out == ""  # a REPL shows the returned text once, not printed and returned
+        buf = io.StringIO()
+        assert described.describe(file=buf) == text and buf.getvalue() == text + "\n"  # file=: written as asked
+        assert capsys.readouterr().out == ""

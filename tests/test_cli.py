@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import rnstensor as rt
 from rnstensor import cli
 from rnstensor import progress as progress_mod
 from rnstensor.accuracy import DATASETS, METHOD_LABELS, run_accuracy
@@ -241,7 +242,104 @@ def test_info_json(results):
 def test_info_runs_as_a_command():
     done = subprocess.run([sys.executable, "-m", "rnstensor", "info"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "numba" in done.stdout and "cuda device:" in done.stdout and "\ngpu: " in done.stdout
+    assert "numba" in done.stdout and "\nnvrtc" in done.stdout and "\ngpu: " in done.stdout
+    _assert_each_part_said_once(done.stdout)
+
+
+def _assert_each_part_said_once(out: str) -> None:
+    """``rnstensor info``'s text names NVRTC and the GPU in one line each (cuda.describe() says them too)."""
+    lines = out.splitlines()
+    assert sum("nvrtc" in ln.lower() for ln in lines) == 1, out
+    assert sum(ln.startswith(("gpu:", "cuda device:")) for ln in lines) == 1, out
+    for part in ["numba"] + [m for m, _, _ in cli.OPTIONAL_PARTS]:
+        assert sum(ln.startswith((part + ":", part + " ")) for ln in lines) == 1, part
+
+
+def test_info_says_each_part_once(capsys, monkeypatch):
+    from rnstensor.backends import cuda
+    from rnstensor.kernels import build
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    _assert_each_part_said_once(out)
+    try:
+        build.nvrtc_version()
+    except build.KernelBuildError:  # pragma: no cover - without NVRTC there are no kernels to list
+        pass
+    else:  # the kernels built so far, under the NVRTC line, with the cache they are in
+        nvrtc = next(ln for ln in out.splitlines() if ln.startswith("nvrtc"))
+        assert f"kernel cache: {build.cache_dir()}" in nvrtc
+        kernels = [ln for ln in cuda.describe() if ln.startswith("kernels ")]
+        assert kernels and all(f"\n  {ln}\n" in out for ln in kernels)
+
+    def broken():
+        raise build.KernelBuildError("NVRTC is not available: a test")
+
+    monkeypatch.setattr(build, "_nvrtc", broken)  # both describe() and the tried part say so: still one line
+    assert cli.main(["info"]) == 0
+    _assert_each_part_said_once(capsys.readouterr().out)
+
+
+# ----- --version and --help ----------------------------------------------------------------------
+
+
+def test_version_is_the_installed_one():
+    from importlib import metadata
+
+    want = f"rnstensor {metadata.version('rnstensor')}\n"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0 and out.getvalue() == want
+    script = Path(sys.executable).parent / "rnstensor"  # the console script, where pip put it beside the interpreter
+    for cmd in ([sys.executable, "-m", "rnstensor", "--version"], [str(script), "--version"]):
+        if not Path(cmd[0]).exists():  # pragma: no cover - installed without its scripts
+            continue
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout == want, (cmd, done.stdout, done.stderr)
+
+
+def test_version_without_package_metadata(monkeypatch):
+    from importlib import metadata
+
+    import rnstensor
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)  # a source tree on sys.path, never installed
+    monkeypatch.setattr(rnstensor, "__version__", "9.8.7", raising=False)
+    assert cli.package_version() == "9.8.7"
+    monkeypatch.delattr(rnstensor, "__version__")
+    assert cli.package_version() == "unknown"
+
+
+def _help(argv) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--help"])
+    assert info.value.code == 0
+    return out.getvalue()
+
+
+def test_help_is_plain_text():
+    import re
+
+    for argv in ([], ["info"], ["demo"], ["accuracy"], ["plot"]):
+        text = _help(argv)
+        assert "`" not in text and not re.search(r":\w+:", text) and not re.search(r"\*\w", text), (argv, text)
+        if argv:  # a subcommand's help says what it does under its usage, as the top-level list does
+            summary = " ".join(text.split("\n\n")[1].split())
+            assert summary and summary[:30] in " ".join(_help([]).split()), (argv, summary)
+    assert "The rnstensor command: info, demo, accuracy, plot" in _help([])
+
+
+def test_plain_turns_rst_into_text():
+    assert cli._plain("The ``rnstensor`` command") == "The rnstensor command"
+    assert cli._plain(":func:`rnstensor.results.write_result` and :mod:`~rnstensor.fem.mesh`") == (
+        "rnstensor.results.write_result and mesh")
+    assert cli._plain(":doc:`the GPU page <gpu>`, `x`, *emphasis*, **strong**") == "the GPU page, x, emphasis, strong"
+    assert cli._plain("2 * 3 * 4, a*b, 2**53") == "2 * 3 * 4, a*b, 2**53"  # arithmetic is no markup
 
 
 # ----- --json: the printed tables, the parameters, the machine --------------------------------------------
@@ -303,6 +401,66 @@ def test_demo_json_is_its_tables(results):
         ln = next(x for x in lines if x[2:48].strip() == e["result"])
         assert ln[48:].split() == [f"{e['normwise']:.2e}", f"{e['max']:.2e}"]
     assert record["accuracy"] is None  # --accuracy-count 0
+
+
+def test_demo_times_the_compilation_apart(results):
+    record, out, _ = results["demo"]
+    warm = record["warm_up"]
+    line = cli._warm_up_line(cli._backend_name(), warm["seconds"], warm["compiled"])
+    assert f"\n  {line}\n" in out and f"{warm['seconds']:.1f} s" in line
+    if cli._backend_name() == "cpu":
+        assert line.startswith("compiling the CPU kernels (first run only" if warm["compiled"] else
+                               "CPU kernels loaded from the cache")
+        assert record["compiled_while_timed"] == 0  # the warm-up on one tensor loaded every kernel the chain runs
+    assert f"residue chain took {record['seconds'] * 1e3:.1f} ms" in out
+
+
+def test_warm_up_line_says_compiled_or_loaded():
+    assert cli._warm_up_line("cpu", 10.24, 49) == "compiling the CPU kernels (first run only, cached afterwards): 10.2 s"
+    assert cli._warm_up_line("cpu", 0.31, 0) == "CPU kernels loaded from the cache: 0.3 s"
+    assert cli._warm_up_line("cpu", 0.31, None).startswith("CPU kernels loaded")  # no numba events: by the time
+    assert cli._warm_up_line("cpu", 12.0, None).startswith("compiling the CPU kernels")
+    assert cli._warm_up_line("cuda", 1.5, 0).startswith("first run on the 'cuda' backend")
+
+
+def test_timed_compiles_counts_numba_compilations():
+    import numba
+
+    @numba.njit(cache=False)
+    def fresh(x):
+        return x + 1
+
+    seconds, compiled = cli._timed_compiles(lambda: fresh(1))
+    assert compiled >= 1 and seconds > 0
+    assert cli._timed_compiles(lambda: fresh(2))[1] == 0  # compiled once, then only called
+
+
+def test_demo_labels_the_papers_setting_and_shows_the_default(tmp_path):
+    from rnstensor.accuracy import dataset_seed, operator_seed
+    from rnstensor.reference import chain_operators, cycling_axes, dataset, error_metrics, exact_mode_chain, round_exact
+
+    path = tmp_path / "demo.json"
+    code, out = _cli(["demo", "--batch", "2", "--accuracy-count", "1", "--json", str(path)])
+    assert code == 0, out
+    record = json.loads(path.read_text())
+    assert ("The paper's setting ([2610.05059] Table 3: greedy drops, 15 moduli), not what the defaults do" in out)
+    assert out.index("not what the defaults do") < out.index("Table 2:") < out.index("The default, rt.plan_chain")
+    rows = record["default_accuracy"]
+    assert [(r["depth"], r["dataset"]) for r in rows] == [(d, ds) for d in (3, 8) for ds in DATASETS]
+    numpy_errors = {(e["dataset"], e["depth"]): e for e in record["accuracy"]["errors"] if e["method"] == "einsum"}
+    lines = out.splitlines()
+    for r in rows:
+        # the numpy column is the paper table's float64 einsum row; the default is a plain rt.plan_chain(ops, axes)
+        assert r["numpy"]["normwise"] == numpy_errors[(r["dataset"], r["depth"])]["normwise"]
+        ops = chain_operators(r["depth"], 8, np.random.default_rng(operator_seed(0)))
+        axes = cycling_axes(r["depth"])
+        X = dataset(r["dataset"], 1, 8, np.random.default_rng(dataset_seed(0, r["dataset"])))
+        want = error_metrics(rt.plan_chain(ops, axes)(X), round_exact(*exact_mode_chain(X, ops, axes, ndim=3)))
+        assert r["default"] == want, (r, want)
+        printed = next(ln for ln in lines if ln.split()[:2] == [r["dataset"], f"d={r['depth']}"])
+        assert printed.split()[2:6] == [f"{r['default']['normwise']:.2e}", f"{r['numpy']['normwise']:.2e}",
+                                        f"{r['default']['max']:.2e}", f"{r['numpy']['max']:.2e}"], printed
+        assert printed.endswith(r["ran_as"])
 
 
 def test_gemm_json_is_the_printed_rows_and_the_library_rows(results):

@@ -1,5 +1,6 @@
 """The Sphinx site builds with warnings as errors, documents every public name, and its examples run."""
 
+import doctest
 import importlib
 import importlib.util
 import re
@@ -21,8 +22,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+# the pages' examples compare exception messages too: Sphinx's default flags add IGNORE_EXCEPTION_DETAIL, which
+# passes an example whose shown message went stale as long as the exception's type still matches
+DOCTEST_FLAGS = doctest.ELLIPSIS | doctest.DONT_ACCEPT_TRUE_FOR_1
+
+
 def _sphinx(builder: str, src: Path, out: Path, doctrees: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, "-d", str(doctrees), str(src), str(out)]
+    if builder == "doctest":
+        cmd[3:3] = ["-D", f"doctest_default_flags={DOCTEST_FLAGS}"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=src)
 
 
@@ -72,3 +80,20 @@ def test_page_examples_pass(site):
     summary = report.rpartition("Doctest summary")[2]
     count = re.search(r"^\s*(\d+) tests?$", summary, re.M)
     assert count and int(count.group(1)) >= 50 and re.search(r"^\s*0 failures in tests$", summary, re.M), report
+
+
+def test_page_examples_compare_exception_messages(tmp_path):
+    # a page whose example shows a stale message must fail the doctest run, not pass on the exception type alone
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text('extensions = ["sphinx.ext.doctest"]\n')
+    (src / "index.rst").write_text(
+        "Stale\n=====\n\n.. doctest::\n\n"
+        "   >>> int('x')\n"
+        "   Traceback (most recent call last):\n"
+        "       ...\n"
+        "   ValueError: a message the code no longer gives\n"
+    )
+    run = _sphinx("doctest", src, tmp_path / "out", tmp_path / "doctrees")
+    report = (tmp_path / "out" / "output.txt").read_text()
+    assert run.returncode != 0 and "1 failure in tests" in report, report

@@ -33,9 +33,21 @@ MODULES = [
 ]
 
 
+# no IGNORE_EXCEPTION_DETAIL: an example that shows an exception shows the message the code gives
+OPTIONFLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    result = doctest.testmod(module, optionflags=OPTIONFLAGS)
     assert result.attempted > 0, f"{name} has no examples"
     assert result.failed == 0
+
+
+def test_a_stale_exception_message_fails():
+    stale = ">>> int('x')\nTraceback (most recent call last):\n    ...\nValueError: a message the code no longer gives\n"
+    test = doctest.DocTestParser().get_doctest(stale, {}, "stale", None, 0)
+    runner = doctest.DocTestRunner(optionflags=OPTIONFLAGS)
+    runner.run(test, out=lambda text: None)
+    assert runner.summarize(verbose=False).failed == 1

@@ -170,7 +170,37 @@ def _make(name: str):
         from .cuda import CudaBackend  # imports CuPy; raises RuntimeError without it or without a device
 
         return CudaBackend()
-    raise ValueError(f"backend must be one of {available_backends()}; got {name!r}")
+    raise _unknown_backend(name)
+
+
+#: Every backend the library has ('cuda' runs where CuPy sees a device: :func:`available_backends` says where).
+_ALL_BACKENDS = ("cpu", "numpy", "cuda")
+#: Names people give the GPU backend, lower-cased (and ``'gpu0'``, ``'cuda:0'``: their starts): answered with 'cuda'.
+_GPU_NAMES = ("gpu", "cupy", "device", "cuda", "nvidia")
+
+
+def _unknown_backend(name) -> ValueError:
+    """The error for a backend name the library lacks: every name it has, and the one meant where it can tell.
+
+    A name for the GPU (``'gpu'``, ``'cupy'``, ``'GPU'``, ``'device'``) is
+    pointed to ``'cuda'``, with why ``'cuda'`` cannot run here where it cannot.
+    """
+    import difflib
+
+    from .cuda import cuda_unavailable_reason
+
+    message = f"backend must be one of {_ALL_BACKENDS}; got {name!r}"
+    key = str(name).strip().lower()
+    close = difflib.get_close_matches(key, _ALL_BACKENDS, n=1, cutoff=0.75)  # 'CPU', 'numpi', 'cpu2'; not 'tpu'
+    meant = "cuda" if key.startswith(_GPU_NAMES) else (close[0] if close else None)
+    if meant == "cuda":
+        message += ": the GPU backend is backend='cuda'"
+        why = cuda_unavailable_reason()
+        if why is not None:  # the reason says what to install, or that no device is visible
+            message += f" (unavailable here: {why})"
+    elif meant is not None:
+        message += f": did you mean backend={meant!r}?"
+    return ValueError(message)
 
 
 def available_backends() -> tuple[str, ...]:

@@ -126,8 +126,12 @@ class ProgramPlan:
     program: Optional[ir.Program] = None  # the planned residue program
     constants: tuple = ()  # what each constant of ``program`` is (``Encode.source`` order)
 
-    def describe(self) -> str:
-        """One line per stage: log2 of the largest input bound after the drops, dropped moduli, output bound."""
+    def describe(self, file=None) -> str:
+        """One line per stage: log2 of the largest input bound after the drops, dropped moduli, output bound.
+
+        Returned, not printed, as :meth:`rnstensor.ChainPlan.describe`: ``file``,
+        a text stream, is written the same text (and a newline) as well.
+        """
         rng = log2_int(self.basis.product) - 1
         lines = [f"residue program on {self.basis!r}: b = {self.bits}, log2 range = {rng:.2f}"]
         for k, (d, (ins, outs)) in enumerate(zip(self.drops, self.bounds)):
@@ -135,7 +139,10 @@ class ProgramPlan:
                 f"  stage {k + 1:>2}: drop {len(d):>2} moduli -> log2 B in {log2_int(max(ins)):6.2f}, "
                 f"out {log2_int(max(outs)):6.2f}"
             )
-        return "\n".join(lines)
+        text = "\n".join(lines)
+        if file is not None:
+            print(text, file=file)
+        return text
 
 
 def plan_program(
