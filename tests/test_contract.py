@@ -798,3 +798,16 @@ def test_fused_einsum_matches_the_steps_on_any_mode_chain(data):
     finally:
         rt.contract.ContractExpression._fused = old
     assert np.array_equal(np.asarray(got).view(np.int64), np.asarray(want).view(np.int64)), eq
+
+
+def test_order_takes_numpys_spellings_in_any_case():
+    a = np.asfortranarray(np.random.default_rng(5).standard_normal((2, 3, 5)))
+    b = np.asfortranarray(np.random.default_rng(6).standard_normal((4, 3)))
+    want = np.einsum("...ft,mf->...mt", a, b)
+    for order, check in (("a", "f_contiguous"), ("F", "f_contiguous"), ("c", "c_contiguous")):
+        got = rt.einsum("...ft,mf->...mt", a, b, order=order)
+        assert getattr(got.flags, check) and np.allclose(got, want, rtol=1e-15, atol=0)
+    k = rt.einsum("...ft,mf->...mt", a, b, order="k")
+    assert k.strides == np.einsum("...ft,mf->...mt", a, b, order="K").strides
+    with pytest.raises(ValueError, match="any case"):
+        rt.einsum("ij->ji", a[0], order="X")

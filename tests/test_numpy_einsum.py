@@ -61,8 +61,6 @@ SKIPS = {
     "TestEinsumPath.test_edge_paths": "calls only np.einsum_path (numpy's path optimizer)",
     "TestEinsum.test_einsum_views":
         "numpy returns views (b.base is a.base) for transposes and diagonals; rt.einsum returns a new array",
-    "TestEinsum.test_output_order": "order='K' / 'A' (numpy's layout follows the operands'); rt.einsum honours 'C' "
-                                    "and 'F' and otherwise gives C order",
     "TestEinsum.test_einsum_object_errors": "object arrays (Python arithmetic); rt takes float64/complex128 values",
     "TestEinsum.test_object_loop": "object arrays (Python arithmetic); rt takes float64/complex128 values",
     "TestEinsum.test_einsum_sums_object": "object arrays (Python arithmetic); rt takes float64/complex128 values",
@@ -93,7 +91,6 @@ SKIPS = {
 
 #: Calls inside applicable tests that numpy's einsum keeps (counted per case), and why.
 FORWARDED = {
-    "order": "order= (numpy's 'K' / 'A' layout follows the operands'; rt.einsum honours 'C' and 'F' only)",
     "dtype": "dtype= other than float64/complex128 (numpy computes in that type, e.g. '?' in logical and/or); "
              "rt.einsum raises TypeError",
     "object": "object operands holding Python numbers (numpy's object arithmetic, e.g. summed with dtype=, "
@@ -123,8 +120,6 @@ def _array_positions(operands) -> list[int]:
 
 
 def _forward_reason(operands, kwargs):
-    if "order" in kwargs:
-        return "order"
     for i in _array_positions(operands):
         x = np.asarray(operands[i])
         if x.dtype == object and x.size and all(isinstance(v, numbers.Number) for v in x.flat):

@@ -231,10 +231,9 @@ def einsum(
     opt_einsum; each pairwise step runs as a residue operation (a mode
     product, a batched GEMM, a Hadamard/outer product, or a sum), with drops
     and base extensions wherever a bound would leave the range. Unlike numpy:
-    no ``order=``; the result is always a new array (numpy
-    returns views of pure transposes and diagonals); integer, bool and
-    float16/32 operands give float64 results (numpy computes in their type,
-    wrapping or rounding).
+    the result is always a new array (numpy returns views of pure transposes
+    and diagonals); integer, bool and float16/32 operands give float64
+    results (numpy computes in their type, wrapping or rounding).
 
     Parameters
     ----------
@@ -277,10 +276,13 @@ def einsum(
         numpy's rule for casting the operands to ``dtype`` and the float64 /
         complex128 result into ``out`` (``'unsafe'`` writes it into an int
         or float32 ``out`` as numpy's assignment does: truncated, rounded).
-    order : {'C', 'F', 'A', 'K'}
-        The result's memory layout: ``'C'`` or ``'F'``; ``'A'`` and ``'K'``
-        (the default) keep the result's own (C) layout, where numpy's
-        ``'K'`` follows the operands'. The result is always a new array.
+    order : {'C', 'F', 'A', 'K'}, any case
+        The result's memory layout, as numpy's: ``'C'`` or ``'F'``; ``'A'``:
+        ``'F'`` where every operand is Fortran-contiguous, else ``'C'``;
+        ``'K'`` (the default): numpy's own layout for these operands (C where
+        they all are; else the layout numpy's einsum gives, read off one
+        numpy call on zeros of the same layout, on NumPy operands). The
+        result is always a new array.
 
     Returns
     -------
@@ -320,8 +322,9 @@ def einsum(
     3.0
     """
     want = _result_dtype(dtype)
-    if order not in ("C", "F", "A", "K"):
-        raise ValueError(f"einsum: order must be 'C', 'F', 'A' or 'K'; got {order!r}")
+    if not isinstance(order, str) or order.upper() not in ("C", "F", "A", "K"):
+        raise ValueError(f"einsum: order must be 'C', 'F', 'A' or 'K' (any case); got {order!r}")
+    order = order.upper()
     if out is not None and not (isinstance(out, np.ndarray) or is_device_array(out)):
         raise TypeError(f"einsum: out must be an array (numpy.ndarray, or a CuPy array for CuPy operands); "
                         f"got {type(out).__name__}")
@@ -362,9 +365,7 @@ def einsum(
     if want == np.complex128 and res.dtype != np.complex128:
         res = res.astype(np.complex128)  # exact: a real float64 is a complex128
     if out is None:
-        if order in "CF" and getattr(res, "ndim", 0) > 1:  # 'K' / 'A': the result's own layout (C), a new array
-            res = array_module(res).asarray(res, order=order)
-        return res
+        return _laid_out(res, order, operands, arrays, optimize)
     device = is_device_array(res)
     res = res if device else np.asarray(res)
     kind = "CuPy array" if device else "ndarray"
@@ -378,6 +379,31 @@ def einsum(
                         "(rt.einsum's results are float64 or complex128); pass out of that dtype, or another casting=")
     out[...] = res  # the whole result exists before out is written: out may alias an operand
     return out
+
+
+def _laid_out(res, order: str, operands, arrays, optimize):
+    """``res`` in the memory layout ``order`` asks for (numpy's rules; see :func:`einsum`), a new array either way."""
+    if getattr(res, "ndim", 0) <= 1:
+        return res
+    xp = array_module(res)
+    if order == "A":
+        order = "F" if all(getattr(x, "flags", None) is not None and x.flags.f_contiguous for x in arrays) else "C"
+    if order in "CF":
+        return xp.asarray(res, order=order)
+    # 'K': C where every operand is; else the layout numpy's einsum itself gives these operands (NumPy only)
+    if xp is not np or all(not hasattr(x, "flags") or x.flags.c_contiguous for x in arrays):
+        return res
+    dummies = [np.zeros_like(x, dtype=np.float64) if isinstance(x, np.ndarray) else x for x in operands]
+    try:
+        with np.errstate(all="ignore"):
+            template = np.einsum(*dummies, optimize=optimize if isinstance(optimize, (bool, str)) else False)
+    except (TypeError, ValueError):  # numpy does not take these operands as given: the result's own layout
+        return res
+    if getattr(template, "shape", None) != res.shape:
+        return res
+    laid = np.empty_like(template, dtype=res.dtype)
+    laid[...] = res
+    return laid
 
 
 def _result_dtype(dtype) -> Optional[type]:
