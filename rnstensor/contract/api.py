@@ -396,7 +396,7 @@ def _laid_out(res, order: str, operands, arrays, optimize):
     dummies = [np.zeros_like(x, dtype=np.float64) if isinstance(x, np.ndarray) else x for x in operands]
     try:
         with np.errstate(all="ignore"):
-            template = np.einsum(*dummies, optimize=optimize if isinstance(optimize, (bool, str)) else False)
+            template = np.einsum(*dummies, optimize=optimize if isinstance(optimize, bool) else False)
     except (TypeError, ValueError):  # numpy does not take these operands as given: the result's own layout
         return res
     if getattr(template, "shape", None) != res.shape:
