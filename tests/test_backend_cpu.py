@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rnstensor import arith
 from rnstensor.backends import NumpyBackend, get_backend
-from rnstensor.backends import cpu as cpu_mod
+from rnstensor.backends.cpu import common as cpu_mod
 from rnstensor.backends.cpu import CpuBackend
 from rnstensor.basis import Basis, centered, int8_pool
 
@@ -78,6 +78,22 @@ def threaded(monkeypatch):
 def test_registry_returns_cpu_backend():
     assert get_backend("cpu").name == "cpu"
     assert isinstance(get_backend("cpu"), CpuBackend)
+
+
+def test_unknown_backend_names_every_backend_and_the_one_meant():
+    from rnstensor.backends.cuda import cuda_unavailable_reason
+
+    why = cuda_unavailable_reason()
+    for name in ("gpu", "GPU", "cupy", "device", "Cuda"):
+        with pytest.raises(ValueError, match=r"backend must be one of \('cpu', 'numpy', 'cuda'\)") as info:
+            get_backend(name)
+        message = str(info.value)
+        assert f"got {name!r}: the GPU backend is backend='cuda'" in message
+        assert (why is None) or f"(unavailable here: {why})" in message  # why 'cuda' cannot run, where it cannot
+    with pytest.raises(ValueError, match=r"one of \('cpu', 'numpy', 'cuda'\); got 'CPU': did you mean backend='cpu'\?$"):
+        get_backend("CPU")
+    with pytest.raises(ValueError, match=r"one of \('cpu', 'numpy', 'cuda'\); got 'tpu'$"):  # no guess where none fits
+        get_backend("tpu")
 
 
 # ----- the modular reduction ----------------------------------------------------------------

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rnstensor as rt
-from rnstensor.backends import cpu_fused, get_backend
+from rnstensor.backends import get_backend
+from rnstensor.backends.cpu import fused as cpu_fused
 from rnstensor.encode import group_exponents
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 

@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 import rnstensor as rt
 from rnstensor import gemm
-from rnstensor.backends import cpu_gemm
+from rnstensor.backends.cpu import gemm as cpu_gemm
 
 encode = importlib.import_module("rnstensor.encode")  # the module, not rnstensor.encode the function
 

@@ -1,0 +1,282 @@
+"""The CPU backend's class: the backend contract on numpy layout, float32 BLAS and the numba kernels of this package."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ... import arith
+from ...basis import Basis
+from .. import elementwise_shape, matmul_shape, product_layout
+from .common import _BLAS_CHUNK, _BLOCK, _CHUNK, _DIRECT_MAX_K, _P2, _exponent_runs, _launch, _mod_consts, _ro
+from .decoding import _decode_exact_kernel, _decode_fp64_kernel, _decode_plan, _factor_limbs
+from .drop_extend import _drop_extend_kernel, _drop_plan
+from .encoding import _encode_kernel, _pow2_tables
+from .products import _elementwise, _product_direct, _product_tasks, _reduce_swap
+
+__all__ = ["CpuBackend"]
+
+
+# ----- the backend --------------------------------------------------------------------------
+
+
+def _exact_matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``left @ right`` of int8 matrices, exactly: float32 GEMM per chunk of <= 1024 terms, chunks summed in float64."""
+    n = left.shape[1]
+    if n <= _BLAS_CHUNK:
+        return left.astype(np.float32) @ right.astype(np.float32)
+    acc = None
+    for c0 in range(0, n, _BLAS_CHUNK):
+        c1 = min(c0 + _BLAS_CHUNK, n)
+        y = left[:, c0:c1].astype(np.float32) @ right[c0:c1].astype(np.float32)
+        acc = y.astype(np.float64) if acc is None else acc + y
+    return acc
+
+
+def _planes_2d(planes: np.ndarray, L: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    planes = np.asarray(planes)
+    if planes.dtype != np.int8:
+        raise TypeError(f"planes must be int8; got {planes.dtype}")
+    if planes.ndim < 1 or planes.shape[0] != L:
+        raise ValueError(f"planes must have shape (L, ...) with L = {L}; got {planes.shape}")
+    shape = planes.shape[1:]
+    return _ro(np.ascontiguousarray(planes).reshape(L, math.prod(shape))), shape
+
+
+class CpuBackend:
+    """Fused numba kernels with numpy layout and float32 BLAS; bit-identical to :class:`NumpyBackend`."""
+
+    name = "cpu"
+    xp = np  # the array module it computes with
+
+    # ----- encode -------------------------------------------------------------------------
+
+    def constants(self, key, make):
+        """Host tables as they are (see the backend contract)."""
+        return make()
+
+    def encode(self, x: np.ndarray, exponent: np.ndarray, moduli: Sequence[int], bits: int) -> np.ndarray:
+        # not ascontiguousarray: it would turn a 0-d x into shape (1,)
+        x = np.require(np.asarray(x, dtype=np.float64), requirements="C")
+        mods = tuple(int(p) for p in moduli)
+        out = np.empty((len(mods),) + x.shape, np.int8)
+        ev, inner = _exponent_runs(exponent, x.shape)
+        if not mods or x.size == 0:
+            return out
+        # k = ef - 1075 + e <= 971 + max(e): size the direct [2^k]_p table for that
+        width = 971 + int(ev.max()) + 1
+        width = 1 << max(width, 1).bit_length() if width <= 8192 else 256
+        tab, pa, per, c24 = _pow2_tables(mods, width)
+        _, _, _, pf, ipf, hf = _mod_consts(mods)
+        nblk = -(-x.size // _BLOCK)
+        xi = _ro(x.reshape(-1).view(np.int64))
+        args = (xi, ev, inner, pf, ipf, hf, c24, tab, pa, per, out.reshape(len(mods), -1))
+        _launch(_encode_kernel, nblk, x.size * len(mods), *args)
+        return out
+
+    # ----- products -----------------------------------------------------------------------
+
+    def product(self, op_planes: np.ndarray, planes: np.ndarray, moduli: Sequence[int], axis: int) -> np.ndarray:
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        op = np.ascontiguousarray(op_planes)
+        X = np.ascontiguousarray(planes)
+        if op.dtype != np.int8 or X.dtype != np.int8:
+            raise TypeError(f"product: op_planes and planes must be int8; got {op.dtype} and {X.dtype}")
+        axis, n_out, n_in, pre, post, oshape = product_layout(op.shape, X.shape, L, axis)
+        out = np.empty((L,) + oshape, np.int8)
+        if out.size == 0:
+            return out
+        if n_in == 0:
+            out[...] = 0
+            return out
+        X4 = X.reshape(L, pre, n_in, post)
+        O4 = out.reshape(L, pre, n_out, post)
+        pf32, ip32, h32, pf, ipf, hf = _mod_consts(mods)
+        if n_in <= _DIRECT_MAX_K:
+            Ba, tw, ntasks = _product_tasks(L, pre, n_in, post)
+            _launch(_product_direct, ntasks, out.size * n_in, _ro(op), _ro(X4), pf32, ip32, h32, O4, Ba, tw)
+            return out
+        for l in range(L):
+            if post == 1:
+                # rows of the tensor times the operator's transpose: no transposed copy
+                Y = _exact_matmul(X4[l, :, :, 0], op[l].T)
+                Y3, O3 = _ro(Y.reshape(1, pre, n_out)), O4[l].reshape(pre, 1, n_out)
+                _launch(_reduce_swap, pre, Y.size, Y3, O3, pf[l], ipf[l], hf[l])
+            else:
+                Y = _exact_matmul(op[l], X4[l].transpose(1, 0, 2).reshape(n_in, pre * post))
+                Y3 = _ro(Y.reshape(n_out, pre, post))
+                _launch(_reduce_swap, pre * n_out, Y.size, Y3, O4[l], pf[l], ipf[l], hf[l])
+        return out
+
+    def matmul(self, a_planes: np.ndarray, b_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        a, b = np.asarray(a_planes), np.asarray(b_planes)
+        if a.dtype != np.int8 or b.dtype != np.int8:
+            raise TypeError(f"matmul: planes must be int8; got {a.dtype} and {b.dtype}")
+        batch, M, K, N = matmul_shape(a.shape, b.shape, L)
+        out = np.empty((L,) + batch + (M, N), np.int8)
+        if out.size == 0:
+            return out
+        if K == 0:
+            out[...] = 0
+            return out
+        pf, ipf, hf = _mod_consts(mods)[3:]
+        rows = math.prod(batch) * M
+        for l in range(L):
+            # float32 GEMMs are exact on chunks of <= 1024 terms (|r| <= 128); chunks sum exactly in float64
+            acc = None
+            for c0 in range(0, K, _BLAS_CHUNK):
+                c1 = min(c0 + _BLAS_CHUNK, K)
+                y = np.matmul(a[l, ..., c0:c1].astype(np.float32), b[l, ..., c0:c1, :].astype(np.float32))
+                acc = y if acc is None else acc.astype(np.float64) + y
+            Y = _ro(np.ascontiguousarray(np.broadcast_to(acc, batch + (M, N))).reshape(1, rows, N))
+            _launch(_reduce_swap, rows, Y.size, Y, out[l].reshape(rows, 1, N), pf[l], ipf[l], hf[l])
+        return out
+
+    # ----- elementwise --------------------------------------------------------------------
+
+    def _elementwise(self, a, b, moduli, mode, what):
+        mods = tuple(int(p) for p in moduli)
+        L = len(mods)
+        a = np.asarray(a)
+        b = np.asarray(b)
+        if a.dtype != np.int8 or b.dtype != np.int8:
+            raise TypeError(f"{what}: residue planes must be int8; got {a.dtype} and {b.dtype}")
+        shape = elementwise_shape(a.shape, b.shape, L, mode, what)
+        sa, sb = a.shape[1:], b.shape[1:]
+        out = np.empty((L,) + shape, np.int8)
+        if out.size == 0:
+            return out
+        nd = len(shape)
+        sbp = (1,) * (nd - len(sb)) + sb
+        # the longest suffix b shares with the result, everything before it size 1
+        k = nd
+        while k > 0 and sbp[k - 1] == shape[k - 1]:
+            k -= 1
+        inner = math.prod(shape[k:])
+        if sa == shape and all(d == 1 for d in sbp[:k]) and (inner >= 256 or inner == math.prod(shape)):
+            A3 = np.ascontiguousarray(a).reshape(L, -1, inner)
+            B2 = np.ascontiguousarray(b).reshape(L, inner)
+        else:
+            # per-plane broadcasting: align the entry dims, not the plane axis
+            sap = (1,) * (nd - len(sa)) + sa
+            A3 = np.ascontiguousarray(np.broadcast_to(a.reshape((L,) + sap), out.shape)).reshape(L, 1, -1)
+            B2 = np.ascontiguousarray(np.broadcast_to(b.reshape((L,) + sbp), out.shape)).reshape(L, -1)
+        pf, ipf, hf = _mod_consts(mods)[:3]
+        ntasks = A3.shape[0] * A3.shape[1] * -(-A3.shape[2] // _CHUNK)
+        _launch(_elementwise, ntasks, out.size, _ro(A3), _ro(B2), pf, ipf, hf, mode, out.reshape(A3.shape))
+        return out
+
+    def hadamard(self, planes: np.ndarray, field_planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+        return self._elementwise(planes, field_planes, moduli, 0, "hadamard")
+
+    def add(self, a: np.ndarray, b: np.ndarray, moduli: Sequence[int], subtract: bool = False) -> np.ndarray:
+        return self._elementwise(a, b, moduli, 2 if subtract else 1, "add")
+
+    # ----- drop and base extension --------------------------------------------------------
+
+    def drop_extend(self, planes: np.ndarray, active: Sequence[int], basis: Basis, drops, extend: bool):
+        active = tuple(int(p) for p in active)
+        if isinstance(drops, (int, np.integer)) and drops < 0:
+            raise ValueError(f"drop_extend: drops must be a non-negative count or a tuple of moduli; got {drops}")
+        order = arith.drop_order(active, drops)
+        X, shape = _planes_2d(planes, len(active))
+        if not order and not extend:
+            return X.reshape((len(active),) + shape).copy(), active
+        if len(order) >= len(active) or X.shape[1] == 0:
+            return arith.drop_extend_ref(planes, active, basis, drops, extend)
+        tabs, out_active = _drop_plan(active, tuple(basis.moduli), order, bool(extend))
+        out = np.empty((len(out_active), X.shape[1]), np.int8)
+        _launch(_drop_extend_kernel, -(-X.shape[1] // _BLOCK), X.size * 4, X, *tabs, out)
+        return out.reshape((len(out_active),) + shape), out_active
+
+    # ----- whole programs -----------------------------------------------------------------
+
+    def exact_gemm(self, program, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, workspace_bytes: int):
+        """The two-operand program ``gemm_program`` (real, or complex 3M) on wide moduli in float64 BLAS, or ``None``.
+
+        Taken where it should be faster than the INT8 product (by shape and
+        width, :func:`rnstensor.backends.cpu.gemm.prefers_wide`, or as
+        ``gemm.ENGINE`` says) and its planes fit ``workspace_bytes``; the
+        same integers and the same correctly rounded decode, so the same bits.
+        """
+        from . import gemm  # noqa: PLC0415 - the engine's kernels compile on first use
+
+        if gemm.ENGINE == "int8" or len(program.steps) != 4:
+            return None
+        enc_a, enc_b, product, dec = program.steps
+        want = ("ckj", "cij") if program.complex else ("kj", "ij")
+        if (enc_b.labels, product.labels) != want or dec.mode != "exact":
+            return None
+        alpha = complex(dec.alpha) if program.complex else complex(dec.alpha).real
+        if not (math.isfinite(alpha.real) and math.isfinite(alpha.imag)):
+            return None
+        (m, k), n = a.shape, b.shape[1]
+        s = len(program.basis)
+        if gemm.ENGINE != "wide" and not gemm.prefers_wide(m, n, k, s, product.bound):
+            return None
+        try:
+            mods, chunk = gemm.wide_plan(k, product.bound)
+        except ValueError:
+            return None
+        if gemm.wide_bytes(m, n, k, len(mods), program.complex) > workspace_bytes:
+            return None
+        return gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, mods, chunk)
+
+    def chain_program(self, plan, shape: tuple, decode: str):
+        """``(program, None)``: ``plan`` packed for :meth:`chain` on tensors of ``shape``, or ``(None, reason)``."""
+        from . import fused  # noqa: PLC0415 - loaded on first use
+
+        try:
+            return fused.cpu_chain_program(plan, shape), None
+        except ValueError as exc:
+            return None, str(exc)
+
+    def operator_program(self, op, decode: str):
+        """``(program, None)``: the FEM operator ``op`` packed for :meth:`chain`, or ``(None, reason)``."""
+        from . import fused  # noqa: PLC0415
+
+        try:
+            return fused.cpu_operator_program(op), None
+        except ValueError as exc:
+            return None, str(exc)
+
+    def chain(self, program, x: np.ndarray, decode: str, field=None, fexp=None) -> np.ndarray:
+        """A whole chain, block by block in cache (:mod:`rnstensor.backends.cpu.fused`): ``x`` ``(B, *in_shape)``
+        (finite) -> ``(B, *out_shape)``, bitwise the step-by-step run. A FEM operator's program reads its encoded
+        ``field`` ``(planes, B, components, entries)`` int8 and the field's exponent per tensor ``fexp``."""
+        from . import fused  # noqa: PLC0415
+
+        return fused.run_chain(program, x, decode, field=field, fexp=fexp)
+
+    # ----- decode -------------------------------------------------------------------------
+
+    def decode(
+        self, planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int, mode: str
+    ) -> np.ndarray:
+        active = tuple(int(p) for p in active)
+        X, shape = _planes_2d(planes, len(active))
+        ev, inner = _exponent_runs(exponent, shape)
+        if not active or X.shape[1] == 0:
+            if mode == "fp64":
+                return arith.decode_fp64_ref(planes, active, exponent, factor)
+            return arith.decode_exact_ref(planes, active, exponent, factor)
+        tabs, nl = _decode_plan(active)
+        perm, C, qf, qip, qh, qd = tabs
+        out = np.empty(X.shape[1], np.float64)
+        if mode == "fp64":
+            f, g, k = arith.float_factor(factor)
+            args = (X, perm, C, qf, qip, qh, qd, float(f), float(g), ev, inner, int(k), _P2, out)
+            _launch(_decode_fp64_kernel, -(-X.shape[1] // _BLOCK), X.size * 4, *args)
+        else:
+            factor = int(factor)
+            if factor == 0:
+                return np.zeros(shape, np.float64)
+            flimbs, t2, fsign = _factor_limbs(factor)
+            args = (X, perm, C, qf, qip, qh, qd, ev, inner, int(t2), flimbs, nl, fsign, _P2, out)
+            _launch(_decode_exact_kernel, -(-X.shape[1] // _BLOCK), X.size * 16, *args)
+        return out.reshape(shape)
