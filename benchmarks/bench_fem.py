@@ -27,7 +27,7 @@ from rnstensor.backends import get_backend
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 from rnstensor.fem.program import voigt_index
 from rnstensor.primitives import decode
-from rnstensor.program import ir
+from rnstensor import ir
 from rnstensor.program.execute import tensor_of
 
 

@@ -21,7 +21,7 @@ from .planner.drops import axis_labels as _axis_labels
 from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import composed_bound, fraction_up, inflate, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
-from .program import ir
+from . import ir
 from .program.execute import Value, encode_value, moved, run_step, value_of
 from .run.policy import accuracy_policy, check_rtol
 from .tensor import RNSTensor, Scale

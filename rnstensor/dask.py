@@ -70,7 +70,7 @@ from .magnitude import measure_ratio
 from .run.epilogue import exact_combination, exact_parts, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
-from .program import ir
+from . import ir
 from .program.execute import Value, run_step
 
 __all__ = ["apply", "dgemm", "zgemm", "matmul", "chunk_module"]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import rnstensor as rt
 from rnstensor.arith import float_parts, round_scaled_int
 from rnstensor.errors import PlanError, RNSRangeError
-from rnstensor.program import ir
+from rnstensor import ir
 
 contract_mod = importlib.import_module("rnstensor.contract")
 

@@ -18,7 +18,7 @@ from ..errors import PlanError, RNSRangeError
 from ..planner.methods import MIN_BITS, check_kept_bits
 from ..planner.program import Failure, Given, plan_drops
 from ..primitives import decode as decode_tensor
-from ..program import ir
+from .. import ir
 from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
 from ..program.execute import Value, execute, moved, permuted, tensor_of, value_of

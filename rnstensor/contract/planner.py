@@ -13,7 +13,7 @@ from ..basis import Basis, log2_int
 from ..encode import encode_integers, exact_bits_needed
 from ..errors import PlanError, RNSRangeError
 from ..planner.program import drop_bound, fits
-from ..program import ir
+from .. import ir
 from ..tensor import RNSTensor
 from .parse import _C, _C2, _show, _unique
 

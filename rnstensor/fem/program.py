@@ -28,7 +28,7 @@ from ..basis import Basis, log2_int
 from ..errors import PlanError
 from ..planner.methods import MIN_BITS, check_kept_bits
 from ..planner.program import Failure, JustEnough, plan_drops
-from ..program import ir
+from .. import ir
 
 __all__ = ["Term", "ProgramPlan", "plan_program", "ProgramWriter", "FloatRunner", "mass_program", "poisson_program",
            "voigt_index", "ROW"]
@@ -213,11 +213,11 @@ class ProgramWriter:
 
     Slot 0 is the encoded input at ``bits``; every operand (a 1-D operator
     ``'B'``, a field ``'W'``, ...) is a constant read by an
-    :class:`~rnstensor.program.ir.Encode` step whose ``source`` indexes
+    :class:`~rnstensor.ir.Encode` step whose ``source`` indexes
     :attr:`constants`. A stage is a drop point for each input (group = the
     stage: the planner drops them all by the same moduli, then extends), then
-    every output as a sum (:class:`~rnstensor.program.ir.Add`) of mode products
-    and Hadamard products (:class:`~rnstensor.program.ir.Contract`), bounds
+    every output as a sum (:class:`~rnstensor.ir.Add`) of mode products
+    and Hadamard products (:class:`~rnstensor.ir.Contract`), bounds
     left to the planner. :attr:`stages` lists each stage's input and output
     slots.
     """

@@ -14,7 +14,7 @@ from ..arrays import array_module, to_module
 from ..basis import Basis
 from ..errors import RNSRangeError
 from ..planner.program import Failure, Given, plan_drops
-from ..program import ir
+from .. import ir
 from ..program.execute import Value, run_step
 from ..run.epilogue import exact_combination, exact_parts
 

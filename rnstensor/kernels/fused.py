@@ -27,7 +27,8 @@ import numpy as np
 
 from .. import arith
 from ..arrays import array_module
-from ..program import ir
+from .. import ir
+from ..ir.lower import Program as _Program, SlotPool, last_uses, program_stages
 from . import tables
 from .layout import KERNEL, RC, RS
 
@@ -99,251 +100,6 @@ class ChainProgram:
     @property
     def threads(self) -> int:
         return THREADS
-
-
-@dataclass(frozen=True)
-class _Term:
-    """One term of a stage output: a mode product of input ``input`` with ``op`` (residues on the stage's
-    planes, ``(L, n_out, n_in)``), or a Hadamard product with field component ``field``."""
-
-    input: int
-    op: Optional[np.ndarray] = None
-    field: int = -1
-
-
-@dataclass(frozen=True)
-class _Stage:
-    """Every input divided by ``dropped`` (RnsDrop, then base extension), then each output a sum of terms:
-    all mode products along ``axis`` (``kind='product'``) or all Hadamard products (``'hadamard'``)."""
-
-    inputs: tuple  # tensor ids
-    dropped: tuple
-    drop_active: tuple  # planes entering the drops
-    active: tuple  # planes of the stage
-    kind: str
-    axis: Optional[int]
-    outputs: tuple  # tuple of tuples of _Term
-    out_ids: tuple
-
-
-@dataclass(frozen=True)
-class _Program:
-    """A residue program between one encode and one decode, as the fused kernel runs it.
-
-    Tensor id 0 is the encoded input; ``final`` the id of the result.
-    ``dexp``: the exponent of every output entry when the input (and every
-    field) is encoded with exponent 0; ``factor``: the output's integer factor.
-    """
-
-    ndim: int
-    in_shape: tuple
-    bits: int
-    basis: tuple
-    extend: bool
-    first: tuple  # the input's planes
-    stages: tuple
-    final: int
-    final_active: tuple
-    dexp: np.ndarray
-    factor: int
-
-    @property
-    def axes(self) -> tuple:
-        return tuple(st.axis for st in self.stages if st.kind == "product")
-
-
-@dataclass
-class _Tensor:
-    """What the packer knows of a tensor slot: its kernel tensor id, planes, shape (one tensor), exponents, factor."""
-
-    tid: int
-    active: tuple
-    shape: tuple
-    exp: np.ndarray
-    factor: int
-
-
-@dataclass
-class _Partial:
-    """A stage output being summed: its terms (input slot, operand, axis or None) and its exponents."""
-
-    terms: list
-    exp: np.ndarray
-    factor: int
-    active: tuple
-    shape: tuple
-
-
-def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict, nbatch: int = 1) -> _Program:
-    """The fused kernel's view of ``program``: its stages, tensors and output scale, read from its steps.
-
-    ``constants[source]`` is every constant's value (host residues, exponents
-    and factor: the program's 1-D operators); ``fields[source]`` the field
-    component a constant stands for (a Hadamard factor, read per element by
-    the kernel, whose exponent it adds itself). A stage is the drops of its
-    inputs (all by the same moduli) followed by sums of mode products along
-    one axis, or of Hadamard products; a new stage starts at a drop, at
-    another kind or axis, or where a product reads what this stage writes.
-    The first ``nbatch`` labels of every tensor are its batch axes (a chain
-    plan's and a FEM operator's one; an einsum operand's leading labels that
-    no step contracts), and every mode product must write its new axis where
-    the contracted one was.
-
-    Raises
-    ------
-    ValueError
-        A step the kernel does not run (a reason it cannot be fused).
-    """
-    basis = program.basis.moduli
-    ndim = len(in_shape)
-    slots: dict = {}
-    consts: dict = {}
-    stages: list = []
-    cur: dict = {}
-    next_tid = [1]
-    extend = True
-    first = bits = None
-
-    def new_tid() -> int:
-        next_tid[0] += 1
-        return next_tid[0] - 1
-
-    def close():
-        if not cur:
-            return
-        parts = cur["parts"]
-        outs = [k for k, p in parts.items() if k not in cur["consumed"]]
-        recorded, out_ids = [], []
-        for k in outs:
-            p = parts[k]
-            if len(p.terms) > _TMAX:
-                raise ValueError(f"a sum of {len(p.terms)} terms (the fused kernel adds at most {_TMAX})")
-            rec = []
-            for x, operand, axis in p.terms:
-                i = cur["inputs"].index(x)
-                if axis is None:
-                    rec.append(_Term(i, field=fields[operand]))
-                else:
-                    c = constants[operand]
-                    have = tuple(c.active or basis)
-                    planes = np.asarray(c.planes)[[have.index(q) for q in cur["active"]]]
-                    rec.append(_Term(i, op=planes))
-            recorded.append(tuple(rec))
-            t = _Tensor(new_tid(), p.active, p.shape, p.exp, p.factor)
-            slots[k] = t
-            out_ids.append(t.tid)
-        stages.append(_Stage(tuple(cur["tids"]), cur["dropped"], cur["drop_active"], cur["active"], cur["kind"],
-                             cur["axis"], tuple(recorded), tuple(out_ids)))
-        for k in outs:
-            dropped_from.pop(k, None)  # the slot holds this stage's output now
-        cur.clear()
-
-    dropped_from: dict = {}  # a dropped slot -> (the slot of the tensor before its drops, the moduli)
-    for st in program.steps:
-        if isinstance(st, ir.Encode):
-            if st.constant:
-                consts[st.out] = st.source
-                continue
-            if slots:
-                raise ValueError("a program that encodes twice (the composed method) decodes in between")
-            first, bits = basis, st.bits
-            slots[st.out] = _Tensor(0, basis, tuple(in_shape), np.zeros((1,) * ndim, np.int64), 1)
-        elif isinstance(st, ir.Fold):
-            t = slots[st.x]
-            exp = t.exp.max(axis=program.out_labels.index(st.label) - nbatch, keepdims=True)
-            slots[st.out] = _Tensor(t.tid, t.active, t.shape, exp, t.factor)
-        elif isinstance(st, ir.Drop):
-            close()
-            dropped_from[st.out] = (st.x, tuple(st.moduli))
-            extend = st.extend
-        elif isinstance(st, ir.Contract):
-            x, x_labels, y, _ = st.operands()
-            if y not in consts or x in consts:
-                raise ValueError("a contraction of two tensors (the fused kernel multiplies by operators and fields)")
-            operand = consts[y]
-            src, moduli = dropped_from.get(x, (x, ()))
-            kind = "hadamard" if st.kind == "outer" else "product"
-            if kind == "hadamard" and operand not in fields:
-                raise ValueError("an elementwise product with a tensor that is not a field")
-            if kind == "product" and st.kind not in ("mode", "mode_rev"):
-                raise ValueError(f"a {st.kind!r} contraction (the fused kernel runs mode products)")
-            axis = None if kind == "hadamard" else x_labels.index(st.contracted) - nbatch
-            if kind == "product" and not st.in_place():
-                raise ValueError(f"a mode product that moves axes or contracts its operator's first "
-                                 f"({x_labels} -> {st.labels})")
-            if cur and (cur["kind"] != kind or cur["axis"] != axis or src in cur["parts"] or
-                        cur["dropped"] != moduli):
-                close()
-            t = slots[src]
-            if not cur:
-                act = t.active
-                for q in moduli:
-                    act = tuple(p for p in act if p != q)
-                if moduli and extend:
-                    act = basis
-                cur.update(kind=kind, axis=axis, inputs=[], tids=[], dropped=moduli, drop_active=t.active,
-                           active=act, parts={}, consumed=set())
-            if src not in cur["inputs"]:
-                cur["inputs"].append(src)
-                cur["tids"].append(t.tid)
-            factor = t.factor * math.prod(moduli)
-            if kind == "hadamard":
-                exp, shape = t.exp, t.shape
-            else:
-                c = constants[operand]
-                n_out = c.planes.shape[1]
-                shape = t.shape[:axis] + (n_out,) + t.shape[axis + 1:]
-                if t.exp.shape[axis] != 1:
-                    raise ValueError("a product along an axis whose exponents vary (no fold before it)")
-                col = [1] * ndim
-                col[axis] = n_out
-                rows = np.asarray(c.exp.total())
-                exp = t.exp + rows.reshape(-1)[:n_out].reshape(col) if rows.size > 1 else t.exp + int(rows.reshape(-1)[0])
-                factor *= c.factor
-            cur["parts"][st.out] = _Partial([(src, operand, axis)], exp, factor, cur["active"], shape)
-        elif isinstance(st, ir.Add):
-            if not cur or st.x not in cur["parts"] or st.y not in cur["parts"] or st.subtract:
-                raise ValueError("a sum the fused kernel does not form (the terms of one stage only)")
-            a, b = cur["parts"][st.x], cur["parts"][st.y]
-            cur["parts"][st.out] = _Partial(a.terms + b.terms, a.exp, a.factor, a.active, a.shape)
-            cur["consumed"].update((st.x, st.y))
-        else:
-            raise ValueError(f"a {type(st).__name__} step (the fused kernel runs products, sums, drops)")
-    close()
-    if program.out not in slots or first is None:
-        raise ValueError("a program without a result")
-    out = slots[program.out]
-    dexp = np.broadcast_to(out.exp, out.shape).astype(np.int64)
-    return _Program(ndim, tuple(in_shape), bits, basis, extend, first, tuple(stages), out.tid, out.active, dexp,
-                    out.factor)
-
-
-
-def last_uses(prog: _Program) -> dict:
-    """The last stage that reads each tensor of ``prog`` (:func:`program_stages`; the result: past the end)."""
-    last = {prog.final: len(prog.stages)}
-    for k, st in enumerate(prog.stages):
-        for i in st.inputs:
-            last[i] = max(last.get(i, k), k)
-    return last
-
-
-class SlotPool:
-    """The buffers the live tensors of a fused program occupy: slot 0 holds the input, a released slot is the
-    next one :meth:`alloc` hands out, and :attr:`count` is how many the program needs."""
-
-    def __init__(self):
-        self.count = 1
-        self._free: list[int] = []
-
-    def alloc(self) -> int:
-        if self._free:
-            return self._free.pop()
-        self.count += 1
-        return self.count - 1
-
-    def release(self, slots) -> None:
-        self._free.extend(slots)
 
 
 def _in_shape(plan) -> list[int]:
@@ -456,7 +212,7 @@ def _build(plan, shape, budget) -> ChainProgram:
     if why is not None:
         raise ValueError(f"this plan cannot run as one fused kernel: {why}")
     in_shape = tuple(shape) if shape is not None else tuple(_in_shape(plan))
-    return _compile(program_stages(plan.program, in_shape, plan.program_constants(), {}), budget)
+    return _compile(program_stages(plan.program, in_shape, plan.program_constants(), {}, max_terms=_TMAX), budget)
 
 
 def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
@@ -735,7 +491,8 @@ def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
     key = ("operator", budget)
     if key not in per_op:
         fields, ncomp = operator_fields(op)
-        prog = program_stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields)
+        prog = program_stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields,
+                              max_terms=_TMAX)
         per_op[key] = _compile(prog, budget, nfield=ncomp, nq=op.basis.Q**op.basis.dim)
     return per_op[key]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..basis import Basis, log2_int
-from ..program import ir
+from .. import ir
 
 __all__ = ["drop_plan", "simulate", "chain_program", "axis_labels", "ROW", "StepBounds", "Trace", "log2_steps"]
 

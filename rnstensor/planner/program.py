@@ -1,7 +1,7 @@
 """Planning a residue program: exact bounds through its steps, and the moduli dropped at its drop points.
 
 The planner is an interpreter of :mod:`rnstensor.program`: it walks a
-program whose :class:`~rnstensor.program.ir.Drop` steps are *drop points*
+program whose :class:`~rnstensor.ir.Drop` steps are *drop points*
 (``moduli=None``), computes every step's bound exactly as the integers can
 grow (an input's ``2**b``, a product's ``B * rho`` with the constant's exact
 largest row sum, a Hadamard product's ``B * bound(F)``, a sum's ``B_1 + B_2``,
@@ -28,7 +28,7 @@ from numbers import Integral
 from typing import Callable, Optional, Sequence
 
 from ..basis import Basis, log2_int
-from ..program import ir
+from .. import ir
 from .bounds import min_product_subset
 
 __all__ = ["fits", "drop_bound", "after_drops", "Failure", "GroupTrace", "Planned", "plan_drops", "Greedy", "Given", "JustEnough"]

@@ -53,7 +53,7 @@ from ..arrays import array_module
 from ..backends.cpu import chain_magnitude_stats, encode_magnitudes, mode_magnitudes
 from .errors import _letters, _result_letters
 from .execute import combine_parts
-from .ir import Combine, Contract, Drop, Encode, Fold, Sum
+from ..ir import Combine, Contract, Drop, Encode, Fold, Sum
 
 __all__ = ["ClassicalErrors", "ChainStatistics", "certify", "classical_terms", "gamma", "TINY_UNIT"]
 

@@ -28,9 +28,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..arrays import array_module
-from . import ir
+from .. import ir
 from .execute import Value, combine_parts
-from .ir import Combine, Contract, Drop, Encode, Operand, Reencode, Sum
+from ..ir import Combine, Contract, Drop, Encode, Operand, Reencode, Sum
 
 __all__ = ["EntrywiseErrors", "NormErrors", "Linear", "OperatorBounds", "FieldErrors", "inflate", "decoded", "decode_factor", "fraction_up",
            "OperatorNorms", "operator_norms", "Coefficients", "persistent_coefficients", "composed_bound",

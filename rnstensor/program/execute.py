@@ -1,6 +1,6 @@
 """Running a residue program on a backend: NumPy arrays on the CPU backends, CuPy arrays on the CUDA backend.
 
-The executor walks a :class:`~rnstensor.program.ir.Program` step by step. A
+The executor walks a :class:`~rnstensor.ir.Program` step by step. A
 slot's value is a :class:`Value`: planes, exponents, factor, bound and labels,
 all where the data lives (the exponents are small arrays of the planes' array
 module). Nothing data-sized leaves the device between the encodes and the
@@ -25,7 +25,7 @@ from ..errors import RNSRangeError
 from ..encode import encode
 from ..primitives import decode as decode_tensor
 from ..tensor import RNSTensor, Scale
-from .ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
+from ..ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
 __all__ = ["Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
            "alpha_parts", "last_reads"]

@@ -15,7 +15,7 @@ backend's own per-block code (``_encode_block``, ``_product_direct``,
 tensor's residues and its decode do not depend on which other tensors share
 its block, so the results are bitwise those of the step-by-step run.
 
-The program is read through :func:`rnstensor.kernels.fused.program_stages`,
+The program is read through :func:`rnstensor.ir.lower.program_stages`,
 the fused kernels' view of a residue program (the CUDA kernel's packer reads
 the same view), and packed here into flat tables (:class:`CpuChainProgram`).
 """
@@ -163,7 +163,8 @@ def cpu_program(program, in_shape: tuple, constants: list, nbatch: int = 1) -> C
 
 def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = None, nfield: int = 0,
           nq: int = 0, nbatch: int = 1) -> CpuChainProgram:
-    from ...kernels.fused import SlotPool, last_uses, program_stages  # noqa: PLC0415 - it imports the backends
+    from ...ir.lower import SlotPool, last_uses, program_stages  # noqa: PLC0415
+    from ...kernels.layout import KERNEL  # noqa: PLC0415 - the same sum limit as the CUDA kernel
 
     inputs = [st for st in program.steps if type(st).__name__ == "Encode" and not st.constant]
     if nbatch not in (0, 1):
@@ -172,7 +173,7 @@ def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = No
         raise ValueError("a program of more than one input tensor")
     if tuple(inputs[0].shared) != tuple(range(nbatch, nbatch + len(in_shape))):
         raise ValueError("the input is encoded with more than one exponent per tensor")
-    prog = program_stages(program, in_shape, constants, fields or {}, nbatch=nbatch)
+    prog = program_stages(program, in_shape, constants, fields or {}, nbatch=nbatch, max_terms=KERNEL["TMAX"])
     basis = tuple(prog.basis)
     rec: list = []
     ops: list = []
