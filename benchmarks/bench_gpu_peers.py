@@ -272,7 +272,7 @@ def emulation_child(strategy: str, jobs_path: str, out_path: str) -> None:
     ``CUBLAS_EMULATION_STRATEGY`` set before CuPy loads cuBLAS.
     """
     import cupy as cp
-    from bench_gpu import Env
+    from _gpu_env import Env
 
     env = Env()
     res: dict = {"strategy": strategy, "results": []}
