@@ -185,6 +185,9 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
                 raise ValueError("a contraction of two tensors (the fused kernel multiplies by operators and fields)")
             operand = consts[y]
             src, moduli = dropped_from.get(x, (x, ()))
+            # this product writes st.out: a drop recorded under that id (a program may reuse ids, Drop(out=0, x=0)
+            # then Contract(out=0, x=0)) is not what a later step reads there
+            dropped_from.pop(st.out, None)
             kind = "hadamard" if st.kind == "outer" else "product"
             if kind == "hadamard" and operand not in fields:
                 raise ValueError("an elementwise product with a tensor that is not a field")
@@ -228,6 +231,7 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
             if not cur or st.x not in cur["parts"] or st.y not in cur["parts"] or st.subtract:
                 raise ValueError("a sum the fused kernel does not form (the terms of one stage only)")
             a, b = cur["parts"][st.x], cur["parts"][st.y]
+            dropped_from.pop(st.out, None)
             cur["parts"][st.out] = Partial(a.terms + b.terms, a.exp, a.factor, a.active, a.shape)
             cur["consumed"].update((st.x, st.y))
         else:

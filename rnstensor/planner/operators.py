@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from ..encode import encode_integers
+from ..errors import PlanError
 from ..primitives import fold_exponents
 
 __all__ = ["PreparedOperator", "prepare_operators"]
@@ -62,9 +64,19 @@ def prepare_operators(operators: Sequence[np.ndarray], axes: Sequence[int], bits
     """
     pending: dict[int, np.ndarray] = {}
     out = []
-    for A, ax in zip(operators, axes):
+    for i, (A, ax) in enumerate(zip(operators, axes)):
         pend = pending.get(ax)
-        eff, c = fold_exponents(A, pend)
+        try:
+            eff, c = fold_exponents(A, pend)
+        except ValueError as exc:
+            # the least k that keeps every nonzero entry normal after the fold (then every scaling is exact)
+            tiny = float(np.abs(A[A != 0]).min())
+            k = max(1, math.ceil(-1022 - math.log2(tiny) - int((pend - pend.max()).min())))
+            raise PlanError(
+                f"operator {i} contracts axis {ax} again, and its columns take the previous product's row scales "
+                f"in residues: {exc}: pass operators[{i}] * 2.0**{k} and multiply the result by 2.0**-{k}, or plan "
+                f"method='composed' (which decodes between products, so nothing is folded)"
+            ) from None
         rel = np.zeros(eff.shape[1], np.int64) if pend is None else pend - c
         ints, e = encode_integers(eff, bits, shared_axes=(1,))
         e = e.reshape(-1).copy()
