@@ -23,7 +23,8 @@ from .program.errors import composed_bound, fraction_up, inflate, operator_norms
 from .primitives import DECODE_MODES, strip_pending
 from . import ir
 from .program.execute import Value, encode_value, moved, run_step, value_of
-from .run.policy import accuracy_policy, check_rtol
+from .run.exact import half_spacing
+from .run.policy import accuracy_policy, check_rtol, default_target
 from .tensor import RNSTensor, Scale
 
 __all__ = ["ChainPlan", "plan_chain", "mode_chain"]
@@ -198,7 +199,12 @@ class ChainPlan:
             x = self._check_input(X)
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
             if plan is None:
-                self._check_fallback_target()
+                if self.rtol is None:  # the default: no residue plan certified, so the exact chain rounded once
+                    y = self._default_exact(x, backend)
+                    if y is not None:
+                        return y
+                else:
+                    self._check_fallback_target()
                 self.last_evaluation = "composed classical GEMMs"
                 return self.classical_chain(x)
             self.last_evaluation = f"residues on {len(plan.basis)} moduli"
@@ -232,19 +238,21 @@ class ChainPlan:
             cur[ax] = new
         return ",".join(terms) + "->" + lead + "".join(cur)
 
-    def _exact_chain(self, X, backend, nonfinite: str):
+    def _exact_chain(self, X, backend, nonfinite: str, max_products: Optional[int] = None):
         """``moduli='auto'``: the exact chain, rounded once per entry (no rounding drop): the einsum of the same
         contractions with ``moduli='auto'`` (:func:`rnstensor.contract_expression`), built once per input shape."""
         from .contract import contract_expression  # noqa: PLC0415 - the front end of einsum, above this one
 
         shape = tuple(getattr(X, "shape", np.shape(X)))
         batch = self._check_shape(shape)
-        key = (shape, nonfinite)
+        key = (shape, nonfinite, max_products)
         if key not in self._exact_exprs:
             ops = [np.asarray(A, dtype=np.float64) for A in self.operators]
             self._exact_exprs[key] = contract_expression(
                 self.einsum_subscripts(batch), shape, *ops, constants=range(1, len(ops) + 1), moduli="auto",
                 backend=backend, nonfinite=nonfinite)
+            if max_products is not None:  # the most exact part products this expression splits into
+                self._exact_exprs[key]._MAX_SPLIT_PRODUCTS = max_products
         expr = self._exact_exprs[key]
         y = expr(X, backend=backend)
         self.last_evaluation = expr.last_evaluation
@@ -258,13 +266,15 @@ class ChainPlan:
         return sum(int(A.shape[1]) for A in self.operators)
 
     def _certifies(self, decode: str) -> bool:
-        """Whether a call is held to the classical bound: the default plan with the fp64 decode."""
+        """Whether a call is held to the default's target (or ``rtol``): the default plan with the fp64 decode (the
+        exact decode rounds this plan's integers once, as planned)."""
         return self.classical and decode == "fp64" and self.method == "rescale_be"
 
     def _classical_path(self, xb) -> tuple:
         """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
         whose run on ``xb`` is certified to meet the classical bound; ``(None, None)`` for the classical GEMMs."""
         m = self.classical_terms
+        target = default_target(m, self.rtol)
         plan, s = self, len(self.basis)
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
             s = max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8))
@@ -275,8 +285,8 @@ class ChainPlan:
             if plan is None:
                 return None, None
         while True:
-            obs = plan._certificate(xb, m)
-            if obs is not None and obs.certified(m, self.rtol):
+            obs = plan._certificate(xb, m, target)
+            if obs is not None and obs.certified(m, target):
                 return plan, obs
             if obs is None or obs.excess is None:
                 return None, None
@@ -287,6 +297,18 @@ class ChainPlan:
                 s += plan is None
             if plan is None:
                 return None, None
+
+    def _default_exact(self, x, backend):
+        """The default's fallback where no residue plan certifies: the exact chain rounded once, where one exact plan
+        of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs, ``gamma_m``)."""
+        from .contract import ContractExpression  # noqa: PLC0415 - the einsum front end evaluates it
+
+        try:
+            y = self._exact_chain(x, backend, "raise", ContractExpression._DEFAULT_SPLIT_PRODUCTS)
+        except RNSRangeError:
+            return None
+        self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
+        return y
 
     def _check_fallback_target(self) -> None:
         """The classical GEMMs meet ``γ_m``: a tighter ``rtol`` no plan certified is refused, with the fix."""
@@ -310,14 +332,15 @@ class ChainPlan:
                 self._rungs[s] = None
         return self._rungs[s]
 
-    def _certificate(self, xb, m: Optional[int] = None) -> ClassicalErrors:
+    def _certificate(self, xb, m: Optional[int] = None, target: Optional[float] = None) -> ClassicalErrors:
         """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs.
 
         With ``m`` (the terms of the bound) a plain chain on the CPU is first
         certified from its statistics in one blocked pass
         (:class:`~rnstensor.program.classical.ChainStatistics`); that
         certificate is returned where it holds, and the full one otherwise,
-        so the verdict is always the full certificate's.
+        so the verdict is always the full certificate's. ``target``: the
+        relative error it must meet (default ``gamma_m``).
         """
         xp = array_module(xb)
         ops = self._float_operators(xp, encoded=True)
@@ -329,7 +352,7 @@ class ChainPlan:
 
         leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
         if m is not None:
-            return certify(self.program, leaf, exponents, m)
+            return certify(self.program, leaf, exponents, m, target)
         return ClassicalErrors(leaf, exponents).run(self.program)
 
     def _float_operators(self, xp, encoded: bool) -> list:
@@ -519,7 +542,7 @@ class ChainPlan:
             y = self._exact_chain(X, None, "propagate")
             xp = array_module(y)
             finite = y[xp.isfinite(y)]
-            return float(xp.spacing(xp.abs(finite)).max()) / 2 if finite.size else 0.0
+            return float(half_spacing(finite).max()) if finite.size else 0.0
         x = self._check_input(self._finite_part(X, "propagate")[0])
         xp = array_module(x)
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
@@ -527,7 +550,12 @@ class ChainPlan:
             # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
             if plan is None:
-                self._check_fallback_target()
+                if self.rtol is None:  # the default's result is then correctly rounded: half its largest spacing
+                    y = self._default_exact(x, None)
+                    if y is not None:
+                        return float(half_spacing(y).max()) if x.size else 0.0
+                else:
+                    self._check_fallback_target()
                 return self._classical_bound(x, xnorm)
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
             if plan is not self:

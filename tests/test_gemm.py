@@ -15,6 +15,7 @@ import rnstensor as rt
 from rnstensor import gemm as G
 from rnstensor import gemm_accuracy as GA
 from rnstensor.errors import RNSRangeError
+from rnstensor.run.policy import default_target
 
 # ----- the exact oracle: every float is m * 2**e, so a GEMM is integer arithmetic and one rounding ------
 
@@ -421,10 +422,16 @@ def test_default_moduli_follow_the_data():
     sa, sb = G.group_stats(N, 1, False), G.group_stats(N.T, 0, False)
     ga, gb = G._groups(sa[0], sa[1], sa[3], None), G._groups(sb[0], sb[1], sb[3], None)
     t0 = G.gemm_width(s0, k)
-    # the spreads alone ask for more than the 53-bit width; the measured magnitudes do not
+    budget = G.encoding_budget(k, False, default_target(k))  # the default's 1.5 u, tighter than gamma_k
+    assert budget < G.encoding_budget(k, False)
+    # the spreads alone ask for more than the 53-bit width; the measured magnitudes do not, for gamma_k
     assert not G.classical_fits(k, G._inexact_rho(ga, t0, False), G._inexact_rho(gb, t0, False))
     ratio = G.magnitude_ratio(N, sa[1], N.T, sb[1])
-    assert G._measured_fits(k, t0, False, ratio) and rt.gemm_moduli(N, N.T) == s0
+    assert G._measured_fits(k, t0, False, ratio)
+    # the default's target takes the least count whose width the measured magnitudes certify
+    s = rt.gemm_moduli(N, N.T)
+    assert s >= s0 and G._measured_fits(k, G.gemm_width(s, k), False, ratio, budget)
+    assert s == s0 or not G._measured_fits(k, G.gemm_width(s - 1, k), False, ratio, budget)
     # the ratio is a lower bound, and a close one
     absAB = np.abs(N) @ np.abs(N.T)
     den = np.abs(N).sum(1)[:, None] * 2.0 ** sb[1][None, :] + 2.0 ** sa[1][:, None] * np.abs(N.T).sum(0)[None, :]
@@ -433,8 +440,8 @@ def test_default_moduli_follow_the_data():
     A, B = GA.gemm_dataset("phi4", 8, k, 6, seed=2)
     s = rt.gemm_moduli(A, B)
     ratio = G.magnitude_ratio(A, G.group_stats(A, 1, False)[1], B, G.group_stats(B, 0, False)[1])
-    assert s > s0 and G._measured_fits(k, G.gemm_width(s, k), False, ratio)
-    assert not G._measured_fits(k, G.gemm_width(s - 1, k), False, ratio)
+    assert s > s0 and G._measured_fits(k, G.gemm_width(s, k), False, ratio, budget)
+    assert not G._measured_fits(k, G.gemm_width(s - 1, k), False, ratio, budget)
     assert rt.gemm_moduli(A, B, 9) == 9 and rt.gemm_moduli(A, B, "fast") == s0
 
 

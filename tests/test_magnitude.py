@@ -18,6 +18,7 @@ from rnstensor import gemm_accuracy as GA
 from rnstensor import magnitude as M
 from rnstensor.backends import cpu_gemm
 from rnstensor.encode import _NONE
+from rnstensor.run.policy import default_target
 
 
 def _stats(A, B):
@@ -86,12 +87,14 @@ def test_subnormal_magnitudes_are_flushed_alike():
 
 
 def _threshold(k, t):
-    """The least float ratio that _measured_fits accepts at width t (bisection on the float line)."""
+    """The least float ratio that _measured_fits accepts at width t under the default's target (bisection on the float
+    line)."""
+    budget = G.encoding_budget(k, False, default_target(k))
     lo, hi = 0.0, 1.0
-    assert G._measured_fits(k, t, False, hi)
+    assert G._measured_fits(k, t, False, hi, budget)
     for _ in range(200):
         mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if G._measured_fits(k, t, False, mid) else (mid, hi)
+        lo, hi = (lo, mid) if G._measured_fits(k, t, False, mid, budget) else (mid, hi)
     return hi
 
 

@@ -23,9 +23,10 @@ class _CorrectlyRounded:
 
     # ----- moduli='auto': correctly rounded ---------------------------------------------------------
 
-    def _auto(self, arrays, backend):
+    def _auto(self, arrays, backend, max_products: Optional[int] = None):
         """The correctly rounded result: the plan on the fewest moduli that encodes every operand exactly and drops
-        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly; numpy's inf / NaN where they enter."""
+        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly; numpy's inf / NaN where they enter.
+        ``max_products``: the most exact part products of a split (default :attr:`_MAX_SPLIT_PRODUCTS`)."""
         parsed = self._operands(arrays)
         ops, kinds, cplx, tensors, nonfinite = parsed
         if tensors:
@@ -40,7 +41,7 @@ class _CorrectlyRounded:
                        for i, t in enumerate(self.terms))
         expr = self._exact_rung(kinds, cplx, widths)
         if expr is None:
-            return self._auto_split(parsed, arrays, backend, widths)
+            return self._auto_split(parsed, arrays, backend, widths, max_products or self._MAX_SPLIT_PRODUCTS)
         self.last_evaluation = f"{len(expr.basis)} moduli, exact"
         y = expr._fused(parsed, backend, widths, "exact")
         if y is not None:
@@ -51,7 +52,7 @@ class _CorrectlyRounded:
     #: the most exact part products ``moduli='auto'`` evaluates for one call before it gives up
     _MAX_SPLIT_PRODUCTS = 512
 
-    def _auto_split(self, parsed: tuple, arrays, backend, widths: tuple):
+    def _auto_split(self, parsed: tuple, arrays, backend, widths: tuple, max_products: int):
         """``moduli='auto'`` beyond 49 moduli: the widest operands split exactly (:func:`rnstensor.run.exact.split_exact`)
         until one exact plan holds every part, each product of parts evaluated exactly, their integers summed exactly
         (Python integers, on the host) and rounded once."""
@@ -62,7 +63,7 @@ class _CorrectlyRounded:
             i = max(range(len(widths)), key=lambda j: -(-widths[j] // counts[j]))
             counts[i] += 1
             parts_w = tuple(-(-w // c) for w, c in zip(widths, counts))
-            if math.prod(counts) > self._MAX_SPLIT_PRODUCTS or min(parts_w) < 1:
+            if math.prod(counts) > max_products or min(parts_w) < 1:
                 raise RNSRangeError(
                     f"einsum: moduli='auto' needs the exact value of {self.subscripts!r}: its operands encode exactly "
                     f"at {list(widths)} bits (one exponent per slice along the output indices), and even split into "

@@ -1,4 +1,5 @@
-"""The classical default (moduli=None): certified residue plans, escalated, else composed classical GEMMs."""
+"""The default (moduli=None) and rtol=: certified residue plans, escalated, else correctly rounded (default) or the
+composed classical GEMMs (a target they meet)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from ..basis import int8_pool, moduli_count
 from ..encode import as_basis, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..program.classical import certify, classical_terms, gamma
+from ..run.exact import half_spacing
+from ..run.policy import default_target
 from ..program.errors import inflate
 from ..tensor import RNSTensor
 from .parse import _C, _unique
@@ -29,6 +32,9 @@ class _ClassicalDefault:
 
     #: The widest input encoding the escalation tries before the composed evaluation.
     _WIDEST = 160
+    #: The most exact part products the default's correctly rounded fallback takes (more: the composed GEMMs). One:
+    #: no split, so the fallback stays where the data is (a split sums its parts in Python integers, on the host).
+    _DEFAULT_SPLIT_PRODUCTS = 1
 
     def _certifies(self, arrays) -> bool:
         """Whether this call is held to the classical bound (the default: ``moduli=None``, float operands)."""
@@ -96,8 +102,9 @@ class _ClassicalDefault:
                     if exact.kept_bits == math.inf:
                         plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
-            obs = certify(plan, leaf, exponents, m, self.rtol)
-            if obs.certified(m, self.rtol):
+            target = default_target(m, self.rtol)
+            obs = certify(plan, leaf, exponents, m, target)
+            if obs.certified(m, target):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
@@ -118,8 +125,17 @@ class _ClassicalDefault:
                     f"49 INT8 moduli and {self._WIDEST}-bit encodings, and the classical GEMMs meet only gamma_{m} = "
                     f"{gamma(m):.2g}; moduli='auto' is correctly rounded (within any rtol >= 2**-52), or pass a "
                     f"larger rtol")
-        self.last_evaluation = "composed classical GEMMs"
-        return self._composed_classical(arrays, bound, parsed)
+            self.last_evaluation = "composed classical GEMMs"
+            return self._composed_classical(arrays, bound, parsed)
+        # the default: no residue plan certified, so the correctly rounded result (moduli='auto', within any target)
+        # where one exact plan of at most 49 moduli holds it, else the composed classical GEMMs (the bound gamma_m)
+        try:
+            y = self._auto(arrays, backend, self._DEFAULT_SPLIT_PRODUCTS)
+        except RNSRangeError:
+            self.last_evaluation = "composed classical GEMMs"
+            return self._composed_classical(arrays, bound, parsed)
+        self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
+        return half_spacing(y) if bound else y
 
     def _composed_classical(self, arrays, bound: bool, parsed: tuple):
         """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.

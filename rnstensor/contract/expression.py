@@ -22,6 +22,7 @@ from .. import ir
 from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
 from ..program.execute import Value, execute, moved, permuted, tensor_of, value_of
+from ..run.exact import half_spacing
 from ..tensor import RNSTensor
 from .auto import _CorrectlyRounded
 from .classical import _ClassicalDefault
@@ -293,11 +294,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         if self.decode is None:
             raise ValueError("error_bound: this expression returns RNSTensors (decode=None); nothing is rounded")
         if self.policy == "auto":  # correctly rounded: within half the spacing at the result (per part)
-            y = self._auto(arrays, backend)
-            xp = array_module(y)
-            with np.errstate(over="ignore", invalid="ignore"):
-                half = (lambda v: xp.where(xp.isfinite(v), xp.spacing(xp.abs(v)) / 2, np.inf))
-                return half(y.real) + half(y.imag) if xp.iscomplexobj(y) else half(y)
+            return half_spacing(self._auto(arrays, backend))
         if self._certifies(arrays):
             return self._classical(arrays, backend, bound=True)
         return self._bound(arrays, backend, self.decode)

@@ -11,6 +11,7 @@ from ..encode import _NONE
 from ..errors import RNSRangeError
 from ..magnitude import MeasuredRatio
 from ..run.exact import least_moduli
+from ..run.policy import default_target
 
 __all__ = [
     "gemm_width",
@@ -251,7 +252,7 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
         moduli hold at the classical accuracy (or at ``rtol``).
     """
     kind = "complex" if cplx else "real"
-    budget = encoding_budget(k, cplx, rtol)
+    budget = encoding_budget(k, cplx, default_target(k, rtol))  # the default's 1.5 u, or the caller's rtol
     # the classical default never takes fewer than the 53-bit count; a target, the fewest that hold a width
     s0 = moduli_for_bits(k, 53, kind=kind) if rtol is None else moduli_for_bits(k, 1, kind=kind)
     (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
@@ -273,9 +274,10 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
         if measured is not None:
             ratio = _agreed_ratio(measured, lambda r: least(ga, gb, r))
             s = least(ga, gb, ratio) if ratio is not None else s
-    # the lowest bits cost a pass over every significand: only where the magnitudes could not decide (an
-    # |A||B| entry that is zero, or k too long for their float32 bound), e.g. sparse integer matrices
-    if s != s0 and lsb_of is not None and (la is None or lb is None) and not ratio:
+    # the lowest bits cost a pass over every significand (O(mk + kn), against O(mnk) per modulus): only where the
+    # count is still above the 53-bit one, e.g. sparse integer matrices (an |A||B| entry of zero leaves the
+    # magnitudes undecided) or random() data, exact at 53 bits, that the default's 1.5 u target would widen
+    if s != s0 and lsb_of is not None and (la is None or lb is None):
         got_a, got_b = lsb_of()
         ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
         s = least(ga, gb, ratio)

@@ -10,7 +10,7 @@ from ..arith import round_scaled_int, to_int_ref
 from ..arrays import array_module, to_host
 from ..basis import int8_pool
 
-__all__ = ["least_moduli", "split_exact", "exact_value", "round_exact_sum", "MAX_MODULI"]
+__all__ = ["least_moduli", "split_exact", "exact_value", "round_exact_sum", "half_spacing", "MAX_MODULI"]
 
 #: the INT8 pool: 49 moduli, log2 P about 342
 MAX_MODULI = len(int8_pool())
@@ -97,3 +97,13 @@ def round_exact_sum(terms) -> np.ndarray:
     for i in range(flat_t.size):
         flat_o[i] = round_scaled_int(flat_t[i], int(flat_lo[i]))
     return out
+
+
+def half_spacing(y):
+    """The error bound of a correctly rounded result ``y``: half the float64 spacing at every entry (per part for a
+    complex one, added), ``inf`` where ``y`` is not finite. Where ``y`` lives."""
+    xp = array_module(y)
+    with np.errstate(over="ignore", invalid="ignore"):
+        # half the spacing, but at least the least subnormal: half of it (at zero) is not a float64
+        half = lambda v: xp.where(xp.isfinite(v), xp.maximum(xp.spacing(xp.abs(v)) / 2, 5e-324), np.inf)  # noqa: E731
+        return half(y.real) + half(y.imag) if xp.iscomplexobj(y) else half(y)

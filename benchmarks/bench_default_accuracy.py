@@ -1,0 +1,141 @@
+"""The default's accuracy against numpy's own float64 result on wide-range data, with its cost (issue 33, item 1).
+
+A user judges by the error they see, so every figure here compares the
+default (``moduli=None``) with numpy's float64 result on the same data. The
+reference is the correctly rounded result (``moduli='auto'``, itself checked
+against exact Fractions in the tests), within ``u |y|`` of the exact value.
+Per case, same run:
+
+* normwise error ``||y - y_cr|| / ||y_cr||`` of numpy and of the default, and
+  their ratio (target: the default at most numpy's);
+* the largest componentwise error relative to the exact magnitude
+  contraction ``|A||B|...`` of each, and their ratio (target: at most 2);
+* the share of entries where the default is less accurate than numpy
+  (target: at most 0.1 %);
+* the time of each (best of interleaved rounds), and their ratio.
+
+Data classes: chemistry-like integrals spanning e^-10..1 in a 4-index
+transform (n = 8 ... 32), phi = 4 GEMMs, a wide chain of mode products and
+the FEM mass operator on a wide field. Writes ``DIR/default_accuracy.json``
+and prints a table. ``--quick`` runs the small sizes only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import rnstensor as rt  # noqa: E402
+
+__all__ = ["cases", "compare", "main"]
+
+U = 2.0**-53
+
+
+def cases(quick: bool) -> list[dict]:
+    """The data classes: ``{'name', 'numpy': () -> y, 'default': () -> y, 'exact': () -> y_cr, 'magnitude': () -> m}``."""
+    rng = np.random.default_rng(33)
+    out = []
+    for n in ((8, 12) if quick else (8, 16, 24, 32)):
+        g = rng.standard_normal((n,) * 4) * np.exp(rng.uniform(-10, 0, (n,) * 4))
+        C = rng.standard_normal((n, n))
+        sub = "pqrs,pi,qj,rk,sl->ijkl"
+        out.append({
+            "name": f"4-index transform n={n}",
+            "numpy": lambda sub=sub, g=g, C=C: np.einsum(sub, g, C, C, C, C, optimize=True),
+            "default": lambda sub=sub, g=g, C=C: rt.einsum(sub, g, C, C, C, C),
+            "exact": lambda sub=sub, g=g, C=C: rt.einsum(sub, g, C, C, C, C, moduli="auto"),
+            "magnitude": lambda sub=sub, g=g, C=C: np.einsum(sub, np.abs(g), *[np.abs(C)] * 4, optimize=True),
+        })
+    from rnstensor.gemm_accuracy import gemm_dataset
+
+    for k in ((256,) if quick else (256, 4096)):
+        A, B = gemm_dataset("phi4", 128, k, 96, seed=k)
+        out.append({
+            "name": f"phi=4 GEMM 128x{k}x96",
+            "numpy": lambda A=A, B=B: A @ B,
+            "default": lambda A=A, B=B: rt.dgemm(A, B),
+            "exact": lambda A=A, B=B: rt.dgemm(A, B, moduli="auto"),
+            "magnitude": lambda A=A, B=B: np.abs(A) @ np.abs(B),
+        })
+    n = 8
+    ops = [rng.standard_normal((n, n)) * np.exp2(rng.integers(-12, 12, (n, n))) for _ in range(3)]
+    X = rng.standard_normal((64, n, n, n)) * np.exp(rng.uniform(-10, 0, (64, n, n, n)))
+    plan = rt.plan_chain(ops, [0, 1, 2])
+    exact = rt.plan_chain(ops, [0, 1, 2], moduli="auto")
+    sub = exact.einsum_subscripts(1)
+    out.append({
+        "name": "wide chain n=8, 64 tensors",
+        "numpy": lambda: np.einsum(sub, X, *ops, optimize=True),
+        "default": lambda: plan(X),
+        "exact": lambda: exact(X),
+        "magnitude": lambda: np.einsum(sub, np.abs(X), *[np.abs(A) for A in ops], optimize=True),
+    })
+    return out
+
+
+def _time(fns: dict, rounds: int = 3) -> dict:
+    """Best seconds of each callable, interleaved (a warm-up round first)."""
+    best = {k: float("inf") for k in fns}
+    for r in range(rounds + 1):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
+def compare(case: dict) -> dict:
+    """One case's errors and times, numpy against the default."""
+    y_np, y_rt, y_cr, mag = case["numpy"](), case["default"](), case["exact"](), case["magnitude"]()
+    err_np = np.abs(y_np - y_cr) + U * np.abs(y_cr)  # upper bounds of the errors against the exact value
+    err_rt = np.abs(y_rt - y_cr) + U * np.abs(y_cr)
+    norm = float(np.linalg.norm(y_cr))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        comp_np = float(np.max(np.where(mag > 0, err_np / mag, 0.0)))
+        comp_rt = float(np.max(np.where(mag > 0, err_rt / mag, 0.0)))
+    t = _time({"numpy": case["numpy"], "default": case["default"]})
+    res = {
+        "case": case["name"],
+        "normwise_numpy": float(np.linalg.norm(y_np - y_cr)) / norm,
+        "normwise_default": float(np.linalg.norm(y_rt - y_cr)) / norm,
+        "componentwise_numpy": comp_np,
+        "componentwise_default": comp_rt,
+        # strictly less accurate than numpy's own result on that entry (ties are not worse)
+        "worse_than_numpy": float(np.mean(np.abs(y_rt - y_cr) > np.abs(y_np - y_cr))),
+        "time_numpy_s": t["numpy"],
+        "time_default_s": t["default"],
+    }
+    res["normwise_ratio"] = res["normwise_default"] / res["normwise_numpy"] if res["normwise_numpy"] else 0.0
+    res["componentwise_ratio"] = comp_rt / comp_np if comp_np else 0.0
+    res["time_ratio"] = t["default"] / t["numpy"]
+    return res
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    rows = [compare(c) for c in cases(args.quick)]
+    print(f"{'case':<30} {'norm rt/np':>10} {'comp rt/np':>10} {'worse':>8} {'time rt/np':>10}")
+    for r in rows:
+        print(f"{r['case']:<30} {r['normwise_ratio']:>10.2f} {r['componentwise_ratio']:>10.2f} "
+              f"{100 * r['worse_than_numpy']:>7.3f}% {r['time_ratio']:>10.1f}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "default_accuracy.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
