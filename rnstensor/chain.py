@@ -24,7 +24,7 @@ from .primitives import DECODE_MODES, strip_pending
 from . import ir
 from .program.execute import Value, encode_value, moved, run_step, value_of
 from .run.exact import half_spacing
-from .run.policy import accuracy_policy, check_rtol, default_target
+from .run.policy import accuracy_policy, check_rtol
 from .tensor import RNSTensor, Scale
 
 __all__ = ["ChainPlan", "plan_chain", "mode_chain"]
@@ -266,15 +266,15 @@ class ChainPlan:
         return sum(int(A.shape[1]) for A in self.operators)
 
     def _certifies(self, decode: str) -> bool:
-        """Whether a call is held to the default's target (or ``rtol``): the default plan with the fp64 decode (the
+        """Whether a call is held to the classical bound (or ``rtol``): the default plan with the fp64 decode (the
         exact decode rounds this plan's integers once, as planned)."""
         return self.classical and decode == "fp64" and self.method == "rescale_be"
 
     def _classical_path(self, xb) -> tuple:
         """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
-        whose run on ``xb`` is certified to meet the classical bound; ``(None, None)`` for the classical GEMMs."""
+        whose run on ``xb`` is certified to meet the classical bound (or ``rtol``); ``(None, None)`` where none is."""
         m = self.classical_terms
-        target = default_target(m, self.rtol)
+        target = self.rtol  # None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
         plan, s = self, len(self.basis)
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
             s = max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8))
@@ -733,7 +733,8 @@ def plan_chain(
         (``m``: the operators' columns added up): the residue run is certified
         before it runs (:mod:`rnstensor.program.classical`); where that
         fails, the same chain planned on more moduli with the widest input
-        encoding, and where none certifies, classical GEMMs
+        encoding; where none certifies, the exact chain rounded once where one
+        exact plan of 49 moduli holds it, else classical GEMMs
         (:meth:`ChainPlan.classical_chain`). ``plan.last_evaluation`` says
         which (the certified plan runs fused on the GPU where it can). An
         explicit basis runs the plan as planned, the fast opt-out. A chain

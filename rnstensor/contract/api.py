@@ -105,9 +105,11 @@ def contract_expression(
         and ``m`` the terms the path's steps sum (``k`` per contraction of
         ``k`` terms, 1 per elementwise product): the 15-moduli plan runs with
         a certification beside it (:mod:`rnstensor.program.classical`), then
-        wider encodings on more moduli where that fails, then each pairwise
-        step as a classical :func:`rnstensor.matmul` (operands whose slices
-        span hundreds of binades). An elementwise product (``m = 1``, one
+        wider encodings on more moduli where that fails; where no plan of 49
+        moduli certifies, the correctly rounded result where one exact plan
+        holds the operands, else each pairwise step as a classical
+        :func:`rnstensor.matmul` (operands whose slices span hundreds of
+        binades). ``expr.last_evaluation`` says which. An elementwise product (``m = 1``, one
         rounding) decodes correctly rounded. Where the result or an intermediate of that last
         path is subnormal, float64's absolute rounding there adds to the
         bound, as it does for numpy. Complex results meet ``sqrt(2) γ_m`` of

@@ -31,7 +31,8 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     """The number of moduli ``s`` that :func:`dgemm` / :func:`zgemm` use for ``op(a) @ op(b)`` with this ``moduli``.
 
     An integer is returned as is; ``None`` gives :func:`classical_moduli`
-    (the fewest that keep the classical componentwise bound; for rows or
+    (the fewest that keep the default's componentwise target, ``(1 +
+    2**-5) u |A||B|``; for rows or
     columns wider than 49 moduli hold, the count of the split product,
     :func:`split_width`); ``'fast'`` gives ``moduli_for_bits(k, 53)``
     (complex: the 3M width rule); ``'auto'`` the smallest ``s`` whose width
@@ -46,7 +47,7 @@ def gemm_moduli(a, b, moduli: Moduli = None, *, trans_a: str = "N", trans_b: str
     >>> import numpy as np
     >>> a = np.array([[1.0, np.pi * 2.0**-60]])
     >>> gemm_moduli(a, a.T), gemm_moduli(a, a.T, "fast"), gemm_moduli(a, a.T, "auto"), gemm_moduli(a, a.T, 9)
-    (15, 14, 29, 9)
+    (16, 14, 29, 9)
     """
     xp = array_module(a, b, names=("a", "b"), fn="gemm_moduli")
     a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
@@ -112,8 +113,8 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
             if mode == "exact" and xp is not np:  # exact slices, exact sums of their products, one rounding
                 raise RNSRangeError(
                     f"{fn}: moduli='auto' on rows / columns wider than 49 moduli hold sums its slice products "
-                    f"exactly in Python integers, on the host: pass NumPy arrays, or moduli=None (the "
-                    f"classical float64 bound, split on the device)"
+                    f"exactly in Python integers, on the host: pass NumPy arrays, or moduli=None (split on the "
+                    f"device, the classical float64 bound)"
                 )
             if mode == "pairs":
                 # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
@@ -215,20 +216,23 @@ def dgemm(
     trans_a, trans_b : {'N', 'T', 'C'}
         ``'T'`` and ``'C'`` both transpose (real data).
     moduli : None, 'fast', 'auto' or int in 1..49
-        ``None``: at least as accurate as float64 DGEMM, entry by entry: the
-        result satisfies the classical bound ``|C~ - C| <= gamma_k |alpha|
-        |A||B|`` (``gamma_k = k u / (1 - k u)``; complex ``sqrt(2)
-        gamma_{k+2}``), from the fewest moduli whose width keeps every
-        entry's encoding error below ``(k - 1) u (|A||B|)_ij``
+        ``None``: every entry within ``1.03 u`` of its exact magnitude
+        product, ``|C~ - C| <= (1 + 2**-5) u |alpha| (|A||B|)_ij`` (``u = 2**-53``,
+        the final rounding included; complex: of the complex magnitudes),
+        or the classical bound ``gamma_k |alpha| |A||B|`` where that is
+        smaller (``gamma_k = k u / (1 - k u)``), from the fewest moduli
+        whose width keeps every entry's encoding error within it
         (:func:`classical_moduli`: from the rows' and columns' binade
-        spreads, else from one float32 GEMM of the scaled magnitudes,
-        :func:`magnitude_ratio`). Results then depend on the whole operands'
-        data through the width (``'fast'`` or an explicit ``moduli`` keep
+        spreads and lowest set bits, else from one float32 GEMM of the
+        scaled magnitudes, :func:`magnitude_ratio`). Results then depend on
+        the whole operands' data through the width (``'fast'`` or an
+        explicit ``moduli`` keep
         rows and columns independent). Rows or
         columns spanning more binades than 49 moduli hold are split exactly
         into slices of bounded span, every pair of slices is one residue
         product, correctly rounded, and the pairs are summed in float64
-        (:func:`row_slices`). ``'fast'``: ``moduli_for_bits(k, 53)``, the
+        (:func:`row_slices`): those entries meet the classical bound
+        (complex ``sqrt(2) gamma_{k+2}``). ``'fast'``: ``moduli_for_bits(k, 53)``, the
         53-bit width (float64-level accuracy on well-scaled data; a row mixing
         very different magnitudes loses its small entries' bits). ``'auto'``:
         the smallest ``s`` whose width ``t``
@@ -257,7 +261,7 @@ def dgemm(
         (as :func:`rnstensor.einsum`'s ``min_bits``): below it the call raises
         :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
     rtol : float, optional
-        A target in place of the classical bound (with ``moduli=None``):
+        A target in place of the default's (with ``moduli=None``):
         every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
         of the complex magnitudes), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
@@ -352,7 +356,7 @@ def zgemm(
         (as :func:`rnstensor.einsum`'s ``min_bits``): below it the call raises
         :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
     rtol : float, optional
-        A target in place of the classical bound (with ``moduli=None``):
+        A target in place of the default's (with ``moduli=None``):
         every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
         of the complex magnitudes), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer

@@ -222,7 +222,12 @@ def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[in
 
 def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
                      magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> int:
-    """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the classical bound: ``moduli=None``.
+    """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the default's target: ``moduli=None``.
+
+    The target is :func:`~rnstensor.run.policy.default_target` (``(1 +
+    2**-5) u (|A||B|)_ij`` with the decode's rounding, or ``gamma_k`` where
+    that is smaller), its encoding share :func:`encoding_budget`; the tests
+    below are written for that budget.
 
     From the per row / column exponents of :func:`group_stats`: first
     :func:`classical_fits` on the largest relative encoding error of either
@@ -252,7 +257,7 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
         moduli hold at the classical accuracy (or at ``rtol``).
     """
     kind = "complex" if cplx else "real"
-    budget = encoding_budget(k, cplx, default_target(k, rtol))  # the default's 1.5 u, or the caller's rtol
+    budget = encoding_budget(k, cplx, default_target(k, rtol))  # the default's (1 + 2**-5) u, or the caller's rtol
     # the classical default never takes fewer than the 53-bit count; a target, the fewest that hold a width
     s0 = moduli_for_bits(k, 53, kind=kind) if rtol is None else moduli_for_bits(k, 1, kind=kind)
     (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
@@ -276,7 +281,7 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
             s = least(ga, gb, ratio) if ratio is not None else s
     # the lowest bits cost a pass over every significand (O(mk + kn), against O(mnk) per modulus): only where the
     # count is still above the 53-bit one, e.g. sparse integer matrices (an |A||B| entry of zero leaves the
-    # magnitudes undecided) or random() data, exact at 53 bits, that the default's 1.5 u target would widen
+    # magnitudes undecided) or random() data, exact at 53 bits, that the default's (1 + 2**-5) u target would widen
     if s != s0 and lsb_of is not None and (la is None or lb is None):
         got_a, got_b = lsb_of()
         ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
