@@ -6,7 +6,7 @@ import tracemalloc
 from rnstensor.progress import progress
 from rnstensor.results import json_on_stdout, output_path, result_record, write_result
 
-__all__ = ["best_time", "peak_mib", "progress", "add_output_options", "parse_args", "save_result"]
+__all__ = ["best_time", "interleaved", "peak_mib", "progress", "add_output_options", "parse_args", "save_result"]
 
 
 def best_time(fn, repeat: int) -> float:
@@ -18,6 +18,19 @@ def best_time(fn, repeat: int) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return min(ts)
+
+
+def interleaved(fns: dict, rounds: int = 3) -> dict:
+    """Best seconds of each callable in ``fns``: one warm-up round for all, then ``rounds`` alternating rounds (a
+    ratio of two of them is a same-run ratio, each side's best)."""
+    best = {k: float("inf") for k in fns}
+    for r in range(rounds + 1):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def peak_mib(fn) -> float:

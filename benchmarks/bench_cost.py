@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rnstensor as rt  # noqa: E402
-from _timing import add_output_options, parse_args, save_result  # noqa: E402
+from _timing import add_output_options, interleaved, parse_args, save_result  # noqa: E402
 
-__all__ = ["cases", "interleaved", "main"]
+__all__ = ["cases", "main"]
 
 POLICIES = ("default", "fast", "rtol=1e-10", "auto")
 
@@ -66,18 +65,6 @@ def cases(scale: float = 1.0) -> list[dict]:
                     "numpy": {"numpy a @ b": lambda A=A, Bm=Bm: A @ Bm},
                     "policies": {p: (lambda A=A, Bm=Bm, kw=kw: rt.dgemm(A, Bm, **kw)) for p, kw in kws.items()}})
     return out
-
-
-def interleaved(fns: dict, rounds: int) -> dict:
-    """Best seconds of each callable: one warm-up round for all, then ``rounds`` alternating rounds."""
-    best = {k: float("inf") for k in fns}
-    for r in range(rounds + 1):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            if r:
-                best[k] = min(best[k], time.perf_counter() - t0)
-    return best
 
 
 def main(argv=None) -> list[dict]:

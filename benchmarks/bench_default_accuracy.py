@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import rnstensor as rt  # noqa: E402
+from _timing import interleaved  # noqa: E402
 
 __all__ = ["cases", "compare", "main"]
 
@@ -82,18 +83,6 @@ def cases(quick: bool) -> list[dict]:
     return out
 
 
-def _time(fns: dict, rounds: int = 3) -> dict:
-    """Best seconds of each callable, interleaved (a warm-up round first)."""
-    best = {k: float("inf") for k in fns}
-    for r in range(rounds + 1):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            if r:
-                best[k] = min(best[k], time.perf_counter() - t0)
-    return best
-
-
 def compare(case: dict) -> dict:
     """One case's errors and times, numpy against the default."""
     y_np, y_rt, y_cr, mag = case["numpy"](), case["default"](), case["exact"](), case["magnitude"]()
@@ -103,7 +92,7 @@ def compare(case: dict) -> dict:
     with np.errstate(divide="ignore", invalid="ignore"):
         comp_np = float(np.max(np.where(mag > 0, err_np / mag, 0.0)))
         comp_rt = float(np.max(np.where(mag > 0, err_rt / mag, 0.0)))
-    t = _time({"numpy": case["numpy"], "default": case["default"]})
+    t = interleaved({"numpy": case["numpy"], "default": case["default"]})
     res = {
         "case": case["name"],
         "normwise_numpy": float(np.linalg.norm(y_np - y_cr)) / norm,
