@@ -1,0 +1,213 @@
+"""The accuracy policies of chain plans: moduli='auto' (the exact chain rounded once) and the certified default
+(moduli=None, rtol=: certified residue plans, wider ones, else the exact chain rounded once, else classical GEMMs)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from .arrays import array_module, to_module
+from .basis import int8_pool
+from .encode import group_exponents
+from .errors import PlanError, RNSRangeError
+from .planner.methods import MIN_BITS
+from .program.classical import ClassicalErrors, certify, gamma
+from .program.errors import inflate
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from .chain import ChainPlan
+
+__all__ = ["ChainPolicies"]
+
+
+class ChainPolicies:
+    """What :class:`~rnstensor.ChainPlan` does with ``moduli='auto'`` (:meth:`_exact_chain`) and with
+    ``moduli=None``: the residue run certified before it runs against the classical bound (or ``rtol``), on this
+    plan or the narrowest wider one that meets it (:meth:`_classical_path`), else the exact chain rounded once
+    (:meth:`_default_exact`), else one classical GEMM per product (:meth:`classical_chain`). A mixin: the plan
+    supplies its operators, program, schedule and :meth:`_replanned`."""
+
+    # ----- moduli='auto' (and the default's fallback): the exact chain rounded once --------------
+
+    def _exact_chain(self, X, backend, nonfinite: str, max_products: Optional[int] = None):
+        """``moduli='auto'``: the exact chain, rounded once per entry (no rounding drop): the einsum of the same
+        contractions with ``moduli='auto'`` (:func:`rnstensor.contract_expression`), built once per input shape."""
+        from .contract import contract_expression  # noqa: PLC0415 - the front end of einsum, above this one
+
+        shape = tuple(getattr(X, "shape", np.shape(X)))
+        batch = self._check_shape(shape)
+        key = (shape, nonfinite, max_products)
+        if key not in self._exact_exprs:
+            ops = [np.asarray(A, dtype=np.float64) for A in self.operators]
+            self._exact_exprs[key] = contract_expression(
+                self.einsum_subscripts(batch), shape, *ops, constants=range(1, len(ops) + 1), moduli="auto",
+                backend=backend, nonfinite=nonfinite)
+            if max_products is not None:  # the most exact part products this expression splits into
+                self._exact_exprs[key]._MAX_SPLIT_PRODUCTS = max_products
+        expr = self._exact_exprs[key]
+        y = expr(X, backend=backend)
+        self.last_evaluation = expr.last_evaluation
+        return y
+
+
+    # ----- the certified default ----------------------------------------------------------------
+
+    @property
+    def classical_terms(self) -> int:
+        """``m`` of the classical bound ``γ_m |A_n| ... |A_1| |X|``: the columns of every operator, added up."""
+        return sum(int(A.shape[1]) for A in self.operators)
+
+    def _certifies(self, decode: str) -> bool:
+        """Whether a call is held to the classical bound (or ``rtol``): the default plan with the fp64 decode (the
+        exact decode rounds this plan's integers once, as planned)."""
+        return self.classical and decode == "fp64" and self.method == "rescale_be"
+
+    def _classical_path(self, xb) -> tuple:
+        """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
+        whose run on ``xb`` is certified to meet the classical bound (or ``rtol``); ``(None, None)`` where none is."""
+        m = self.classical_terms
+        target = self.rtol  # None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
+        plan, s = self, len(self.basis)
+        if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
+            s = max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8))
+            plan = None
+            while plan is None and s <= len(int8_pool()):
+                plan = self._wider(s)
+                s += plan is None
+            if plan is None:
+                return None, None
+        while True:
+            obs = plan._certificate(xb, m, target)
+            if obs is not None and obs.certified(m, target):
+                return plan, obs
+            if obs is None or obs.excess is None:
+                return None, None
+            s += max(2, 2 * math.ceil((math.log2(obs.excess) + 2) / 8))  # both factors of a product widen
+            plan = None
+            while plan is None and s <= len(int8_pool()):
+                plan = self._wider(s)
+                s += plan is None
+            if plan is None:
+                return None, None
+
+    def _default_exact(self, x, backend):
+        """The default's fallback where no residue plan certifies: the exact chain rounded once, where one exact plan
+        of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs, ``gamma_m``)."""
+        from .contract import ContractExpression  # noqa: PLC0415 - the einsum front end evaluates it
+
+        try:
+            y = self._exact_chain(x, backend, "raise", ContractExpression._DEFAULT_SPLIT_PRODUCTS)
+        except RNSRangeError:
+            return None
+        self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
+        return y
+
+    def _check_fallback_target(self) -> None:
+        """The classical GEMMs meet ``γ_m``: a tighter ``rtol`` no plan certified is refused, with the fix."""
+        m = self.classical_terms
+        if self.rtol is not None and self.rtol < gamma(m):
+            raise RNSRangeError(
+                f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, and the "
+                f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly rounded (within any "
+                f"rtol >= 2**-52), or pass a larger rtol")
+
+    def _wider(self, s: int) -> Optional["ChainPlan"]:
+        """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""
+        if not hasattr(self, "_rungs"):
+            self._rungs = {}
+        if s not in self._rungs:
+            try:
+                self._rungs[s] = self._replanned(moduli=s, input_bits="max",
+                                                 min_bits=MIN_BITS if self.rtol is None else 0)
+            except (PlanError, RNSRangeError):
+                self._rungs[s] = None
+        return self._rungs[s]
+
+    def _certificate(self, xb, m: Optional[int] = None, target: Optional[float] = None) -> ClassicalErrors:
+        """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs.
+
+        With ``m`` (the terms of the bound) a plain chain on the CPU is first
+        certified from its statistics in one blocked pass
+        (:class:`~rnstensor.program.classical.ChainStatistics`); that
+        certificate is returned where it holds, and the full one otherwise,
+        so the verdict is always the full certificate's. ``target``: the
+        relative error it must meet (default ``gamma_m``).
+        """
+        xp = array_module(xb)
+        ops = self._float_operators(xp, encoded=True)
+
+        def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
+            if st.constant:
+                return self._operator_value(st.source, xp).exp.total()
+            return -group_exponents(xb, st.bits, st.shared)
+
+        leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
+        if m is not None:
+            return certify(self.program, leaf, exponents, m, target)
+        return ClassicalErrors(leaf, exponents).run(self.program)
+
+    def _float_operators(self, xp, encoded: bool) -> list:
+        """The operators as float64 arrays on ``xp``, copied to a device once: as given, or as encoded
+        (``encoded``: a revisit's exponents folded into their columns, what the certification reads)."""
+        key = ("encoded" if encoded else "float", xp.__name__)
+        if key not in self._op_values:
+            given = [op.effective for op in self._schedule.operators] if encoded else self.operators
+            self._op_values[key] = [to_module(np.asarray(A, dtype=np.float64), xp) for A in given]
+        return self._op_values[key]
+
+    def classical_chain(self, X):
+        """The chain as classical GEMMs (:func:`rnstensor.matmul`), one per product, decoded in between.
+
+        Each product meets ``γ_n |A| |Y|`` (``n`` its operator's columns), so
+        the chain meets ``γ_m |A_n| ... |A_1| |X|`` with ``m`` the columns
+        added up (:attr:`classical_terms`): the default's path where the
+        certification of the residue run fails (operators or tensors whose
+        entries span many binades).
+        """
+        from .gemm import matmul  # noqa: PLC0415 - the classical fallback only (gemm sits beside this front end)
+
+        xp = array_module(X)
+        batch = X.ndim - self.ndim
+        # each tensor scaled up by a power of two (exact) so that its largest intermediate result bound,
+        # max|X| times the largest prefix product of the operators' infinity norms, lands near 2**1000, and
+        # the result scaled back (one rounding): the products' roundings are scale-invariant, so this only
+        # keeps intermediate results of tensors that span many binades out of the subnormal range, whose
+        # absolute errors later operators would multiply past the bound
+        ops = self._float_operators(xp, encoded=False)
+        peak = self._norm_peak()
+        e = xp.zeros(X.shape[:batch] + (1,) * self.ndim, np.int64)
+        if X.size and self.ndim and math.isfinite(peak):
+            amax = xp.max(xp.abs(X), axis=tuple(range(batch, X.ndim)), keepdims=True)
+            top = xp.frexp(amax)[1].astype(np.int64) + math.frexp(peak)[1]
+            e = xp.where(amax > 0, xp.clip(1000 - top, 0, 2000), 0)
+        y = xp.ldexp(X, e.astype(np.int32))
+        for A, ax in zip(ops, self.axes):
+            moved_y = xp.moveaxis(y, batch + ax, 0)
+            rest = moved_y.shape[1:]
+            prod = matmul(A, moved_y.reshape(moved_y.shape[0], -1))
+            y = xp.moveaxis(prod.reshape((A.shape[0],) + rest), 0, batch + ax)
+        return xp.ldexp(y, (-e).astype(np.int32))
+
+    def _norm_peak(self) -> float:
+        """``max(1, max_k prod_{j <= k} ||A_j||_inf)`` of the operators as given (float64, computed once)."""
+        if "norm peak" not in self._op_values:
+            peak = prefix = 1.0
+            for A in self.operators:
+                A = np.asarray(A, dtype=np.float64)
+                prefix *= float(np.abs(A).sum(axis=1).max()) if A.size else 0.0
+                peak = max(peak, prefix)
+            self._op_values["norm peak"] = peak
+        return self._op_values["norm peak"]
+
+    def _classical_bound(self, x, xnorm: Fraction) -> float:
+        """``γ_m max |A_n| ... |A_1| |X|`` rounded up (the classical GEMMs' bound), plus their subnormal roundings."""
+        m = self.classical_terms
+        xp = array_module(x)
+        mag = float(self._float64_products(xp.abs(x), [xp.abs(A) for A in self._float_operators(xp, encoded=False)]).max())
+        bound = inflate(mag, m + len(self.operators) + 2) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
+        bound += 2.0**-1073 * math.prod(max(1, int(A.shape[1])) for A in self.operators) * len(self.operators)
+        return self._reported(Fraction(inflate(bound, 4)), xnorm)
+
