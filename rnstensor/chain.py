@@ -197,13 +197,11 @@ class ChainPlan(ChainPolicies):
         if self._certifies(decode):  # the default: the plan that is certified on X, fused or not, else GEMMs
             x = self._check_input(X)
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
-            if plan is None:
-                if self.rtol is None:  # the default: no residue plan certified, so the exact chain rounded once
-                    y = self._default_exact(x, backend)
-                    if y is not None:
-                        return y
-                else:
-                    self._check_fallback_target()
+            if plan is None:  # no residue plan certified: the exact chain rounded once (within any target)
+                y = self._default_exact(x, backend)
+                if y is not None:
+                    return y
+                self._check_fallback_target()  # the classical GEMMs, where they meet the target
                 self.last_evaluation = "composed classical GEMMs"
                 return self.classical_chain(x)
             self.last_evaluation = f"residues on {len(plan.basis)} moduli"
@@ -385,13 +383,11 @@ class ChainPlan(ChainPolicies):
         if self._certifies(decode) and x.size:
             # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
             plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
-            if plan is None:
-                if self.rtol is None:  # the default's result is then correctly rounded: half its largest spacing
-                    y = self._default_exact(x, None)
-                    if y is not None:
-                        return float(half_spacing(y).max()) if x.size else 0.0
-                else:
-                    self._check_fallback_target()
+            if plan is None:  # the result is then correctly rounded (half its largest spacing), or classical GEMMs'
+                y = self._default_exact(x, None)
+                if y is not None:
+                    return float(half_spacing(y).max()) if x.size else 0.0
+                self._check_fallback_target()
                 return self._classical_bound(x, xnorm)
             decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
             if plan is not self:

@@ -94,8 +94,8 @@ class ChainPolicies:
                 return None, None
 
     def _default_exact(self, x, backend):
-        """The default's fallback where no residue plan certifies: the exact chain rounded once, where one exact plan
-        of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs, ``gamma_m``)."""
+        """The fallback where no residue plan certifies (the default's and a target's): the exact chain rounded once,
+        where one exact plan of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs)."""
         from .contract import ContractExpression  # noqa: PLC0415 - the einsum front end evaluates it
 
         try:
@@ -106,13 +106,14 @@ class ChainPolicies:
         return y
 
     def _check_fallback_target(self) -> None:
-        """The classical GEMMs meet ``γ_m``: a tighter ``rtol`` no plan certified is refused, with the fix."""
+        """The classical GEMMs meet ``γ_m``: a tighter ``rtol`` that neither a residue plan nor the exact chain met
+        is refused, with the fix."""
         m = self.classical_terms
         if self.rtol is not None and self.rtol < gamma(m):
             raise RNSRangeError(
                 f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, and the "
                 f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly rounded (within any "
-                f"rtol >= 2**-52), or pass a larger rtol")
+                f"rtol accepted), or pass a larger rtol")
 
     def _wider(self, s: int) -> Optional["ChainPlan"]:
         """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""

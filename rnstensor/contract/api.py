@@ -42,7 +42,7 @@ def _check_auto(policy: str, decode, bits, fn: str) -> None:
 
 
 def _check_rtol(rtol, policy: str, decode, bits, fn: str) -> Optional[float]:
-    """``rtol=``: a target for the default (``moduli=None``, the fp64 decode, no ``bits``), at least ``2**-52``."""
+    """``rtol=``: a target for the default (``moduli=None``, the fp64 decode, no ``bits``), at least ``(1 + 2**-5) 2**-53``."""
     rtol = check_rtol(rtol, fn)
     if rtol is not None and (policy != "classical" or decode != "fp64" or bits is not None):
         raise ValueError(f"{fn}: rtol chooses the moduli and widths itself; pass it with moduli=None, decode='fp64' "
@@ -154,7 +154,9 @@ def contract_expression(
         A target in place of the classical bound (with ``moduli=None``): every
         entry within ``rtol (|A| |B| ...)``, certified before the run on the
         fewest moduli and narrowest widths that meet it (a loose target takes
-        fewer than 15 moduli). At least ``2**-52``; a target that no plan
+        fewer than 15 moduli). At least ``(1 + 2**-5) 2**-53`` (``1.145e-16``:
+        on wide data about numpy's accuracy entry by entry, BENCHMARKS.md);
+        a target that no plan
         certifies and the classical GEMMs do not meet raises
         :class:`RNSRangeError` pointing to ``moduli='auto'``.
 

@@ -116,21 +116,20 @@ class _ClassicalDefault:
             if obs.excess is None:  # refused: wider encodings do not help
                 break
             cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
-        if self.rtol is not None:
-            m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
-            if self.rtol < (2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)):
-                raise RNSRangeError(
-                    f"einsum: rtol={self.rtol:g} cannot be certified for {self.subscripts!r} on these operands within "
-                    f"49 INT8 moduli and {self._WIDEST}-bit encodings, and the classical GEMMs meet only gamma_{m} = "
-                    f"{gamma(m):.2g}; moduli='auto' is correctly rounded (within any rtol >= 2**-52), or pass a "
-                    f"larger rtol")
-            self.last_evaluation = "composed classical GEMMs"
-            return self._composed_classical(arrays, bound, parsed)
-        # the default: no residue plan certified, so the correctly rounded result (moduli='auto', within any target)
-        # where one exact plan of at most 49 moduli holds it, else the composed classical GEMMs (the bound gamma_m)
+        # no residue plan certified: the correctly rounded result (moduli='auto', within any target) where one exact
+        # plan of at most 49 moduli holds it, else the composed classical GEMMs (the bound gamma_m), where they meet
+        # the target
         try:
             y = self._auto(arrays, backend, self._DEFAULT_SPLIT_PRODUCTS)
         except RNSRangeError:
+            if self.rtol is not None:
+                m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
+                if self.rtol < (2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)):
+                    raise RNSRangeError(
+                        f"einsum: rtol={self.rtol:g} cannot be certified for {self.subscripts!r} on these operands "
+                        f"within 49 INT8 moduli and {self._WIDEST}-bit encodings, one exact plan does not hold them, "
+                        f"and the classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly "
+                        f"rounded (within any rtol accepted), or pass a larger rtol") from None
             self.last_evaluation = "composed classical GEMMs"
             return self._composed_classical(arrays, bound, parsed)
         self.last_evaluation = f"correctly rounded ({self.last_evaluation})"

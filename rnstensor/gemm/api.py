@@ -265,7 +265,7 @@ def dgemm(
         every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
         of the complex magnitudes), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
-        than the default). At least ``2**-52``; a target 49 moduli cannot
+        than the default). At least ``(1 + 2**-5) 2**-53``; a target 49 moduli cannot
         meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
 
     Returns
@@ -360,7 +360,7 @@ def zgemm(
         every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
         of the complex magnitudes), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
-        than the default). At least ``2**-52``; a target 49 moduli cannot
+        than the default). At least ``(1 + 2**-5) 2**-53``; a target 49 moduli cannot
         meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
 
     Returns

@@ -30,7 +30,8 @@ an int ``s``, a :class:`~rnstensor.Basis` or a sequence of moduli
 every entry within ``rtol`` times the exact magnitude contraction
 ``(|A||B|...)``, from the fewest moduli whose rigorous bound (or
 certificate) meets it; an unreachable target raises with ``moduli='auto'``
-(correctly rounded, so within any ``rtol >= 2**-52``) as the fix.
+(correctly rounded, so within any ``rtol`` accepted) as the fix. The tightest accepted is
+:data:`DEFAULT_RTOL`, ``(1 + 2**-5) u``.
 """
 
 from __future__ import annotations
@@ -118,16 +119,17 @@ def accuracy_policy(moduli, fn: str) -> Accuracy:
 
 
 def check_rtol(rtol, fn: str) -> Optional[float]:
-    """``rtol=`` of ``fn``: ``None`` or a float at least ``u = 2**-53`` (a float64 result is never closer)."""
+    """``rtol=`` of ``fn``: ``None`` or a float at least :data:`DEFAULT_RTOL` (the final rounding alone may take
+    ``u = 2**-53`` of it; a float64 result is never closer)."""
     if rtol is None:
         return None
     if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.floating, np.integer)):
         raise TypeError(f"{fn}: rtol must be a float (the largest error relative to |A||B|..., entry by entry); "
                         f"got {type(rtol).__name__}")
     rtol = float(rtol)
-    if not (rtol >= 2.0**-52) or not np.isfinite(rtol):
+    if not (rtol >= DEFAULT_RTOL) or not np.isfinite(rtol):
         raise ValueError(
-            f"{fn}: rtol={rtol!r} is below what a float64 result can meet (2**-52 = 2.2e-16 relative to |A||B|..., "
-            f"twice the unit roundoff, where the final rounding alone may take half); for the closest float64 use "
-            f"moduli='auto' (correctly rounded)")
+            f"{fn}: rtol={rtol!r} is below what a certified float64 result can meet ((1 + 2**-5) 2**-53 = "
+            f"{DEFAULT_RTOL:.4g} relative to |A||B|..., where the final rounding alone may take 2**-53); for the "
+            f"closest float64 use moduli='auto' (correctly rounded)")
     return rtol
