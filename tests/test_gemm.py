@@ -445,6 +445,27 @@ def test_default_moduli_follow_the_data():
     assert rt.gemm_moduli(A, B, 9) == 9 and rt.gemm_moduli(A, B, "fast") == s0
 
 
+def test_exact_data_is_decided_by_its_lowest_bits_before_any_gemm():
+    # random() data is exact at 53 bits: the lowest set bits (one pass) settle the 53-bit count, and the float32
+    # magnitude GEMM is never asked; data that is not exact asks for it, and gets the count the GEMM decides
+    k = 256
+    U = unif((8, k), 3)
+    sa, sb = G.group_stats(U, 1, False), G.group_stats(U.T, 0, False)
+    lsb = lambda: (G.group_lsb(U, 1), G.group_lsb(U.T, 0))  # noqa: E731
+
+    def refuse():
+        raise AssertionError("the magnitude GEMM measured where the lowest bits decide")
+
+    assert G.classical_moduli(k, False, sa, sb, lsb_of=lsb, magnitudes_of=refuse) == rt.moduli_for_bits(k)
+    N = rng(4).standard_normal((8, k))
+    asked = []
+    got = G.classical_moduli(k, False, G.group_stats(N, 1, False), G.group_stats(N.T, 0, False),
+                             lsb_of=lambda: (G.group_lsb(N, 1), G.group_lsb(N.T, 0)),
+                             magnitudes_of=lambda: asked.append(1))  # None: no measurement, the spreads decide
+    assert asked == [1] and got > rt.moduli_for_bits(k)  # full significands: the bits do not settle it
+    assert rt.gemm_moduli(N, N.T) <= got  # with the GEMM measured: never more
+
+
 @pytest.mark.parametrize("cplx", [False, True])
 def test_split_product_semantics(cplx):
     """Slices: backends bitwise, tiles bitwise, BLAS flags, alpha / beta, inf rows, the slices sum to the rows."""

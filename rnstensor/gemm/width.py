@@ -232,17 +232,18 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     From the per row / column exponents of :func:`group_stats`: first
     :func:`classical_fits` on the largest relative encoding error of either
     side (the spreads: nothing but the scan). Where that asks for more than
-    the 53-bit width, either that or entry by entry with the measured
-    magnitudes (:func:`_measured_fits` on ``magnitudes_of()``,
+    the 53-bit width, the lowest set bits ``lsb_of()`` refine the spreads
+    (one pass over the significands): groups exact at a width need no more,
+    so small integers, or ``U[0, 1)`` data from ``random()``, exact at 53
+    bits whatever their spread, stop at the 53-bit count there. Otherwise
+    either test, or entry by entry with the measured magnitudes
+    (:func:`_measured_fits` on ``magnitudes_of()``,
     :func:`~rnstensor.magnitude.measure_ratio`: one float32 GEMM of ``|A|``
     and ``|B|``, whose last bits differ between devices: where that could
     change the choice, the ratio settled alike on every device decides,
-    :func:`_agreed_ratio`). Where
-    the magnitudes cannot decide (an ``|A||B|`` entry that is zero, as in
-    sparse matrices, or no float32 bound at this ``k``), the lowest set bits
-    ``lsb_of()`` refine the spreads: groups exact at a width need no more
-    (small integers, or ``U[0, 1)`` data from ``random()``, are exact at 53
-    bits whatever their spread). Every test only
+    :func:`_agreed_ratio`; an ``|A||B|`` entry that is zero, as in sparse
+    matrices, or no float32 bound at this ``k`` leave it to the spreads and
+    bits). Every test only
     improves with ``s``, so a galloping search from the 53-bit count finds
     the least. Scalars only come back from the device.
 
@@ -274,18 +275,24 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
     ratio = None
     s = least(ga, gb, ratio)
+    # the lowest bits cost a pass over every significand (O(mk + kn)), the magnitudes one float32 GEMM (O(mnk)):
+    # the bits first, and where they alone give the 53-bit count (random() data, small integers: exact at 53 bits)
+    # that is the answer, as s0 is the floor; otherwise both, as before (sparse integer matrices: an |A||B| entry
+    # of zero leaves the magnitudes undecided)
+    refined = None
+    if s != s0 and lsb_of is not None and (la is None or lb is None):
+        got_a, got_b = lsb_of()
+        refined = (_groups(fa, Ea, Na, la if la is not None else got_a),
+                   _groups(fb, Eb, Nb, lb if lb is not None else got_b))
+        if least(*refined, None) == s0:
+            return s0
     if s != s0 and magnitudes_of is not None:
         measured = magnitudes_of()
         if measured is not None:
             ratio = _agreed_ratio(measured, lambda r: least(ga, gb, r))
             s = least(ga, gb, ratio) if ratio is not None else s
-    # the lowest bits cost a pass over every significand (O(mk + kn), against O(mnk) per modulus): only where the
-    # count is still above the 53-bit one, e.g. sparse integer matrices (an |A||B| entry of zero leaves the
-    # magnitudes undecided) or random() data, exact at 53 bits, that the default's (1 + 2**-5) u target would widen
-    if s != s0 and lsb_of is not None and (la is None or lb is None):
-        got_a, got_b = lsb_of()
-        ga, gb = _groups(fa, Ea, Na, la if la is not None else got_a), _groups(fb, Eb, Nb, lb if lb is not None else got_b)
-        s = least(ga, gb, ratio)
+    if s != s0 and refined is not None:
+        s = least(*refined, ratio)
     if s is None:
         raise SplitNeeded(
             f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
