@@ -16,6 +16,7 @@ from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS
 from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import inflate
+from .run.policy import FALLBACK_SPLIT_PRODUCTS
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .chain import ChainPlan
@@ -52,7 +53,6 @@ class ChainPolicies:
         self.last_evaluation = expr.last_evaluation
         return y
 
-
     # ----- the certified default ----------------------------------------------------------------
 
     @property
@@ -69,37 +69,35 @@ class ChainPolicies:
         """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
         whose run on ``xb`` is certified to meet the classical bound (or ``rtol``); ``(None, None)`` where none is."""
         m = self.classical_terms
-        target = self.rtol  # None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
         plan, s = self, len(self.basis)
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
-            s = max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8))
-            plan = None
-            while plan is None and s <= len(int8_pool()):
-                plan = self._wider(s)
-                s += plan is None
-            if plan is None:
-                return None, None
-        while True:
-            obs = plan._certificate(xb, m, target)
-            if obs is not None and obs.certified(m, target):
+            plan, s = self._wider_from(max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8)))
+        while plan is not None:
+            # rtol None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
+            obs = plan._certificate(xb, m, self.rtol)
+            if obs is not None and obs.certified(m, self.rtol):
                 return plan, obs
             if obs is None or obs.excess is None:
-                return None, None
-            s += max(2, 2 * math.ceil((math.log2(obs.excess) + 2) / 8))  # both factors of a product widen
-            plan = None
-            while plan is None and s <= len(int8_pool()):
-                plan = self._wider(s)
-                s += plan is None
-            if plan is None:
-                return None, None
+                break
+            # both factors of a product widen
+            plan, s = self._wider_from(s + max(2, 2 * math.ceil((math.log2(obs.excess) + 2) / 8)))
+        return None, None
+
+    def _wider_from(self, s: int) -> tuple:
+        """``(plan, s)``: the first chain that plans on ``s`` or more moduli (:meth:`_wider`), ``(None, s)`` where
+        none up to 49 does."""
+        while s <= len(int8_pool()):
+            plan = self._wider(s)
+            if plan is not None:
+                return plan, s
+            s += 1
+        return None, s
 
     def _default_exact(self, x, backend):
         """The fallback where no residue plan certifies (the default's and a target's): the exact chain rounded once,
         where one exact plan of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs)."""
-        from .contract import ContractExpression  # noqa: PLC0415 - the einsum front end evaluates it
-
         try:
-            y = self._exact_chain(x, backend, "raise", ContractExpression._DEFAULT_SPLIT_PRODUCTS)
+            y = self._exact_chain(x, backend, "raise", FALLBACK_SPLIT_PRODUCTS)
         except RNSRangeError:
             return None
         self.last_evaluation = f"correctly rounded ({self.last_evaluation})"

@@ -15,6 +15,7 @@ from ..encode import as_basis, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
+from ..run.policy import FALLBACK_SPLIT_PRODUCTS
 from ..program.errors import inflate
 from ..tensor import RNSTensor
 from .parse import _C, _unique
@@ -31,9 +32,6 @@ class _ClassicalDefault:
 
     #: The widest input encoding the escalation tries before the composed evaluation.
     _WIDEST = 160
-    #: The most exact part products the default's correctly rounded fallback takes (more: the composed GEMMs). One:
-    #: no split, so the fallback stays where the data is (a split sums its parts in Python integers, on the host).
-    _DEFAULT_SPLIT_PRODUCTS = 1
 
     def _certifies(self, arrays) -> bool:
         """Whether this call is held to the classical bound (the default: ``moduli=None``, float operands)."""
@@ -101,9 +99,9 @@ class _ClassicalDefault:
                     if exact.kept_bits == math.inf:
                         plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
-            target = self.rtol  # None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
-            obs = certify(plan, leaf, exponents, m, target)
-            if obs.certified(m, target):
+            # rtol None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
+            obs = certify(plan, leaf, exponents, m, self.rtol)
+            if obs.certified(m, self.rtol):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:
@@ -120,7 +118,7 @@ class _ClassicalDefault:
         # plan of at most 49 moduli holds it, else the composed classical GEMMs (the bound gamma_m), where they meet
         # the target
         try:
-            y = self._auto(arrays, backend, self._DEFAULT_SPLIT_PRODUCTS)
+            y = self._auto(arrays, backend, FALLBACK_SPLIT_PRODUCTS)
         except RNSRangeError:
             if self.rtol is not None:
                 m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)

@@ -43,7 +43,8 @@ import numpy as np
 
 from ..basis import Basis
 
-__all__ = ["Accuracy", "accuracy_policy", "check_rtol", "default_target", "POLICIES", "DEFAULT_MODULI", "DEFAULT_RTOL"]
+__all__ = ["Accuracy", "accuracy_policy", "check_rtol", "default_target", "POLICIES", "DEFAULT_MODULI", "DEFAULT_RTOL",
+           "FALLBACK_SPLIT_PRODUCTS"]
 
 #: what each ``moduli=`` selects; ``'basis'`` is an explicit one
 POLICIES = ("classical", "fast", "auto", "basis")
@@ -58,6 +59,12 @@ DEFAULT_MODULI = 15
 #: einsum would take the 4-index transforms of wide integrals (n = 8..32) to at most 0.07 % (1.5 u: still 9 % at
 #: n = 32, where the magnitudes exceed the result ~100-fold), once a per-tensor certificate keeps batches chunk-free.
 DEFAULT_RTOL = (1 + 2.0**-5) * 2.0**-53
+
+
+#: The most exact part products the correctly rounded fallback takes where no residue plan certifies (more: the
+#: classical GEMMs). One: no split, so the fallback stays where the data is (a split sums its parts in Python
+#: integers, on the host). Read by einsum / contract expressions and by chain plans alike.
+FALLBACK_SPLIT_PRODUCTS = 1
 
 
 def default_target(m: int, rtol: Optional[float] = None) -> float:
