@@ -241,8 +241,9 @@ def fold_exponents(A, pending: Optional[np.ndarray]) -> tuple[np.ndarray, int]:
     c = int(pending.max())
     rel = (pending - c)[None, :]
     eff = np.ldexp(A, np.maximum(rel, -(1 << 20)).astype(np.int32))
-    if not np.array_equal(np.ldexp(eff, (-rel).astype(np.int32)), A):
-        lost = A[np.ldexp(eff, (-rel).astype(np.int32)) != A]
+    back = np.ldexp(eff, (-rel).astype(np.int32))
+    if not np.array_equal(back, A):
+        lost = A[back != A]
         raise ValueError(
             f"folding pending exponents (scales 2**{int(rel.min())} .. 2**0 on its columns) into the operator is "
             f"inexact in float64: entries as small as {float(np.abs(lost).min()):.3g} would lose bits below the "
