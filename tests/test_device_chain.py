@@ -82,3 +82,15 @@ def test_revisiting_default_chain(device, tiny, path):
     same_bits(got, plan(X))
     assert plan.last_evaluation == on_device and on_device.startswith(path)
     assert plan.error_bound(Xd) == plan.error_bound(X)
+
+
+def test_correctly_rounded_fallback_on_the_device(device):
+    # the chain whose only certified result is its exact value rounded once: the same on the device
+    A, B = np.array([[1.0, 2.0**-200], [0.5, 1.0]]), np.array([[0.0, 1.0], [1.0, 3.0]])
+    X = np.array([[0.0, 1.0], [1.0, -1.0]])
+    plan = rt.plan_chain([A, B], [0, 0], ndim=1, min_bits=0)
+    want = plan(X)
+    assert plan.last_evaluation.startswith("correctly rounded")
+    Xd = device.put(X)
+    same_bits(device.resident(lambda: plan(Xd)), want)
+    assert plan.last_evaluation.startswith("correctly rounded")

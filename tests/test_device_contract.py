@@ -108,3 +108,17 @@ def test_nonfinite_operands_on_the_device(device):
     same_bits(rt.einsum("ij,jk->ik", ad, bd), want)
     expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
     same_bits(expr.error_bound(ad, bd), expr.error_bound(a, b))
+
+
+def test_correctly_rounded_fallback_on_the_device(device):
+    # no residue plan certifies an entry of 2**-200 read alone, one exact plan holds the operands: the default's
+    # correctly rounded fallback runs on the device, without data-sized copies, with the CPU's bits and bound
+    a = np.array([[1.0, 2.0**-200, 3.0], [0.5, 1.0, 2.0**-150]])
+    b = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0**-100]])
+    expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
+    want = expr(a, b)
+    assert expr.last_evaluation.startswith("correctly rounded")
+    ad, bd = device.put(a), device.put(b)
+    same_bits(device.resident(lambda: expr(ad, bd)), want)
+    assert expr.last_evaluation.startswith("correctly rounded")
+    same_bits(device.resident(lambda: expr.error_bound(ad, bd), kernels=False), expr.error_bound(a, b))
