@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -17,9 +17,6 @@ from .planner.methods import MIN_BITS
 from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import inflate
 from .run.policy import FALLBACK_SPLIT_PRODUCTS
-
-if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from .chain import ChainPlan
 
 __all__ = ["ChainPolicies"]
 
@@ -113,7 +110,7 @@ class ChainPolicies:
                 f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly rounded (within any "
                 f"rtol accepted), or pass a larger rtol")
 
-    def _wider(self, s: int) -> Optional["ChainPlan"]:
+    def _wider(self, s: int) -> Optional["ChainPolicies"]:
         """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""
         if not hasattr(self, "_rungs"):
             self._rungs = {}
