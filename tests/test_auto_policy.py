@@ -123,6 +123,18 @@ def test_chain_auto_returns_the_exact_chain_rounded_once(method):
         rt.plan_chain(ops, [1, 0, 1], moduli="auto", bits=20)
 
 
+def test_auto_call_after_a_call_on_another_basis():
+    # the same plan called on data needing 13, then 26 moduli: the exact rungs share the constants' arrays, never
+    # an encoding on another basis (a cached 13-moduli constant once broke the 26-moduli run with an IndexError)
+    ops = [np.array([[0.0], [0.5]]), np.array([[5.55111512e-17, 0.5, 0.0]])]  # (long mantissas: wide exact widths)
+    X = np.array([[[0.5, 0.0, 1.38777878e-17]], [[0.5, 0.0, 0.0]]])
+    plan = rt.plan_chain(ops, [0, 1], moduli="auto")
+    sub = plan.einsum_subscripts(1)
+    for x in (X[1:], X[:1], X):
+        _same(plan(x), _exact(sub, x, *ops))
+    assert plan.last_evaluation.startswith("26 moduli")
+
+
 def test_policy_names_and_errors():
     assert policy.accuracy_policy(None, "f").certified and policy.accuracy_policy("auto", "f").correctly_rounded
     assert policy.accuracy_policy("fast", "f").policy == "fast"

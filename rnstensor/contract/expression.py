@@ -368,7 +368,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         """The constant of the :class:`~.ir.Encode` step ``st`` encoded (once per width, copied once per device)."""
         i = st.source
         labels = (_C if cplx else "") + _unique(self.terms[i])
-        key = ("enc", i, st.bits, cplx)
+        key = ("enc", i, st.bits, cplx, self.basis.moduli)  # (the cache is shared by the rungs of other bases)
         if key not in self._const_cache:
             self._check_exact(i, self._const_array(i, cplx), st)
             T = _package_encode_leaf(self._const_array(i, cplx), self.basis, st.bits, st.shared)
