@@ -188,27 +188,19 @@ class ChainPlan(ChainPolicies):
             ref = self.float64_chain(original)
             xp = array_module(ref)
             return xp.where(xp.isfinite(ref), y, ref)
-        be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
-        on_device = xp is not np
-        can_fuse = callable(getattr(be, "chain", None))  # a backend with a fused chain interpreter
-        if fused and not can_fuse:
+        be, _ = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
+        if fused and not callable(getattr(be, "chain", None)):  # a backend with a fused chain interpreter
             raise ValueError(f"fused=True runs on the 'cpu' and 'cuda' backends (their fused chain kernels); backend is "
                              f"{be.name!r}")
-        if self._certifies(decode):  # the default: the plan that is certified on X, fused or not, else GEMMs
-            x = self._check_input(X)
-            plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
-            if plan is None:  # no residue plan certified: the exact chain rounded once (within any target)
-                y = self._default_exact(x, backend)
-                if y is not None:
-                    return y
-                self._check_fallback_target()  # the classical GEMMs, where they meet the target
-                self.last_evaluation = "composed classical GEMMs"
-                return self.classical_chain(x)
-            self.last_evaluation = f"residues on {len(plan.basis)} moduli"
-            decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
-            if plan is not self:
-                return plan.run(x, decode, backend=backend, fused=fused)
-        if can_fuse and fused is not False and self.method != "composed":
+        if self._certifies(decode):  # the default: per tensor, the narrowest plan certified on it, else the fallbacks
+            return self._run_certified(self._check_input(X), decode, backend, fused)
+        return self._run_planned(X, decode, backend, fused)
+
+    def _run_planned(self, X, decode: str, backend: Optional[str], fused: Optional[bool]):
+        """The run as planned (no certification): fused where the backend can, else step by step."""
+        be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
+        on_device = xp is not np
+        if callable(getattr(be, "chain", None)) and fused is not False and self.method != "composed":
             done = self._run_fused(X, decode, be, on_device, required=bool(fused))
             if done is not None:
                 return done
@@ -378,20 +370,16 @@ class ChainPlan(ChainPolicies):
             finite = y[xp.isfinite(y)]
             return float(half_spacing(finite).max()) if finite.size else 0.0
         x = self._check_input(self._finite_part(X, "propagate")[0])
+        if self._certifies(decode) and x.size:
+            # the default's result: per tensor, the certified residue run (bounded below, with its decode), the
+            # correctly rounded result or the classical GEMMs
+            return self._certified_bound(x, decode)
+        return self._planned_bound(x, decode)
+
+    def _planned_bound(self, x, decode: str) -> float:
+        """:meth:`error_bound` of the plan as planned, on finite ``x``."""
         xp = array_module(x)
         xnorm = Fraction(float(xp.abs(x).max())) if x.size else Fraction(0)
-        if self._certifies(decode) and x.size:
-            # the default's result: the certified residue run (bounded below, with its decode) or the classical GEMMs
-            plan, obs = self._classical_path(x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:])))
-            if plan is None:  # the result is then correctly rounded (half its largest spacing), or classical GEMMs'
-                y = self._default_exact(x, None)
-                if y is not None:
-                    return float(half_spacing(y).max()) if x.size else 0.0
-                self._check_fallback_target()
-                return self._classical_bound(x, xnorm)
-            decode = "exact" if obs.exact and self.classical_terms <= 1 else decode
-            if plan is not self:
-                return plan.error_bound(X, decode)
         if self.method == "composed":
             rhos = [op.rho for op in self._schedule.operators]
             return self._reported(composed_bound(self.norms(), rhos, self.bits, self.basis.moduli, xnorm, decode), xnorm)

@@ -16,6 +16,8 @@ from .errors import PlanError, RNSRangeError
 from .planner.methods import MIN_BITS
 from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import inflate
+from .ir import Encode
+from .run.exact import half_spacing
 from .run.policy import FALLBACK_SPLIT_PRODUCTS
 
 __all__ = ["ChainPolicies"]
@@ -62,23 +64,110 @@ class ChainPolicies:
         exact decode rounds this plan's integers once, as planned)."""
         return self.classical and decode == "fp64" and self.method == "rescale_be"
 
-    def _classical_path(self, xb) -> tuple:
-        """``(plan, certificate)``: this plan, or the narrowest wider one (more moduli, the widest input encoding)
-        whose run on ``xb`` is certified to meet the classical bound (or ``rtol``); ``(None, None)`` where none is."""
+    def _classical_groups(self, xb) -> list:
+        """``[(plan, exact, index)]``: the tensors of ``xb`` (``(B, *tensor)``) grouped by the plan each runs on,
+        this plan or the narrowest wider one (more moduli, the widest input encoding) whose run on that tensor is
+        certified to meet the classical bound (or ``rtol``); ``plan`` None for tensors no residue plan certifies.
+        ``exact``: the group's result is the exact integer and the bound one rounding (decoded ``'exact'``).
+
+        Each tensor's verdicts are its own (:class:`~rnstensor.program.classical.ClassicalErrors` per tensor), and so
+        is its path of rungs, so a tensor's result does not depend on the batch it comes in
+        (``rnstensor.dask.apply`` gives the in-memory bits for every chunking)."""
         m = self.classical_terms
         plan, s = self, len(self.basis)
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
             plan, s = self._wider_from(max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8)))
-        while plan is not None:
-            # rtol None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
-            obs = plan._certificate(xb, m, self.rtol)
-            if obs is not None and obs.certified(m, self.rtol):
-                return plan, obs
-            if obs is None or obs.excess is None:
-                break
-            # both factors of a product widen
-            plan, s = self._wider_from(s + max(2, 2 * math.ceil((math.log2(obs.excess) + 2) / 8)))
-        return None, None
+        xp = array_module(xb)
+        groups, queue = [], [(plan, s, None)]  # index None: every tensor (the verdicts stay where the data lives)
+        while queue:
+            plan, s, idx = queue.pop(0)
+            if plan is None:
+                groups.append((None, False, idx))
+                continue
+            obs = plan._certificate(xb if idx is None else xb[idx], m, self.rtol, per_tensor=True)
+            ok, excess = obs.verdicts(m, self.rtol)
+            exact = obs.exacts() if m <= 1 else xp.zeros(ok.shape, bool)
+            pick = lambda sel: xp.nonzero(sel)[0] if idx is None else idx[sel]  # noqa: E731
+            for flag in (False, True):
+                sel = ok & (exact == flag)
+                if bool(sel.all()):  # (one flag read back)
+                    groups.append((plan, flag, idx))
+                    break
+                if bool(sel.any()):
+                    groups.append((plan, flag, pick(sel)))
+            refused = xp.isnan(excess)
+            if bool(refused.any()):  # refused: wider encodings do not help
+                groups.append((None, False, pick(refused)))
+            # the tensors that failed go to the next rung their own excess asks for (both factors of a product widen),
+            # the least first
+            failed = ~ok & ~refused
+            if not bool(failed.any()):
+                continue
+            with np.errstate(invalid="ignore", divide="ignore"):
+                nxt = xp.where(failed, s + xp.maximum(2, 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)),
+                               math.inf)
+            while True:
+                n = float(nxt.min())
+                if n == math.inf:
+                    break
+                queue.append(self._wider_from(int(n)) + (pick(nxt == n),))
+                nxt = xp.where(nxt == n, math.inf, nxt)
+        return groups
+
+    def _run_certified(self, x, decode: str, backend, fused):
+        """The default's run (``moduli=None``, or ``rtol=``) of finite ``x``: each group of
+        :meth:`_classical_groups` on its plan, or correctly rounded, or by the classical GEMMs; the results put
+        back in the tensors' order."""
+        xp = array_module(x)
+        lead = tuple(x.shape[:x.ndim - self.ndim])
+        xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
+        groups = self._classical_groups(xb)
+        parts, said = [], []
+        for plan, exact, idx in groups:
+            sub = xb if idx is None else xb[idx]
+            if plan is None:  # no residue plan certified: the exact chain rounded once (within any target)
+                y = self._default_exact(sub, backend)
+                if y is None:
+                    self._check_fallback_target()  # the classical GEMMs, where they meet the target
+                    self.last_evaluation = "composed classical GEMMs"
+                    y = self.classical_chain(sub)
+            else:
+                self.last_evaluation = f"residues on {len(plan.basis)} moduli"
+                mode = "exact" if exact else decode
+                y = (self._run_planned(sub, mode, backend, fused) if plan is self else
+                     plan.run(sub, mode, backend=backend, fused=fused))
+            said.append(f"{self.last_evaluation} ({sub.shape[0]} of {xb.shape[0]} tensors)")
+            parts.append((idx, y))
+        if len(parts) == 1:
+            y = parts[0][1]
+        else:
+            y = xp.empty((xb.shape[0],) + tuple(parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
+            for idx, part in parts:
+                y[idx] = part
+            self.last_evaluation = "; ".join(said)
+        return y.reshape(lead + tuple(y.shape[1:]))
+
+    def _certified_bound(self, x, decode: str) -> float:
+        """:meth:`~rnstensor.ChainPlan.error_bound` of the default's result on finite ``x``: the largest of its
+        groups' bounds (:meth:`_classical_groups`)."""
+        xp = array_module(x)
+        xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
+        groups = self._classical_groups(xb)
+        worst = 0.0
+        for plan, exact, idx in groups:
+            sub = xb if idx is None else xb[idx]
+            if plan is None:  # the result is then correctly rounded (half its largest spacing), or classical GEMMs'
+                y = self._default_exact(sub, None)
+                if y is not None:
+                    bound = float(half_spacing(y).max()) if y.size else 0.0
+                else:
+                    self._check_fallback_target()
+                    bound = self._classical_bound(sub, Fraction(float(xp.abs(sub).max())))
+            else:
+                mode = "exact" if exact else decode
+                bound = self._planned_bound(sub, mode) if plan is self else plan.error_bound(sub, mode)
+            worst = max(worst, bound)
+        return worst
 
     def _wider_from(self, s: int) -> tuple:
         """``(plan, s)``: the first chain that plans on ``s`` or more moduli (:meth:`_wider`), ``(None, s)`` where
@@ -122,7 +211,8 @@ class ChainPolicies:
                 self._rungs[s] = None
         return self._rungs[s]
 
-    def _certificate(self, xb, m: Optional[int] = None, target: Optional[float] = None) -> ClassicalErrors:
+    def _certificate(self, xb, m: Optional[int] = None, target: Optional[float] = None,
+                     per_tensor: bool = False) -> ClassicalErrors:
         """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs.
 
         With ``m`` (the terms of the bound) a plain chain on the CPU is first
@@ -142,7 +232,8 @@ class ChainPolicies:
 
         leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
         if m is not None:
-            return certify(self.program, leaf, exponents, m, target)
+            batch = next(st.labels[0] for st in self.program.steps if isinstance(st, Encode) and not st.constant)
+            return certify(self.program, leaf, exponents, m, target, *((batch, xb.shape[0]) if per_tensor else ()))
         return ClassicalErrors(leaf, exponents).run(self.program)
 
     def _float_operators(self, xp, encoded: bool) -> list:

@@ -209,12 +209,11 @@ def apply(f: Any, X, *, dtype: Optional[np.dtype] = None, backend: Optional[str]
     function of a batch (``(nb, ...) -> (nb, ...)``). Operators
     are encoded once on the client and travel with the task graph; each
     element's result depends only on that element, so any chunking gives the
-    in-memory result bit for bit. Known exception: a plan or expression with
-    the certified default (``moduli=None``) certifies each block as one
-    call, so where the whole batch needs a wider plan than some of its
-    chunks (data whose tensors differ widely in range) those chunks differ
-    from the in-memory result, each still within the bound; an explicit
-    ``moduli=`` gives the same bits for every chunking.
+    in-memory result bit for bit. With the certified default
+    (``moduli=None``, or ``rtol=``) too: each element's plan is the
+    narrowest certified for that element alone (per-tensor verdicts,
+    :class:`~rnstensor.program.classical.ClassicalErrors`), whatever block it
+    comes in.
 
     CuPy chunks (see the module notes): a ChainPlan, a contract expression
     and a FEM operator run each block on the device, CuPy in and out. A plain

@@ -100,6 +100,29 @@ def test_well_scaled_data_stays_on_fifteen_moduli():
     assert not expr._rungs  # no wider plan was needed
 
 
+def test_elements_escalate_apart():
+    # along the first index of the first operand (alone on it, kept by the output) each element takes the narrowest
+    # width certified for it alone: a wide row escalates without its neighbours, which keep their bits
+    rng = np.random.default_rng(8)
+    X, A = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    X[2] *= np.exp(12 * rng.standard_normal(5))
+    y = _check("bi,ij->bj", X, A)
+    expr = rt.contract_expression("bi,ij->bj", X.shape, A.shape)
+    expr(X, A)
+    assert "of 6 elements)" in expr.last_evaluation
+    alone = []
+    for b in range(6):
+        one = rt.contract_expression("bi,ij->bj", (1, 5), A.shape)
+        assert np.array_equal(one(X[b:b + 1], A), y[b:b + 1])
+        alone.append(one.last_evaluation)
+    assert len(set(alone)) > 1 and all(f"{what} ({alone.count(what)} of 6 elements)" in expr.last_evaluation
+                                       for what in alone)
+    bound = expr.error_bound(X, A)
+    for b in range(6):
+        assert np.array_equal(rt.contract_expression("bi,ij->bj", (1, 5), A.shape).error_bound(X[b:b + 1], A),
+                              bound[b:b + 1])
+
+
 def test_escalation_and_fallback():
     # rows spanning ~40 binades need wider encodings; 1800 binades the composed classical GEMMs
     rng = np.random.default_rng(2)
@@ -115,19 +138,27 @@ def test_default_falls_back_to_the_correctly_rounded_result():
     # an entry too small for the widest certified encoding (2**-200 in a row led by 1, read alone by b's zero): no
     # residue plan meets gamma_m of its magnitude, one exact plan of 43 moduli holds it all, so the default returns
     # the correctly rounded result (bit for bit moduli='auto') and half a unit at each entry as its bound
+    # (the first row; the second, alone in its verdict, is certified in residues)
     a = np.array([[1.0, 2.0**-200, 3.0], [0.5, 1.0, 2.0**-150]])
     b = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0**-100]])
     expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
     y = _check("ij,jk->ik", a, b)
-    assert np.array_equal(expr(a, b), y) and expr.last_evaluation.startswith("correctly rounded")
-    assert np.array_equal(y, rt.einsum("ij,jk->ik", a, b, moduli="auto"))
-    assert np.array_equal(expr.error_bound(a, b), np.spacing(np.abs(y)) / 2)
-    # a chain the same: no certified plan, its exact value on 27 moduli rounded once
+    assert np.array_equal(expr(a, b), y) and expr.last_evaluation.endswith(
+        "correctly rounded (43 moduli, exact) (1 of 2 elements)")
+    first = rt.contract_expression("ij,jk->ik", (1, 3), b.shape)
+    assert np.array_equal(first(a[:1], b), y[:1]) and first.last_evaluation.startswith("correctly rounded")
+    assert np.array_equal(y[:1], rt.einsum("ij,jk->ik", a[:1], b, moduli="auto"))
+    assert np.array_equal(expr.error_bound(a, b)[:1], np.spacing(np.abs(y[:1])) / 2)
+    # a chain the same: no certified plan for the first tensor (A X[0] = (2**-200, 1)), its exact value on 27
+    # moduli rounded once; the second is certified on 15 moduli, as alone (verdicts are per tensor)
     A, B = np.array([[1.0, 2.0**-200], [0.5, 1.0]]), np.array([[0.0, 1.0], [1.0, 3.0]])
     X = np.array([[0.0, 1.0], [1.0, -1.0]])
     plan = rt.plan_chain([A, B], [0, 0], ndim=1, min_bits=0)
     y = plan(X)
-    assert plan.last_evaluation.startswith("correctly rounded")
+    assert plan.last_evaluation == ("residues on 15 moduli (1 of 2 tensors); "
+                                    "correctly rounded (27 moduli, exact) (1 of 2 tensors)")
+    assert np.array_equal(plan(X[:1]), y[:1]) and plan.last_evaluation.startswith("correctly rounded")
+    assert np.array_equal(plan(X[1:]), y[1:]) and plan.last_evaluation == "residues on 15 moduli"
     assert np.array_equal(y, rt.plan_chain([A, B], [0, 0], ndim=1, moduli="auto")(X))
     want = [Fraction(float(B[i, 0])) * sum(Fraction(float(A[0, j])) * Fraction(float(X[r, j])) for j in range(2))
             + Fraction(float(B[i, 1])) * sum(Fraction(float(A[1, j])) * Fraction(float(X[r, j])) for j in range(2))
@@ -322,7 +353,9 @@ def test_chain_plan_default_and_opt_out():
     plan, fast = rt.plan_chain(diag, [0, 1, 2]), rt.plan_chain(diag, [0, 1, 2], moduli=15)
     X[0, 0, 0, 0] = 2.0**-700  # one tensor spans 700 binades: its small entry needs the classical GEMMs
     y = plan(X)
-    assert plan.last_evaluation == "composed classical GEMMs"
+    assert "composed classical GEMMs (1 of 20 tensors)" in plan.last_evaluation
+    assert np.array_equal(plan(X[:1]), y[:1]) and plan.last_evaluation == "composed classical GEMMs"
+    assert np.array_equal(plan(X[1:]), y[1:]) and "classical" not in plan.last_evaluation  # the others: residues
     want = Fraction(X[0, 0, 0, 0]) * math.prod(Fraction(float(D[0, 0])) for D in diag)
     assert abs(Fraction(y[0, 0, 0, 0]) - want) <= Fraction(gamma(18)) * want
     assert fast(X)[0, 0, 0, 0] == 0  # the planned basis rounds it away (one exponent per tensor)

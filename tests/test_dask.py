@@ -29,17 +29,26 @@ def test_apply_plan_and_expression_bitwise_for_any_chunking(chunk):
     assert np.array_equal(rd.apply(expr, D).compute(), expr(X))
 
 
-@pytest.mark.xfail(strict=True, reason="known: the certified default decides per call, so a chunk without the batch's "
-                   "hardest tensor certifies a narrower plan than the whole batch (needs a per-tensor certificate)")
 @pytest.mark.parametrize("chunk", [1, 5])
 def test_apply_certified_default_that_escalates_is_chunking_free(chunk):
-    # one tensor of 23 spans e**+-12: the whole batch escalates to a wider plan, chunks without it do not
+    # one tensor of 23 spans e**+-12: it escalates to a wider plan (verdicts per tensor), in any chunk alike
     X, ops = _chain_case()
     X[5] *= np.exp(4 * np.random.default_rng(1).standard_normal(X.shape[1:]))
     plan = rt.plan_chain(ops, [0, 1, 2], ndim=3)
     want = plan(X)
-    assert plan.last_evaluation != "residues on 15 moduli"  # the batch escalated
+    assert plan.last_evaluation != "residues on 15 moduli"  # some of the batch escalated
     assert np.array_equal(rd.apply(plan, da.from_array(X, chunks=(chunk, 4, 4, 4))).compute(), want)
+
+
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_apply_certified_expression_that_escalates_is_chunking_free(chunk):
+    # the same for a one-operand expression: its elements (the first index) decide their widths apart
+    X, ops = _chain_case()
+    X[5] *= np.exp(4 * np.random.default_rng(1).standard_normal(X.shape[1:]))
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3])
+    want = expr(X)
+    assert "(1 of 23 elements)" in expr.last_evaluation  # element 5 alone escalated
+    assert np.array_equal(rd.apply(expr, da.from_array(X, chunks=(chunk, 4, 4, 4))).compute(), want)
 
 
 def test_apply_with_a_function_of_batches_and_new_shapes():

@@ -113,7 +113,8 @@ def test_nonfinite_operands_on_the_device(device):
 def test_correctly_rounded_fallback_on_the_device(device):
     # no residue plan certifies an entry of 2**-200 read alone, one exact plan holds the operands: the default's
     # correctly rounded fallback runs on the device, without data-sized copies, with the CPU's bits and bound
-    a = np.array([[1.0, 2.0**-200, 3.0], [0.5, 1.0, 2.0**-150]])
+    # (the first row: the second is certified in residues, each row deciding alone)
+    a = np.array([[1.0, 2.0**-200, 3.0]])
     b = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0**-100]])
     expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
     want = expr(a, b)
@@ -122,3 +123,9 @@ def test_correctly_rounded_fallback_on_the_device(device):
     same_bits(device.resident(lambda: expr(ad, bd)), want)
     assert expr.last_evaluation.startswith("correctly rounded")
     same_bits(device.resident(lambda: expr.error_bound(ad, bd), kernels=False), expr.error_bound(a, b))
+    # both rows: apart on the device as on the CPU
+    a2 = np.array([[1.0, 2.0**-200, 3.0], [0.5, 1.0, 2.0**-150]])
+    expr2 = rt.contract_expression("ij,jk->ik", a2.shape, b.shape)
+    same_bits(expr2(device.put(a2), bd), expr2(a2, b))
+    assert expr2.last_evaluation.endswith("correctly rounded (43 moduli, exact) (1 of 2 elements)")
+    same_bits(expr2.error_bound(device.put(a2), bd), expr2.error_bound(a2, b))

@@ -65,23 +65,38 @@ class _ClassicalDefault:
                 break
         return self._rungs[key]
 
-    def _classical(self, arrays, backend, bound: bool):
+    def _batch_label(self) -> Optional[str]:
+        """The label along which the default decides per element: the first index of the first non-constant
+        operand where that operand alone carries it, once, and the output keeps it (each element's result then
+        reads that element alone: ``rnstensor.dask.apply``'s chunks); None where there is none."""
+        first = next((i for i in range(len(self.terms)) if i not in self.constants), None)
+        if first is None or not self.terms[first]:
+            return None
+        b = self.terms[first][0]
+        alone = all(b not in t for i, t in enumerate(self.terms) if i != first) and self.terms[first].count(b) == 1
+        return b if alone and b in self.output else None
+
+    def _classical(self, arrays, backend, bound: bool, cap: Optional[int] = None):
         """The default evaluation: the residue program at the narrowest width whose result is certified to meet the
         classical float64 bound (:mod:`rnstensor.program.classical`, before it runs), else the composed classical
-        evaluation."""
+        evaluation. Along :meth:`_batch_label`, per element: each element's width is the narrowest certified for it
+        alone (elements that differ run apart, :meth:`_apart`). ``cap``: the width to start from."""
         if any(n == 0 for n in self.sizes.values()):  # nothing to certify: the zeros of an empty contraction
             return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
         parsed = self._operands(arrays)
         ops, kinds, cplx, _, _ = parsed
         _, xp, _ = self._backend(ops, kinds, backend)  # where the non-constant operands live
         leaf = self._leaves(ops, kinds, cplx, xp)
+        batch = self._batch_label()
+        per = (batch, self.sizes[batch]) if batch is not None else ()
 
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
             return -group_exponents(leaf(st), st.bits, st.shared)
 
         widths = None
         # a target starts at the width it asks for (a loose one, narrower and on fewer moduli), the default at 53
-        cap = 53 if self.rtol is None else min(53, max(8, math.ceil(-math.log2(self.rtol)) + 8))
+        if cap is None:
+            cap = 53 if self.rtol is None else min(53, max(8, math.ceil(-math.log2(self.rtol)) + 8))
         while cap <= self._WIDEST:
             expr = self._rung(cap, kinds, cplx)
             if expr is None:
@@ -100,7 +115,19 @@ class _ClassicalDefault:
                         plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
             # rtol None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
-            obs = certify(plan, leaf, exponents, m, self.rtol)
+            obs = certify(plan, leaf, exponents, m, self.rtol, *per)
+            if per and not obs.certified(m, self.rtol):
+                ok, excess = obs.verdicts(m, self.rtol)
+                xp = array_module(excess)  # (the data's, or NumPy's where no number is per element)
+                refused = xp.isnan(excess)
+                with np.errstate(invalid="ignore", divide="ignore"):  # each element's next width, from its own excess
+                    nxt = xp.where(ok, cap, xp.where(refused, self._WIDEST + 1,
+                                                     cap + xp.maximum(8, xp.ceil(xp.log2(xp.where(ok | refused, 1.0,
+                                                                                                  excess))) + 2)))
+                if not bool((nxt == nxt.max()).all()):
+                    return self._apart(arrays, backend, bound, batch, nxt)
+                cap = int(nxt.max())  # all alike
+                continue
             if obs.certified(m, self.rtol):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
@@ -132,6 +159,39 @@ class _ClassicalDefault:
             return self._composed_classical(arrays, bound, parsed)
         self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
         return half_spacing(y) if bound else y
+
+    def _apart(self, arrays, backend, bound: bool, batch: str, start):
+        """:meth:`_classical` of the elements along ``batch`` grouped by the width each starts from (``start``, one
+        per element; past :attr:`_WIDEST`: the fallbacks), each group as its own call, the results put back."""
+        xp = array_module(start)
+        first = next(i for i in range(len(self.terms)) if i not in self.constants)
+        axis, out_axis = self.terms[first].index(batch), self.output.index(batch)
+        groups, left = [], start
+        while True:  # the least width first: one number read back per group
+            w = float(left.min())
+            if w == math.inf:
+                break
+            groups.append((int(w), xp.nonzero(left == w)[0]))
+            left = xp.where(left == w, math.inf, left)
+        parts = []
+        for w, idx in groups:
+            shape = list(self.shapes[first])
+            shape[axis] = int(idx.shape[0])
+            if tuple(shape) not in self._rungs:  # (cached with the rungs: its own rungs stay planned)
+                self._rungs[tuple(shape)] = self.with_shapes(*[tuple(shape) if i == first else self.shapes[i]
+                                                               for i in range(len(self.terms)) if i not in self.constants])
+            sub = self._rungs[tuple(shape)]
+            args = list(arrays)
+            args[0] = xp.take(xp.asarray(args[0]), idx, axis=axis)
+            parts.append((idx, sub._classical(args, backend, bound, cap=w), sub.last_evaluation))
+        y = xp.empty(tuple(self.sizes[c] for c in self.output), dtype=parts[0][1].dtype)
+        for idx, part, _ in parts:
+            index = [slice(None)] * y.ndim
+            index[out_axis] = idx
+            y[tuple(index)] = part
+        n = self.sizes[batch]
+        self.last_evaluation = "; ".join(f"{what} ({int(idx.shape[0])} of {n} elements)" for idx, _, what in parts)
+        return y
 
     def _composed_classical(self, arrays, bound: bool, parsed: tuple):
         """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.

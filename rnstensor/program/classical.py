@@ -49,7 +49,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..arrays import array_module
+from ..arrays import array_module, to_module
 from ..backends.cpu import chain_magnitude_stats, encode_magnitudes, mode_magnitudes
 from .errors import _letters, _result_letters
 from .execute import combine_parts
@@ -73,10 +73,22 @@ def gamma(m: int) -> float:
     return mu / (1 - mu) * (1 - 2.0**-50)
 
 
-def _up(x: float, ops: int = 4) -> float:
-    """``x`` (a sum or product of nonnegative numbers) inflated past the rounding of ``ops`` float64 operations that
-    made it; an exact 0 stays 0 (every term was 0)."""
+def _up(x, ops: int = 4):
+    """``x`` (a sum or product of nonnegative numbers; or an array of them, one per tensor) inflated past the rounding
+    of ``ops`` float64 operations that made it; an exact 0 stays 0 (every term was 0)."""
+    if _per_tensor(x):
+        return array_module(x).where(x != 0, x * (1 + ops * 2.0**-52) + 2.0**-1070, x)
     return x * (1 + ops * 2.0**-52) + 2.0**-1070 if x else x
+
+
+def _nonzero(x) -> bool:
+    """Whether a number, or any of an array of them (one per tensor), is nonzero."""
+    return bool(array_module(x).any(x)) if _per_tensor(x) else bool(x)
+
+
+def _per_tensor(x) -> bool:
+    """Whether ``x`` is an array of one number per tensor (on the host or the device), not a number."""
+    return getattr(x, "ndim", 0) > 0
 
 
 class _Refused(Exception):
@@ -98,10 +110,26 @@ class ClassicalErrors:
     operator's leaf being the folded one. Steps it has no rule for
     (RNSTensor operands, re-encodings, 3M products) make it refuse
     (:attr:`reason`).
+
+    Per tensor (``batch``, a label no step sums over, of ``size`` tensors):
+    the values that carry it hold their scalars ``r``, ``a`` and the
+    smallest magnitude as arrays along it, each reduced over that tensor's
+    entries alone, and :meth:`verdicts` says per tensor whether it meets the
+    bound. A tensor's verdict is then a function of that tensor alone,
+    whatever batch it comes in: on the CPU's fused mode products exactly
+    (the same sums in the same order for every batch); where a contraction
+    goes through BLAS, up to how BLAS rounds the magnitudes' sums, which
+    moves a verdict only within ``2**-40`` of the target. A tensor whose
+    magnitudes leave the certified range is refused alone.
     """
 
-    def __init__(self, leaf: Callable, exponents: Callable, magnitudes: Optional["ChainStatistics"] = None):
+    def __init__(self, leaf: Callable, exponents: Callable, magnitudes: Optional["ChainStatistics"] = None,
+                 batch: Optional[str] = None, size: int = 1):
         self.leaf, self.exponents = leaf, exponents
+        self.batch, self.size = batch, size
+        #: per tensor (``batch``): those refused (magnitudes out of the certified range), and why
+        self.refused = None  # (an array once one is)
+        self.refusal: Optional[str] = None
         #: where the input's and the mode products' magnitudes come from: computed here (None), or a
         #: :class:`ChainStatistics` (their statistics only, the ratios bounded from above)
         self.magnitudes = magnitudes
@@ -117,8 +145,9 @@ class ClassicalErrors:
         self.complex = bool(program.complex)
         try:
             for st in program.steps:
+                self._out_labels = _labels_after(st, self.labels)  # (a slot may be its own step's input)
                 self.state[st.out] = self._rule(st)
-                self.labels[st.out] = _labels_after(st, self.labels)
+                self.labels[st.out] = self._out_labels
             self.out = program.out
         except _Refused as e:
             self.reason = str(e)
@@ -134,9 +163,7 @@ class ClassicalErrors:
             # the quotient's units: the array stays, its scale shrinks (a scalar, no pass over the data)
             c, sc, g, r, a, lo = self.state[st.x]
             qf = float(math.prod(st.moduli))
-            lo = lo / qf * (1 - 2.0**-50)
-            if lo < TINY_UNIT:
-                raise _Refused("a magnitude falls below the certified range after a drop")
+            lo = self._floor(lo / qf * (1 - 2.0**-50), "a magnitude falls below the certified range after a drop")
             return self._normalized(c, sc / qf, st.bound) + (_up(g + 3 * _U, 2), r, _up(a / qf + 1.0), lo)
         if isinstance(st, Sum):
             c, sc, g, r, a, lo = self.state[st.x]
@@ -144,7 +171,7 @@ class ClassicalErrors:
             n = math.prod(c.shape[ax] for ax in axes)
             c = array_module(c).sum(c, axis=axes)
             h = (n + 2) * 2.0**-52
-            return c, sc, _up((g + h) / (1 - h)), r, _up(n * a), _min_positive(c) * sc * (1 - 2.0**-50)
+            return c, sc, _up((g + h) / (1 - h)), r, _up(n * a), self._least(c, self._out_labels) * sc * (1 - 2.0**-50)
         if isinstance(st, Contract):
             return self._contract(st)
         if isinstance(st, Fold):
@@ -160,7 +187,7 @@ class ClassicalErrors:
             part = combine_parts(c, lab.index(st.re_x), lab.index(st.re_y))
             xp = array_module(c)
             c = xp.stack([part(0, 0) + part(1, 1), part(1, 0) + part(0, 1)])
-            return c, sc, _up(g + 2 * _U, 2), r, _up(2 * a), _min_positive(c) * sc * (1 - 2.0**-50)
+            return c, sc, _up(g + 2 * _U, 2), r, _up(2 * a), self._least(c, self._out_labels) * sc * (1 - 2.0**-50)
         raise _Refused(f"no classical rule for step {type(st).__name__}")
 
     def _encode(self, st: Encode) -> tuple:
@@ -169,10 +196,10 @@ class ClassicalErrors:
         if self.magnitudes is not None:
             c, lo, exact = self.magnitudes.encode(st, x, e)
         else:
-            c, lo, exact = _leaf_magnitudes(x, e)
-        if lo < TINY_UNIT:
-            raise _Refused("an operand spans too many binades within one exponent slice")
-        return c, 1.0, 0.0, 0.0, 0.0 if exact else 0.5, lo
+            c, lo, exact = _leaf_magnitudes(x, e, self._axis(st.labels))
+        lo = self._floor(lo, "an operand spans too many binades within one exponent slice")
+        a = array_module(exact).where(exact, 0.0, 0.5) if _per_tensor(exact) else 0.0 if exact else 0.5
+        return c, 1.0, 0.0, 0.0, a, lo
 
     def _contract(self, st: Contract) -> tuple:
         cx, scx, gx, rx, ax, lox = self.state[st.x]
@@ -181,15 +208,14 @@ class ClassicalErrors:
         size = lambda c, labels, of: math.prod(c.shape[labels.index(ch)] for ch in of)  # noqa: E731
         kx, kc, ky = size(cx, st.x_labels, st.x_sum), size(cx, st.x_labels, st.contracted), size(cy, st.y_labels, st.y_sum)
         k = kx * kc * ky
-        if lox * loy < TINY_UNIT:
-            raise _Refused("a product of magnitudes falls below the certified range")
+        self._floor(lox * loy, "a product of magnitudes falls below the certified range")
         out_labels = _result_letters(st)
         sc = scx * scy  # the product's scale (its rounding is one more 2**-53 in g)
         h = (k + 3) * 2.0**-52
         g = _up((gx + gy + gx * gy + h) / (1 - h))
         r = _up(rx + ry + rx * ry)
         if xp is np and st.kind in ("mode", "mode_rev") and not (st.x_sum or st.y_sum) and cx.size and cy.size \
-                and 0 < kc <= _FUSED_TERMS:
+                and 0 < kc <= _FUSED_TERMS and self._fusable(st):
             # one fused pass on the CPU: the magnitudes, their minimum and the absolute parts' ratio together
             T, O, tl, ol = (cx, cy, st.x_labels, st.y_labels) if st.kind == "mode" else (cy, cx, st.y_labels, st.x_labels)
             t_sc, t_g, o_sc, o_g = (scx, gx, scy, gy) if st.kind == "mode" else (scy, gy, scx, gx)
@@ -198,32 +224,49 @@ class ClassicalErrors:
             O2 = O if ol.index(st.contracted) == 1 else O.T
             K = T.shape[ax_t]
             sums = 1 + (K + 2) * 2.0**-52  # the kernel's column and row sums, rounded up
-            alpha = _up(a_o * (1 + r_t)) * (1 + t_g) * t_sc * sums if a_o else 0.0
-            beta = _up(a_t * (1 + r_o)) * (1 + o_g) * o_sc * sums if a_t else 0.0
+            alpha = _up(a_o * (1 + r_t)) * (1 + t_g) * t_sc * sums if _nonzero(a_o) else 0.0
+            beta = _up(a_t * (1 + r_o)) * (1 + o_g) * o_sc * sums if _nonzero(a_t) else 0.0
             lead, tail = math.prod(T.shape[:ax_t]), math.prod(T.shape[ax_t + 1:])
             shape = T.shape[:ax_t] + (O2.shape[0],) + T.shape[ax_t + 1:]
+            bt = self._axis(tl)
             if self.magnitudes is not None:
                 c, lo_c, ratio = self.magnitudes.mode(shape, K, alpha, beta, k * ax * ay)
-            else:
+            elif bt is None:
                 c, lo_c, ratio = mode_magnitudes(T.reshape(lead, K, tail), O2, alpha, beta, k * ax * ay)
                 c = c.reshape(shape)
+            else:  # per tensor: each lead row's weights its tensor's, its statistics reduced per tensor
+                rows = lambda v: np.broadcast_to(  # noqa: E731
+                    self._spread(v, T.ndim, bt), T.shape[:ax_t] + (1,) * (T.ndim - ax_t)).reshape(lead)
+                c, lo_c, ratio = mode_magnitudes(T.reshape(lead, K, tail), O2, rows(alpha), rows(beta),
+                                                 rows(k * ax * ay), per_row=True)
+                c = c.reshape(shape)
+                lo_c = self._reduce(lo_c.reshape(T.shape[:ax_t]), bt, "min")
+                ratio = self._reduce(ratio.reshape(T.shape[:ax_t]), bt, "max")
             lo = lo_c * sc * (1 - 2.0**-50)
-            if ax or ay:
+            if _nonzero(ax) or _nonzero(ay):
                 r = _up(r + _up(ratio / sc, 12 + k.bit_length()) / (1 - g))
             return self._normalized(c, sc, st.bound) + (g, r, 0.0, lo)
         c = xp.einsum(_letters(st.x_labels, st.y_labels, out_labels), cx, cy, optimize=True)
-        lo_c = float(c.min()) if c.size else math.inf
-        lo = (lo_c if lo_c > 0 else _min_positive(c)) * sc * (1 - 2.0**-50)
-        if ax or ay:
+        bt = self._axis(out_labels)
+        if bt is not None:
+            lo = self._least(c, out_labels) * sc * (1 - 2.0**-50)
+        else:
+            lo_c = float(c.min()) if c.size else math.inf
+            lo = (lo_c if lo_c > 0 else _min_positive(c)) * sc * (1 - 2.0**-50)
+        if _nonzero(ax) or _nonzero(ay):
             # the absolute parts, per entry: a_y (1 + r_x) Σ|x| + a_x (1 + r_y) Σ|y| + k a_x a_y, over c (in units)
-            A = k * ax * ay
-            if ay:
+            spread = lambda v: self._spread(v, c.ndim, bt, xp)  # noqa: E731 - one weight per tensor, where per tensor
+            A = spread(k * ax * ay)
+            if _nonzero(ay):
                 sx = _summed(cx, st.x_labels, st.x_sum + st.contracted, out_labels) * (ky * (1 + gx) * scx)
-                A = A + _up(ay * (1 + rx)) * sx
-            if ax:
+                A = A + spread(_up(ay * (1 + rx))) * sx
+            if _nonzero(ax):
                 sy = _summed(cy, st.y_labels, st.y_sum + st.contracted, out_labels) * (kx * (1 + gy) * scy)
-                A = A + _up(ax * (1 + ry)) * sy
-            if not c.size:
+                A = A + spread(_up(ax * (1 + ry))) * sy
+            if bt is not None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = self._reduce(xp.where(c > 0, A / xp.where(c > 0, c, 1.0), 0.0), bt, "max") / sc
+            elif not c.size:
                 ratio = 0.0
             elif lo_c > 0 and math.isfinite(lo_c):  # no zero magnitudes: one broadcast division
                 ratio = float((A / c).max()) / sc
@@ -238,38 +281,123 @@ class ClassicalErrors:
             raise _Refused("the magnitudes change units (a chain far deeper than planned): the arrays' certificate")
         return _normalized(c, sc, bound)
 
+    # ----- per tensor ----------------------------------------------------------------------------
+
+    def _axis(self, labels: str) -> Optional[int]:
+        """The batch axis among ``labels`` (None: not per tensor, or a value without it)."""
+        return labels.index(self.batch) if self.batch is not None and self.batch in labels else None
+
+    def _fusable(self, st: Contract) -> bool:
+        """Whether a mode product's fused pass gives per-tensor statistics: the batch axis, where present, is on
+        the tensor and ahead of the contracted axis (its lead rows), never on the operator."""
+        if self.batch is None:
+            return True
+        tl, ol = (st.x_labels, st.y_labels) if st.kind == "mode" else (st.y_labels, st.x_labels)
+        return self.batch not in ol and (self.batch not in tl or tl.index(self.batch) < tl.index(st.contracted))
+
+    def _floor(self, lo, why: str):
+        """``lo`` checked against :data:`TINY_UNIT`: a number below it refuses the whole program, a tensor's
+        (an array's entry) refuses that tensor alone (its entry replaced by 1 so that the others go on)."""
+        if _per_tensor(lo):
+            low = ~(lo >= TINY_UNIT)
+            if bool(low.any()):
+                self.refused = low if self.refused is None else self.refused | low
+                self.refusal = why
+                return array_module(lo).where(low, 1.0, lo)
+            return lo
+        if lo < TINY_UNIT:
+            raise _Refused(why)
+        return lo
+
+    def _reduce(self, v, axis: int, how: str) -> np.ndarray:
+        """``v``'s smallest positive (``'min'``) or largest (``'max'``) entry per index of ``axis`` (where ``v`` lives)."""
+        xp = array_module(v)
+        v = xp.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
+        if v.shape[1] == 0:
+            return xp.full(v.shape[0], math.inf if how == "min" else 0.0)
+        out = xp.where(v > 0, v, np.inf).min(axis=1) if how == "min" else v.max(axis=1)
+        return out.astype(np.float64, copy=False)
+
+    def _least(self, c, labels: str):
+        """The smallest positive entry of ``c`` (axes ``labels``): per tensor where it carries the batch axis."""
+        bt = self._axis(labels)
+        return _min_positive(c) if bt is None else self._reduce(c, bt, "min")
+
+    @staticmethod
+    def _spread(v, ndim: int, axis: Optional[int], xp=np):
+        """A per-tensor array ``v`` shaped to broadcast along ``axis`` of an ``ndim``-axis array (a number as is)."""
+        if not _per_tensor(v) or axis is None:
+            return v
+        shape = [1] * ndim
+        shape[axis] = v.size
+        return to_module(v.reshape(shape), xp) if xp is not np else v.reshape(shape)
+
     # ----- the verdict ------------------------------------------------------------------------------
 
     @property
     def exact(self) -> bool:
         """Whether the result is the exact integer (no rounding anywhere before the decode): decoded ``'exact'``
-        where the bound is one rounding (``m <= 1``), which the fp64 decode's ``u (1 + 2**-40)`` exceeds."""
-        if self.reason is not None or self.out is None:
-            return False
+        where the bound is one rounding (``m <= 1``), which the fp64 decode's ``u (1 + 2**-40)`` exceeds. Per
+        tensor: whether every tensor's is."""
+        return bool(self.exacts().all())
+
+    def exacts(self):
+        """:attr:`exact` per tensor (``size`` of them, where the data lives; one alike for all without a batch)."""
+        xp = self._module()
+        if self.out is None:  # refused (a failed verdict's reason leaves the numbers as they are)
+            return xp.zeros(self.size, bool)
         r, a = self.state[self.out][3:5]
-        return r == 0.0 and a == 0.0
+        done = xp.broadcast_to(xp.asarray((r == 0.0) & (a == 0.0)), (self.size,))
+        return done if self.refused is None else done & ~self.refused
 
     def certified(self, m: int, target: Optional[float] = None) -> bool:
         """Whether the result meets ``γ_m (|A||B|...)`` on every entry (with the fp64 decode, or exactly decoded
-        where :attr:`exact`); ``m`` from :func:`classical_terms`. ``target``: ``rtol (|A||B|...)`` instead."""
-        if self.reason is not None or self.out is None:
-            return False
-        if self.exact and m <= 1:
+        where :attr:`exact`); ``m`` from :func:`classical_terms`. ``target``: ``rtol (|A||B|...)`` instead.
+        Per tensor: whether every tensor's does (:meth:`verdicts`), :attr:`excess` the largest."""
+        ok, excess = self.verdicts(m, target)
+        if bool(ok.all()):
             return True
+        xp = array_module(excess)
+        self.excess = None if bool(xp.isnan(excess).any()) else float(excess.max())
+        if self.reason is None:
+            self.reason = self.refusal if self.excess is None else (
+                f"the residue error bound is {self.excess} x " +
+                (f"gamma_{m}" if target is None else f"rtol={target:g}") + " of the magnitudes")
+        return False
+
+    def verdicts(self, m: int, target: Optional[float] = None) -> tuple:
+        """``(certified, excess)`` per tensor (arrays of ``size`` where the data lives; one alike for all without a
+        batch): whether its result meets the bound of :meth:`certified`, and how many times the bound its residue
+        error bound came out (NaN where refused, 0 where certified)."""
+        xp = self._module()
+        if self.out is None:  # refused
+            return xp.zeros(self.size, bool), xp.full(self.size, np.nan)
         c, sc, g, r, a, lo = self.state[self.out]
         if self.complex:
             # each part within γ_m |x||y| (complex moduli) makes |err| <= sqrt(2) γ_m |x||y|, and |x||y| is at
             # least either part's magnitude sum (|xr||yr| + |xi||yi|, |xr||yi| + |xi||yr|)
-            lo = _min_positive(array_module(c).maximum(c[0], c[1])) * sc * (1 - 2.0**-50)
+            lo = self._least(array_module(c).maximum(c[0], c[1]), self.labels[self.out][1:]) * sc * (1 - 2.0**-50)
         rho = (1 + g) / (1 - g)
-        total = (r + _DECODE * (1 + r)) * rho + a * (1 + _DECODE) / (lo * (1 - g))
         goal = gamma(m) if target is None else target
-        if _up(total, 16) <= goal:
-            return True
-        self.excess = _up(total, 16) / goal if goal > 0 else None
-        self.reason = (f"the residue error bound is {self.excess} x " +
-                       (f"gamma_{m}" if target is None else f"rtol={target:g}") + " of the magnitudes")
-        return False
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            total = xp.asarray(_up((r + _DECODE * (1 + r)) * rho + a * (1 + _DECODE) / (lo * (1 - g)), 16))
+            ok = xp.broadcast_to(total <= goal, (self.size,))
+            if m <= 1:
+                ok = ok | self.exacts()
+            excess = xp.where(ok, 0.0, total / goal if goal > 0 else np.nan)
+        excess = xp.broadcast_to(excess, (self.size,))
+        if self.refused is None:
+            return ok, excess
+        return ok & ~self.refused, xp.where(self.refused, np.nan, excess)
+
+    def _module(self):
+        """The array module of the per-tensor numbers (the data's; NumPy without a batch)."""
+        if self.batch is None or self.out is None or self.out not in self.state:
+            return np
+        for v in self.state[self.out][3:6]:
+            if _per_tensor(v):
+                return array_module(v)
+        return np
 
 
 class ChainStatistics:
@@ -356,10 +484,13 @@ class ChainStatistics:
         return c, lo, bound * (1 + (2 * K + 20) * 2.0**-52)
 
 
-def certify(program, leaf: Callable, exponents: Callable, m: int, target: Optional[float] = None) -> ClassicalErrors:
+def certify(program, leaf: Callable, exponents: Callable, m: int, target: Optional[float] = None,
+            batch: Optional[str] = None, size: int = 1) -> ClassicalErrors:
     """The certification of ``program`` against ``γ_m`` (or ``target``): from its statistics where it is a plain chain
     on the CPU and that certificate holds (:class:`ChainStatistics`), else the full one, so that the verdict is always
-    the full certificate's. ``exponents`` is read once per step."""
+    the full certificate's. ``exponents`` is read once per step. ``batch`` (a label of ``size`` tensors): verdicts per
+    tensor (:meth:`ClassicalErrors.verdicts`); the statistics' certificate, where it holds, holds for each of them
+    (every rule is monotone, and a tensor's entries are among the batch's)."""
     seen: dict = {}
 
     def once(st):
@@ -367,26 +498,29 @@ def certify(program, leaf: Callable, exponents: Callable, m: int, target: Option
             seen[st] = exponents(st)
         return seen[st]
 
-    stats = ChainStatistics.of(program, leaf, once)
+    stats = ChainStatistics.of(program, leaf, once) if batch is None or m > 1 else None
     if stats is not None:
-        quick = ClassicalErrors(leaf, once, magnitudes=stats).run(program)
+        quick = ClassicalErrors(leaf, once, magnitudes=stats, size=size).run(program)
         if quick.certified(m, target):
             return quick
-    return ClassicalErrors(leaf, once).run(program)
+    return ClassicalErrors(leaf, once, batch=batch, size=size).run(program)
 
 
-def _leaf_magnitudes(x, e) -> tuple:
-    """``(|x| 2**-e, its smallest entry over the nonzero x, whether all are integers)`` of an encoded operand."""
-    if array_module(x) is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1):
+def _leaf_magnitudes(x, e, batch: Optional[int] = None) -> tuple:
+    """``(|x| 2**-e, its smallest entry over the nonzero x, whether all are integers)`` of an encoded operand; the two
+    statistics per index of axis ``batch`` (arrays) where one is given."""
+    if array_module(x) is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1) \
+            and batch in (None, 0):
         # one exponent per leading slice (a chain's tensors, an operator's rows): one pass on the CPU
-        c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1))
+        c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1), per_row=batch is not None)
         return c.reshape(x.shape), lo, exact
-    return _magnitudes(x, e)
+    return _magnitudes(x, e, batch)
 
 
-def _magnitudes(x, e) -> tuple:
+def _magnitudes(x, e, batch: Optional[int] = None) -> tuple:
     """``(|x| 2**-e, its smallest entry over the nonzero x (0 where one underflows), whether all are integers)``
-    on ``x``'s array module (:func:`~rnstensor.backends.cpu.encode_magnitudes` is the CPU's one-pass form)."""
+    on ``x``'s array module (:func:`~rnstensor.backends.cpu.encode_magnitudes` is the CPU's one-pass form); the two
+    statistics per index of axis ``batch`` where one is given."""
     xp = array_module(x)
     with np.errstate(under="ignore", over="ignore"):
         if e.size and -1000 < int(e.min()) and int(e.max()) < 1000:
@@ -394,6 +528,11 @@ def _magnitudes(x, e) -> tuple:
         else:  # exact while the result is normal (checked by the caller's smallest magnitude)
             c = xp.ldexp(xp.abs(x), -xp.clip(e, -(1 << 20), 1 << 20).astype(np.int32))
     c = xp.broadcast_to(c, x.shape)
+    if batch is not None:  # per tensor, where the data lives
+        rows = lambda v: xp.moveaxis(v, batch, 0).reshape(x.shape[batch], -1)  # noqa: E731
+        if not x.size:
+            return c, xp.full(x.shape[batch], np.inf), xp.ones(x.shape[batch], bool)
+        return c, xp.where(rows(x) != 0, rows(c), np.inf).min(axis=1), xp.all(rows(c) == xp.rint(rows(c)), axis=1)
     lo = float(c.min()) if c.size else math.inf
     if lo == 0:
         lo = float(xp.min(xp.where(x != 0, c, np.inf)))

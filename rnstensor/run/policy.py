@@ -9,12 +9,11 @@
     GEMMs (``dgemm``, ``zgemm``, ``matmul`` and their Dask forms) every
     entry within :data:`DEFAULT_RTOL` ``= (1 + 2**-5) u`` of ``|A||B|``
     (:func:`default_target`); for einsum, contract expressions and chain
-    plans still ``gamma_m`` of the same contractions. Their certificate is
-    one verdict for a whole batch, so a tighter target that escalates some
-    batches and not others would make a batch's bits depend on how it is
-    chunked (``rnstensor.dask.apply`` promises they do not); the tighter
-    target waits for a per-tensor certificate. A GEMM's width is chosen from
-    its whole operands, in memory and in Dask alike.
+    plans still ``gamma_m`` of the same contractions. Their verdicts are
+    per element (each tensor of a chain's batch, each slice along an
+    expression's first index), so a batch's bits do not depend on how it is
+    chunked. A GEMM's width is chosen from its whole operands, in memory and
+    in Dask alike.
 ``'fast'``
     The 53-bit plan on the default basis, uncertified: float64-level
     accuracy on well-scaled data, the least work.

@@ -40,20 +40,26 @@ def _encode_magnitudes_kernel(X, e, out, stats, t0, t1):
         stats[b, 1] = 1.0 if whole else 0.0
 
 
-def encode_magnitudes(X: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, float, bool]:
+def encode_magnitudes(X: np.ndarray, e: np.ndarray, per_row: bool = False) -> tuple:
     """The classical certification's leaf: ``(|X| * 2**-e, smallest of it over the nonzero X, all integers)``.
 
     ``X`` is ``(B, N)`` float64 and ``e`` one exponent per row (int64); one
     pass, threaded over rows. Each magnitude is the correctly rounded
-    ``|x| 2**-e`` (exact while it is normal).
+    ``|x| 2**-e`` (exact while it is normal). ``per_row``: the two statistics
+    per row (arrays of ``B``), each a function of its row alone.
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     e = np.ascontiguousarray(e, dtype=np.int64).reshape(-1)
     out = np.empty_like(X)
     stats = np.empty((X.shape[0], 2), np.float64)
+    if X.shape[1] == 0:
+        stats[:, 0], stats[:, 1] = math.inf, 1.0
+    elif X.size:
+        _launch(_encode_magnitudes_kernel, X.shape[0], X.size, X, e, out, stats)
+    if per_row:
+        return out, stats[:, 0].copy(), stats[:, 1] == 1.0
     if X.size == 0:
         return out, math.inf, True
-    _launch(_encode_magnitudes_kernel, X.shape[0], X.size, X, e, out, stats)
     return out, float(stats[:, 0].min()), bool(stats[:, 1].min() == 1.0)
 
 
@@ -74,18 +80,20 @@ def _ratio_stats(o, colb, alpha, base, W, q):
 
 
 @njit(cache=True, nogil=True)
-def _mode_magnitudes_kernel(X, A, col, rowsum, alpha, beta, kappa, nj, out, stats, t0, t1):
+def _mode_magnitudes_kernel(X, A, col, rowsum, weights, own, nj, out, stats, t0, t1):
     # task t = (b, a block of nj-th of the rows j): out[b, j, r] = sum_k A[j, k] X[b, k, r] (nonnegative; each
     # product and sum rounded once), its smallest positive entry and its largest
-    # (alpha col[b, r] + beta rowsum[j] + kappa) / out over out > 0
+    # (alpha col[b, r] + beta rowsum[j] + kappa) / out over out > 0, (alpha, beta, kappa) = weights[b] (or
+    # weights[0] for every b); own: one task per b, its column sums here while X[b] is in cache
     B, K, R = X.shape
     J = A.shape[0]
-    own = col.shape[0] == 0 and alpha != 0.0  # one task per b: its column sums here, while X[b] is in cache
     colb = np.zeros(R, np.float64)
     q = np.empty(R, np.float64)
     Z = np.zeros(R, np.float64)
     for t in range(t0, t1):
         b, jb = t // nj, t % nj
+        wb = weights[b] if weights.shape[0] > 1 else weights[0]
+        alpha, beta, kappa = wb[0], wb[1], wb[2]
         if own:
             for r in range(R):
                 colb[r] = 0.0
@@ -220,7 +228,7 @@ def _mode_magnitudes_lanes_kernel(X, A, rowsum, alpha, beta, kappa, bpt, out, st
         stats[t, 1] = worst
 
 
-def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kappa: float):
+def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kappa: float, per_row: bool = False):
     """``A`` (``J x K``, nonnegative) applied along axis 1 of ``X`` (``B x K x R``, nonnegative), with the
     certification's two reductions fused into the same pass: ``(out, smallest positive out, largest
     (alpha colsum + beta rowsum + kappa) / out over the positive entries)``; threads over ``(b, j)``.
@@ -230,6 +238,12 @@ def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kap
     ``(K + 1) 2**-53`` of the exact sum, and so are the column and row sums.
     Meant for short contractions (sum factorization, ``K`` up to a few
     dozen); long ones are BLAS's.
+
+    ``per_row``: the two reductions per ``b`` (arrays of ``B``), each a
+    function of ``X[b]`` and its own weights alone, whatever ``B`` is (the
+    column sums in the same order on every path; the per-tensor
+    certificate's verdicts); ``alpha``, ``beta`` and ``kappa`` may then be
+    arrays of ``B``, one weight per ``b``.
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     A = np.ascontiguousarray(A, dtype=np.float64)
@@ -238,6 +252,23 @@ def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kap
     out = np.empty((B, J, R), np.float64)
     nj = 1 if B >= 64 else max(J, 1)  # few tensors: the threads share out the rows instead
     rowsum = A.sum(axis=1)
+    if per_row:
+        # alpha, beta, kappa: a number each, or one per b
+        weights = np.ascontiguousarray(np.stack(np.broadcast_arrays(
+            np.asarray(alpha, np.float64), np.asarray(beta, np.float64), np.asarray(kappa, np.float64)), axis=-1))
+        weights = weights.reshape(-1, 3)
+        sums = bool(weights[:, 0].any())
+        col = np.zeros((B, R) if sums and nj > 1 else (0, R), np.float64)
+        for k in range(K if col.size else 0):  # k ascending, as each task sums its own b (not numpy's pairwise)
+            col += X[:, k, :]
+        stats = np.empty((B * nj, 2), np.float64)
+        if B * J:
+            _launch(_mode_magnitudes_kernel, B * nj, X.size * J + out.size, X, A, col, rowsum, weights,
+                    sums and nj == 1, nj, out, stats)
+        else:
+            stats[:, 0], stats[:, 1] = np.inf, 0.0
+        stats = stats.reshape(B, nj, 2)
+        return out, stats[:, :, 0].min(axis=1), stats[:, :, 1].max(axis=1)
     if nj == 1 and R < 16 and B * J:
         bpt = max(1, 512 // max(R, 1))
         ntasks = -(-B // bpt)
@@ -247,8 +278,9 @@ def mode_magnitudes(X: np.ndarray, A: np.ndarray, alpha: float, beta: float, kap
         return out, float(stats[:, 0].min()), float(stats[:, 1].max())
     stats = np.empty((B * nj, 2), np.float64)
     col = X.sum(axis=1) if alpha and nj > 1 else np.zeros((0, R))  # else each task sums its own b
-    _launch(_mode_magnitudes_kernel, B * nj, X.size * J + out.size, X, A, col, rowsum, float(alpha), float(beta),
-            float(kappa), nj, out, stats)
+    weights = np.array([[alpha, beta, kappa]], np.float64)
+    _launch(_mode_magnitudes_kernel, B * nj, X.size * J + out.size, X, A, col, rowsum, weights,
+            col.shape[0] == 0 and alpha != 0.0, nj, out, stats)
     if B * J == 0:
         return out, np.inf, 0.0
     return out, float(stats[:, 0].min()), float(stats[:, 1].max())
