@@ -539,21 +539,22 @@ def plan_chain(
         15-moduli plan, uncertified. ``'auto'``: every call returns the exact
         chain rounded once per entry (no rounding drop: the einsum of the same
         contractions with ``moduli='auto'``). ``None`` (default):
-        15 moduli, and every ``fp64`` call of the plan meets the classical
-        float64 bound ``|Ŷ - Y| <= γ_m |A_n| ... |A_1| |X|`` entrywise
-        (``m``: the operators' columns added up): the residue run is certified
-        before it runs (:mod:`rnstensor.program.classical`); where that
-        fails, the same chain planned on more moduli with the widest input
-        encoding; where none certifies, the exact chain rounded once where one
+        every ``fp64`` call of the plan meets ``|Ŷ - Y| <= (1 + 2**-5) u
+        |A_n| ... |A_1| |X|`` entrywise (``u = 2**-53``, the final rounding
+        included; the classical ``γ_m`` where smaller, ``m`` the operators'
+        columns added up), each tensor of the batch on the narrowest plan
+        certified for it before it runs (:mod:`rnstensor.program.classical`):
+        the chain planned on the moduli that target asks for (18) with the
+        widest input encoding, else on more; where none certifies, the exact
+        chain rounded once where one
         exact plan of 49 moduli holds it, else classical GEMMs
         (:meth:`ChainPlan.classical_chain`). ``plan.last_evaluation`` says
         which (the certified plan runs fused on the GPU where it can). An
         explicit basis runs the plan as planned, the fast opt-out. A chain
         that revisits a mode is certified the same way (its folded operator
-        columns are exact powers of two). The certification covers the whole
-        call: a batch runs on the basis its hardest tensor needs, so its
-        bits can differ from tensor-by-tensor calls (an explicit basis gives
-        the same bits either way).
+        columns are exact powers of two). Each tensor's verdicts are its own,
+        so a batch gives the bits of its tensors called one by one (and of any
+        Dask chunking).
     method : {'rescale_be', 'rescale', 'norescale', 'composed'}
         [2610.05059] Alg. 7, 10, 8, 6.
     planner : {'optimal', 'greedy'}

@@ -18,15 +18,15 @@ from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import inflate
 from .ir import Encode
 from .run.exact import half_spacing
-from .run.policy import FALLBACK_SPLIT_PRODUCTS
+from .run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
 
 __all__ = ["ChainPolicies"]
 
 
 class ChainPolicies:
     """What :class:`~rnstensor.ChainPlan` does with ``moduli='auto'`` (:meth:`_exact_chain`) and with
-    ``moduli=None``: the residue run certified before it runs against the classical bound (or ``rtol``), on this
-    plan or the narrowest wider one that meets it (:meth:`_classical_path`), else the exact chain rounded once
+    ``moduli=None``: the residue run certified before it runs against the default's target (or ``rtol``), on this
+    plan or the narrowest wider one that meets it, per tensor (:meth:`_classical_groups`), else the exact chain rounded once
     (:meth:`_default_exact`), else one classical GEMM per product (:meth:`classical_chain`). A mixin: the plan
     supplies its operators, program, schedule and :meth:`_replanned`."""
 
@@ -60,23 +60,24 @@ class ChainPolicies:
         return sum(int(A.shape[1]) for A in self.operators)
 
     def _certifies(self, decode: str) -> bool:
-        """Whether a call is held to the classical bound (or ``rtol``): the default plan with the fp64 decode (the
+        """Whether a call is held to the default's target (or ``rtol``): the default plan with the fp64 decode (the
         exact decode rounds this plan's integers once, as planned)."""
         return self.classical and decode == "fp64" and self.method == "rescale_be"
 
     def _classical_groups(self, xb) -> list:
         """``[(plan, exact, index)]``: the tensors of ``xb`` (``(B, *tensor)``) grouped by the plan each runs on,
-        this plan or the narrowest wider one (more moduli, the widest input encoding) whose run on that tensor is
-        certified to meet the classical bound (or ``rtol``); ``plan`` None for tensors no residue plan certifies.
+        the narrowest plan (from the moduli the target asks for, the widest input encoding) whose run on that tensor is
+        certified to meet the default's target (or ``rtol``); ``plan`` None for tensors no residue plan certifies.
         ``exact``: the group's result is the exact integer and the bound one rounding (decoded ``'exact'``).
 
         Each tensor's verdicts are its own (:class:`~rnstensor.program.classical.ClassicalErrors` per tensor), and so
         is its path of rungs, so a tensor's result does not depend on the batch it comes in
         (``rnstensor.dask.apply`` gives the in-memory bits for every chunking)."""
         m = self.classical_terms
+        target = default_target(m, self.rtol)  # the default's: (1 + 2**-5) u of the magnitudes (run/policy.py)
         plan, s = self, len(self.basis)
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
-            plan, s = self._wider_from(max(2, math.ceil((2 * max(8.0, -math.log2(self.rtol) + 8) + 16) / 8)))
+            plan, s = self._wider_from(max(2, math.ceil((2 * max(8.0, -math.log2(target) + 8) + 16) / 8)))
         xp = array_module(xb)
         groups, queue = [], [(plan, s, None)]  # index None: every tensor (the verdicts stay where the data lives)
         while queue:
@@ -84,8 +85,8 @@ class ChainPolicies:
             if plan is None:
                 groups.append((None, False, idx))
                 continue
-            obs = plan._certificate(xb if idx is None else xb[idx], m, self.rtol, per_tensor=True)
-            ok, excess = obs.verdicts(m, self.rtol)
+            obs = plan._certificate(xb if idx is None else xb[idx], m, target, per_tensor=True)
+            ok, excess = obs.verdicts(m, target)
             exact = obs.exacts() if m <= 1 else xp.zeros(ok.shape, bool)
             pick = lambda sel: xp.nonzero(sel)[0] if idx is None else idx[sel]  # noqa: E731
             for flag in (False, True):
@@ -98,20 +99,23 @@ class ChainPolicies:
             refused = xp.isnan(excess)
             if bool(refused.any()):  # refused: wider encodings do not help
                 groups.append((None, False, pick(refused)))
-            # the tensors that failed go to the next rung their own excess asks for (both factors of a product widen),
-            # the least first
+            # the tensors that failed go to the next rung their own excess asks for (both factors of a product widen;
+            # from this plan, the first 8 bits come from its input's widest encoding on the same moduli), the least first
             failed = ~ok & ~refused
             if not bool(failed.any()):
                 continue
             with np.errstate(invalid="ignore", divide="ignore"):
-                nxt = xp.where(failed, s + xp.maximum(2, 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)),
-                               math.inf)
+                step = 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)
+                nxt = xp.where(failed, s + (step - 2 if plan is self else xp.maximum(2, step)), math.inf)
             while True:
                 n = float(nxt.min())
                 if n == math.inf:
                     break
                 queue.append(self._wider_from(int(n)) + (pick(nxt == n),))
                 nxt = xp.where(nxt == n, math.inf, nxt)
+        fallback = [idx for plan, _, idx in groups if plan is None]
+        if len(fallback) > 1:  # the tensors no residue plan certified, however they got there: one fallback call
+            groups = [g for g in groups if g[0] is not None] + [(None, False, xp.concatenate(fallback))]
         return groups
 
     def _run_certified(self, x, decode: str, backend, fused):
@@ -132,19 +136,21 @@ class ChainPolicies:
                     self.last_evaluation = "composed classical GEMMs"
                     y = self.classical_chain(sub)
             else:
-                self.last_evaluation = f"residues on {len(plan.basis)} moduli"
+                self.last_evaluation = f"residues on {len(plan.basis)} moduli" + (
+                    f", {plan.input_bits}-bit input" if plan.input_bits != self.input_bits else "")
                 mode = "exact" if exact else decode
                 y = (self._run_planned(sub, mode, backend, fused) if plan is self else
                      plan.run(sub, mode, backend=backend, fused=fused))
             said.append(f"{self.last_evaluation} ({sub.shape[0]} of {xb.shape[0]} tensors)")
             parts.append((idx, y))
-        if len(parts) == 1:
+        if parts[0][0] is None:  # one group of every tensor, in order
             y = parts[0][1]
         else:
             y = xp.empty((xb.shape[0],) + tuple(parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
             for idx, part in parts:
                 y[idx] = part
-            self.last_evaluation = "; ".join(said)
+            if len(parts) > 1:
+                self.last_evaluation = "; ".join(said)
         return y.reshape(lead + tuple(y.shape[1:]))
 
     def _certified_bound(self, x, decode: str) -> float:
@@ -220,7 +226,7 @@ class ChainPolicies:
         (:class:`~rnstensor.program.classical.ChainStatistics`); that
         certificate is returned where it holds, and the full one otherwise,
         so the verdict is always the full certificate's. ``target``: the
-        relative error it must meet (default ``gamma_m``).
+        relative error it must meet (None: ``gamma_m``).
         """
         xp = array_module(xb)
         ops = self._float_operators(xp, encoded=True)

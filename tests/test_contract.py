@@ -344,7 +344,9 @@ def test_constants_are_encoded_once(monkeypatch):
     r = np.random.default_rng(1)
     A = r.uniform(-1, 1, (4, 3))
     X1, X2 = r.uniform(-1, 1, (6, 3, 3, 3)), r.uniform(-1, 1, (6, 3, 3, 3))
-    expr = _unfused(rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3]))
+    # (an explicit basis: this plan runs, step by step; the default's rung below)
+    expr = _unfused(rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3],
+                                           moduli=15))
     y1 = expr(X1)
     assert len(calls) == 4  # three constants, one input
     y2 = expr(X2)
@@ -353,9 +355,13 @@ def test_constants_are_encoded_once(monkeypatch):
     assert np.abs(y2 - ref).max() < 1e-14
     assert np.abs(y1 - np.einsum("eijk,ai,bj,ck->eabc", X1, A, A, A)).max() < 1e-14
     calls.clear()  # fused on the CPU: the kernel encodes the input in cache, the constants are encoded once
-    fused = rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3])
+    fused = rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3], moduli=15)
     assert np.array_equal(fused(X1), y1) and np.array_equal(fused(X2), y2)
     assert calls == [(4, 3)] * 3
+    calls.clear()  # the default: its certified rung encodes the constants once too, fused
+    default = rt.contract_expression("eijk,ai,bj,ck->eabc", (6, 3, 3, 3), A, A, A, constants=[1, 2, 3])
+    default(X1), default(X2)
+    assert calls == [(4, 3)] * 3 and default.last_evaluation == "17 moduli, 61 bits"
 
 
 def test_contract_expression_matches_mode_chain_and_is_reusable():

@@ -289,7 +289,8 @@ def test_prebuild_fills_the_cache(fake, monkeypatch):
     monkeypatch.setitem(backends._BACKENDS, "cuda", be)
     assert be.specialize_chains == "auto"  # the default, which the other tests restore
     rng = np.random.default_rng(11)
-    plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2])  # fresh operators: a new build
+    # fresh operators: a new build (an explicit basis: the plan runs as planned, the program prebuilt)
+    plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2], moduli=15)
     basis = TensorBasis(3)
     poisson = fused.operator_program(PoissonOperator(basis, box_mesh(basis, shape=(2, 1, 1)).G))
     chain = fused.chain_program(plan, (4, 4, 4))

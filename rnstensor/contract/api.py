@@ -99,22 +99,25 @@ def contract_expression(
         encode every operand exactly with no rounding drop, and splits
         operands exactly where 49 moduli cannot hold them; exact sums in
         Python integers there, slower). ``'fast'``: the 15-moduli plan,
-        uncertified. ``None`` (default): every call on float operands meets the
-        classical float64 bound of the same contractions along the same path,
-        ``|ŷ - y| <= γ_m (|A| |B| ...)`` entrywise with ``γ_m = m u / (1 - m u)``
-        and ``m`` the terms the path's steps sum (``k`` per contraction of
-        ``k`` terms, 1 per elementwise product): the 15-moduli plan runs with
-        a certification beside it (:mod:`rnstensor.program.classical`), then
-        wider encodings on more moduli where that fails; where no plan of 49
+        uncertified. ``None`` (default): every call on float operands meets
+        ``|ŷ - y| <= (1 + 2**-5) u (|A| |B| ...)`` entrywise (``u = 2**-53``,
+        the final rounding included; ``γ_m = m u / (1 - m u)`` where smaller,
+        ``m`` the terms the path's steps sum: ``k`` per contraction of ``k``
+        terms, 1 per elementwise product), certified before the call runs
+        (:mod:`rnstensor.program.classical`) on the narrowest plan that meets
+        it (the 15-moduli plan, then wider encodings on more moduli), per
+        element along the first operand's first index where only it carries
+        it and the output keeps it; where no plan of 49
         moduli certifies, the correctly rounded result where one exact plan
         holds the operands, else each pairwise step as a classical
         :func:`rnstensor.matmul` (operands whose slices span hundreds of
         binades). ``expr.last_evaluation`` says which. An elementwise product (``m = 1``, one
         rounding) decodes correctly rounded. Where the result or an intermediate of that last
         path is subnormal, float64's absolute rounding there adds to the
-        bound, as it does for numpy. Complex results meet ``sqrt(2) γ_m`` of
-        the complex magnitudes (``sqrt(2) γ_(m + 2)`` per step on the
-        composed path, ZGEMM's bound). RNSTensor operands run the 15-moduli
+        bound, as it does for numpy; that path meets the classical bound
+        ``γ_m`` of the same contractions. Complex results meet ``sqrt(2)``
+        times the bound of the complex magnitudes (``sqrt(2) γ_(m + 2)`` per
+        step on the composed path, ZGEMM's bound). RNSTensor operands run the 15-moduli
         plan uncertified. An explicit basis is the fast opt-out: that plan,
         as planned.
     method : {'rescale_be', 'composed'}

@@ -15,7 +15,7 @@ from ..encode import as_basis, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
-from ..run.policy import FALLBACK_SPLIT_PRODUCTS
+from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
 from ..program.errors import inflate
 from ..tensor import RNSTensor
 from .parse import _C, _unique
@@ -114,10 +114,10 @@ class _ClassicalDefault:
                     if exact.kept_bits == math.inf:
                         plan, used = exact, widths
             m = classical_terms(plan, self.sizes)
-            # rtol None: gamma_m (run/policy.py: why the batched default keeps the classical bound)
-            obs = certify(plan, leaf, exponents, m, self.rtol, *per)
-            if per and not obs.certified(m, self.rtol):
-                ok, excess = obs.verdicts(m, self.rtol)
+            target = default_target(m, self.rtol)  # the default's: (1 + 2**-5) u of the magnitudes (run/policy.py)
+            obs = certify(plan, leaf, exponents, m, target, *per)
+            if per and not obs.certified(m, target):
+                ok, excess = obs.verdicts(m, target)
                 xp = array_module(excess)  # (the data's, or NumPy's where no number is per element)
                 refused = xp.isnan(excess)
                 with np.errstate(invalid="ignore", divide="ignore"):  # each element's next width, from its own excess
@@ -128,7 +128,7 @@ class _ClassicalDefault:
                     return self._apart(arrays, backend, bound, batch, nxt)
                 cap = int(nxt.max())  # all alike
                 continue
-            if obs.certified(m, self.rtol):
+            if obs.certified(m, target):
                 mode = "exact" if obs.exact and m <= 1 else "fp64"
                 self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
                 if bound:

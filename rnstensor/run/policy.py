@@ -5,15 +5,15 @@
     bound (wider encodings on more moduli where the 15-moduli plan does
     not), else correctly rounded (as ``'auto'``) where one exact plan of 49
     moduli holds the operands, else classical products (the classical
-    float64 bound ``gamma_m`` of the same computation). The bound: for the
-    GEMMs (``dgemm``, ``zgemm``, ``matmul`` and their Dask forms) every
-    entry within :data:`DEFAULT_RTOL` ``= (1 + 2**-5) u`` of ``|A||B|``
-    (:func:`default_target`); for einsum, contract expressions and chain
-    plans still ``gamma_m`` of the same contractions. Their verdicts are
-    per element (each tensor of a chain's batch, each slice along an
-    expression's first index), so a batch's bits do not depend on how it is
-    chunked. A GEMM's width is chosen from its whole operands, in memory and
-    in Dask alike.
+    float64 bound ``gamma_m`` of the same computation). The bound, in every
+    entry point (einsum, contract expressions, chain plans, ``dgemm``,
+    ``zgemm``, ``matmul`` and their Dask forms): every entry within
+    :data:`DEFAULT_RTOL` ``= (1 + 2**-5) u`` of its exact magnitude
+    contraction ``|A||B|...`` (``gamma_m`` where smaller,
+    :func:`default_target`). Verdicts are per element (each tensor of a
+    chain's batch, each slice along an expression's first index), so a
+    batch's bits do not depend on how it is chunked. A GEMM's width is chosen
+    from its whole operands, in memory and in Dask alike.
 ``'fast'``
     The 53-bit plan on the default basis, uncertified: float64-level
     accuracy on well-scaled data, the least work.
@@ -51,12 +51,12 @@ POLICIES = ("classical", "fast", "auto", "basis")
 #: the basis of ``None`` and ``'fast'`` plans (15 INT8 moduli, log2 P = 117.8)
 DEFAULT_MODULI = 15
 
-#: The GEMMs' default target (``moduli=None``): every entry within ``(1 + 2**-5) u`` of its exact magnitude product
-#: ``(|A||B|)``, the final rounding (``u |y|``) included, so the residue result errs by at most ``u / 32`` of it
-#: before its one rounding. Measured (BENCHMARKS.md, "The default against numpy"): no entry of phi = 4 GEMMs less
-#: accurate than numpy's own float64 result, where the classical bound gamma_k left 0.07-0.14 %; the same target on
-#: einsum would take the 4-index transforms of wide integrals (n = 8..32) to at most 0.07 % (1.5 u: still 9 % at
-#: n = 32, where the magnitudes exceed the result ~100-fold), once a per-tensor certificate keeps batches chunk-free.
+#: The default target (``moduli=None``, every entry point): every entry within ``(1 + 2**-5) u`` of its exact magnitude
+#: contraction ``(|A||B|...)``, the final rounding (``u |y|``) included, so the residue result errs by at most ``u / 32``
+#: of it before its one rounding. Measured (BENCHMARKS.md, "The default against numpy"): no entry of phi = 4 GEMMs
+#: less accurate than numpy's own float64 result, where the classical bound gamma_k left 0.07-0.14 %; on 4-index
+#: transforms of wide integrals (n = 8..32) at most 0.07 % of entries (1.5 u: still 9 % at n = 32, where the
+#: magnitudes exceed the result ~100-fold), where gamma_m left up to 95 %.
 DEFAULT_RTOL = (1 + 2.0**-5) * 2.0**-53
 
 
@@ -67,7 +67,8 @@ FALLBACK_SPLIT_PRODUCTS = 1
 
 
 def default_target(m: int, rtol: Optional[float] = None) -> float:
-    """The relative error a GEMM's width must keep, against the exact magnitude product (``m``: its ``k``).
+    """The relative error a default call must keep, against the exact magnitude contraction (``m``: the terms its
+    classical bound counts, a GEMM's ``k``).
 
     ``rtol`` where the caller gave one; else :data:`DEFAULT_RTOL`, or
     ``gamma_m`` where that is smaller (``m <= 1``: one product, exact where it
