@@ -99,14 +99,15 @@ class ChainPolicies:
             refused = xp.isnan(excess)
             if bool(refused.any()):  # refused: wider encodings do not help
                 groups.append((None, False, pick(refused)))
-            # the tensors that failed go to the next rung their own excess asks for (both factors of a product widen;
-            # from this plan, the first 8 bits come from its input's widest encoding on the same moduli), the least first
+            # the tensors that failed go to the next rung their own excess asks for, the least first: a modulus per 4
+            # bits past the first 4 (both factors of a product widen; one modulus of range also lets the planner drop
+            # less, which is what a small excess on uniform data needs: 16 moduli where 15 with the widest input fail)
             failed = ~ok & ~refused
             if not bool(failed.any()):
                 continue
             with np.errstate(invalid="ignore", divide="ignore"):
                 step = 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)
-                nxt = xp.where(failed, s + (step - 2 if plan is self else xp.maximum(2, step)), math.inf)
+                nxt = xp.where(failed, s + xp.maximum(1, step - 1), math.inf)
             while True:
                 n = float(nxt.min())
                 if n == math.inf:
