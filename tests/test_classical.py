@@ -138,6 +138,32 @@ def test_elements_escalate_apart():
                               bound[b:b + 1])
 
 
+@pytest.mark.parametrize("target", [None, policy.DEFAULT_RTOL])
+def test_chain_verdicts_are_each_tensors_own(target):
+    # the per-tensor verdicts and excesses of a batch are bit for bit those of each tensor alone and of any subset
+    # (the one-pass statistics included, which certify a lone tensor where the batch's do not)
+    rng = np.random.default_rng(21)
+    ops = [rng.uniform(-1, 1, (6, 6)) for _ in range(3)]
+    X = rng.uniform(-1, 1, (12, 6, 6, 6)) * np.exp(rng.choice([0.0, 2.0, 6.0], (12, 1, 1, 1))
+                                                   * rng.standard_normal((12, 6, 6, 6)))
+    X[3, 0, 0, 0] = 2.0**-600  # one tensor refused (it spans too many binades)
+    plan = rt.plan_chain(ops, [0, 1, 2])
+    m = plan.classical_terms
+    rtol = policy.default_target(m) if target is not None else None
+
+    def verdicts(x):
+        return plan._certificate(x, m, rtol, per_tensor=True).verdicts(m, rtol)
+
+    ok, excess = verdicts(X)
+    assert ok.any() and not ok.all() and np.isnan(excess[3])
+    for t in range(len(X)):
+        ok1, ex1 = verdicts(X[t:t + 1])
+        assert ok1[0] == ok[t] and np.array_equal(ex1, excess[t:t + 1], equal_nan=True), t
+    pick = [7, 3, 0, 11, 5]
+    ok2, ex2 = verdicts(X[pick])
+    assert np.array_equal(ok2, ok[pick]) and np.array_equal(ex2, excess[pick], equal_nan=True)
+
+
 def test_escalation_and_fallback():
     # rows spanning ~40 binades need wider encodings; 1800 binades the composed classical GEMMs
     rng = np.random.default_rng(2)

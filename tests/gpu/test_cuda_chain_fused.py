@@ -46,12 +46,24 @@ def _fem_operator(kind, P, dim, backend):
     return op, mesh
 
 
+def _certified_plans(plan, X) -> list:
+    """The plans the default (``moduli=None``) runs ``X``'s tensors on (each tensor on the narrowest certified)."""
+    shape = X.shape[1:]
+    return [(p, shape) for p, _, _ in plan._classical_groups(np.asarray(X, np.float64).reshape((-1,) + shape))
+            if p is not None]
+
+
 def spec_programs():
-    """The fused programs this module runs (tests/gpu/conftest.py builds their kernels side by side first)."""
+    """The fused programs this module runs (tests/gpu/conftest.py builds their kernels side by side first): the
+    plans, and the wider ones the certified default takes on the tests' data."""
     plans = [(_case_plan(*case[:4])[0], case[0]) for case in CASES]
     plans += [(_cube_plan(seed, n)[0], (n, n, n)) for seed, n in ((4, 4), (8, 8), (16, 16), (2, 8))]
     plans.append((_same_operator_plan()[0], (8, 8, 8)))
-    out = [fused.chain_program(plan, shape) for plan, shape in plans]
+    plan, rng = _cube_plan(2, 8)
+    plans += _certified_plans(plan, _float32_input(rng))
+    plan, _, rng = _same_operator_plan()
+    plans += _certified_plans(plan, np.nan_to_num(_errors_input(rng)))
+    out = [fused.chain_program(plan, shape) for plan, shape in dict.fromkeys(plans)]
     out += [fused.operator_program(_fem_operator(kind, P, dim, "cpu")[0])
             for kind in ("mass", "poisson") for P, dim in FEM_CASES]
     return out
@@ -59,8 +71,8 @@ def spec_programs():
 
 def slow_spec_programs():
     """The fused programs of the slow tests: the large batches' data escalates the default to wider plans."""
-    plans = [_large_batch_case(n)[0]._classical_path(_large_batch_case(n)[1].reshape(-1, n, n, n))[0] for n in LARGE_N]
-    return [fused.chain_program(plan, (n, n, n)) for plan, n in zip(plans, LARGE_N) if plan is not None]
+    plans = [p for n in LARGE_N for p in _certified_plans(*_large_batch_case(n))]
+    return [fused.chain_program(plan, shape) for plan, shape in dict.fromkeys(plans)]
 
 
 def _inputs(rng, batch, shape):
@@ -99,9 +111,13 @@ def test_fused_large_batches(n):
     same(plan.run(cp.asarray(X), backend="cuda").get(), plan.run(X, backend="cpu"))
 
 
+def _float32_input(rng):
+    return rng.standard_normal((5, 8, 8, 8)).astype(np.float32)
+
+
 def test_fused_float32_cupy_input_is_widened():
     plan, rng = _cube_plan(2, 8)
-    X = rng.standard_normal((5, 8, 8, 8)).astype(np.float32)
+    X = _float32_input(rng)
     same(plan.run(cp.asarray(X)).get(), plan.run(X, backend="cpu"))
 
 
@@ -111,10 +127,15 @@ def _same_operator_plan():
     return rt.plan_chain([A, A, A], (0, 1, 2)), A, rng
 
 
+def _errors_input(rng):
+    X = rng.standard_normal((4, 8, 8, 8))
+    X[1, 2, 3, 4] = np.nan
+    return X
+
+
 def test_fused_errors():
     plan, A, rng = _same_operator_plan()
-    X = cp.asarray(rng.standard_normal((4, 8, 8, 8)))
-    X[1, 2, 3, 4] = cp.nan
+    X = cp.asarray(_errors_input(rng))
     with pytest.raises(ValueError, match="non-finite"):
         plan.run(X, nonfinite="raise")
     # numpy's rule by default: the NaN's tensor is NaN where the NaN reaches, as on the CPU
