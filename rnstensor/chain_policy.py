@@ -127,22 +127,20 @@ class ChainPolicies:
         lead = tuple(x.shape[:x.ndim - self.ndim])
         xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
         groups = self._classical_groups(xb)
-        parts, said = [], []
+        parts, said = [], {}  # (the evaluations, with their tensors)
         for plan, exact, idx in groups:
             sub = xb if idx is None else xb[idx]
-            if plan is None:  # no residue plan certified: the exact chain rounded once (within any target)
-                y = self._default_exact(sub, backend)
-                if y is None:
-                    self._check_fallback_target()  # the classical GEMMs, where they meet the target
-                    self.last_evaluation = "composed classical GEMMs"
-                    y = self.classical_chain(sub)
+            if plan is None:  # no residue plan certified: the exact chain rounded once, else the classical GEMMs
+                y, counts = self._fallback(sub, backend)
             else:
-                self.last_evaluation = f"residues on {len(plan.basis)} moduli" + (
+                what = f"residues on {len(plan.basis)} moduli" + (
                     f", {plan.input_bits}-bit input" if plan.input_bits != self.input_bits else "")
                 mode = "exact" if exact else decode
                 y = (self._run_planned(sub, mode, backend, fused) if plan is self else
                      plan.run(sub, mode, backend=backend, fused=fused))
-            said.append(f"{self.last_evaluation} ({sub.shape[0]} of {xb.shape[0]} tensors)")
+                counts = {what: sub.shape[0]}
+            for what, n in counts.items():
+                said[what] = said.get(what, 0) + n
             parts.append((idx, y))
         if parts[0][0] is None:  # one group of every tensor, in order
             y = parts[0][1]
@@ -150,8 +148,8 @@ class ChainPolicies:
             y = xp.empty((xb.shape[0],) + tuple(parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
             for idx, part in parts:
                 y[idx] = part
-            if len(parts) > 1:
-                self.last_evaluation = "; ".join(said)
+        self.last_evaluation = next(iter(said)) if len(said) == 1 else "; ".join(
+            f"{what} ({n} of {xb.shape[0]} tensors)" for what, n in said.items())
         return y.reshape(lead + tuple(y.shape[1:]))
 
     def _certified_bound(self, x, decode: str) -> float:
@@ -164,17 +162,42 @@ class ChainPolicies:
         for plan, exact, idx in groups:
             sub = xb if idx is None else xb[idx]
             if plan is None:  # the result is then correctly rounded (half its largest spacing), or classical GEMMs'
-                y = self._default_exact(sub, None)
-                if y is not None:
-                    bound = float(half_spacing(y).max()) if y.size else 0.0
-                else:
-                    self._check_fallback_target()
-                    bound = self._classical_bound(sub, Fraction(float(xp.abs(sub).max())))
+                bound = self._fallback_bound(sub)
             else:
                 mode = "exact" if exact else decode
                 bound = self._planned_bound(sub, mode) if plan is self else plan.error_bound(sub, mode)
             worst = max(worst, bound)
         return worst
+
+    def _fallback(self, x, backend) -> tuple:
+        """``(y, {evaluation: tensors})`` of tensors no residue plan certified: the exact chain rounded once where
+        one exact plan holds them, else each tensor alone (correctly rounded where one holds it alone, else the
+        classical GEMMs on it alone), so that no tensor's path depends on the others'."""
+        y = self._default_exact(x, backend)
+        if y is not None:
+            return y, {self.last_evaluation: x.shape[0]}
+        if x.shape[0] == 1:
+            self._check_fallback_target()  # the classical GEMMs, where they meet the target
+            self.last_evaluation = "composed classical GEMMs"
+            return self.classical_chain(x), {self.last_evaluation: 1}
+        parts, counts = [], {}
+        for t in range(x.shape[0]):
+            y, said = self._fallback(x[t:t + 1], backend)
+            parts.append(y)
+            for what, n in said.items():
+                counts[what] = counts.get(what, 0) + n
+        return array_module(x).concatenate(parts), counts
+
+    def _fallback_bound(self, x) -> float:
+        """:meth:`_certified_bound` of the tensors :meth:`_fallback` takes: half the largest spacing where correctly
+        rounded, the classical GEMMs' bound on each tensor they run alone."""
+        y = self._default_exact(x, None)
+        if y is not None:
+            return float(half_spacing(y).max()) if y.size else 0.0
+        if x.shape[0] == 1:
+            self._check_fallback_target()
+            return self._classical_bound(x, Fraction(float(array_module(x).abs(x).max())))
+        return max(self._fallback_bound(x[t:t + 1]) for t in range(x.shape[0]))
 
     def _wider_from(self, s: int) -> tuple:
         """``(plan, s)``: the first chain that plans on ``s`` or more moduli (:meth:`_wider`), ``(None, s)`` where

@@ -164,6 +164,30 @@ def test_chain_verdicts_are_each_tensors_own(target):
     assert np.array_equal(ok2, ok[pick]) and np.array_equal(ex2, excess[pick], equal_nan=True)
 
 
+def test_fallbacks_are_each_tensors_own():
+    # no residue plan certifies these tensors (operators spanning e**+-9); one exact plan holds all but the tensor
+    # with a 2**-k entry, which needs the classical GEMMs: it alone takes them, the others stay correctly rounded,
+    # as each alone (the whole group once fell back to the classical GEMMs together)
+    rng = np.random.default_rng(45)
+    n, B = int(rng.integers(2, 7)), int(rng.integers(2, 14))
+    rng.choice(["uniform", "wide", "tiny", "int"])
+    ops = [rng.uniform(-1, 1, (n, n)) * (np.exp(rng.choice([0, 3]) * rng.standard_normal((n, n)))) for _ in range(3)]
+    X = rng.uniform(-1, 1, (B, n, n, n))
+    X[rng.integers(0, B), 0, 0, 0] = 2.0 ** -int(rng.integers(100, 700))
+    plan = rt.plan_chain(ops, [0, 1, 2])
+    y = plan(X)
+    assert "composed classical GEMMs (1 of 8 tensors)" in plan.last_evaluation
+    assert plan.last_evaluation.startswith("correctly rounded")
+    for t in range(B):
+        assert np.array_equal(plan(X[t:t + 1]), y[t:t + 1]), t
+    assert plan.error_bound(X) == max(plan.error_bound(X[t:t + 1]) for t in range(B))
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3])
+    z = expr(X)
+    one = rt.contract_expression("eijk,ai,bj,ck->eabc", (1, n, n, n), *ops, constants=[1, 2, 3])
+    for t in range(B):
+        assert np.array_equal(one(X[t:t + 1]), z[t:t + 1]), t
+
+
 def test_escalation_and_fallback():
     # rows spanning ~40 binades need wider encodings; 1800 binades the composed classical GEMMs
     rng = np.random.default_rng(2)

@@ -147,6 +147,12 @@ class _ClassicalDefault:
         try:
             y = self._auto(arrays, backend, FALLBACK_SPLIT_PRODUCTS)
         except RNSRangeError:
+            if batch is not None and self.sizes[batch] > 1:
+                # some element needs more than one exact plan holds: each element alone (correctly rounded where one
+                # holds it alone), so that no element's path depends on the others'
+                xp = array_module(*[x for x, k in zip(ops, kinds) if k != "const"])
+                start = xp.arange(self.sizes[batch], dtype=np.float64) + (self._WIDEST + 1)
+                return self._apart(arrays, backend, bound, batch, start)
             if self.rtol is not None:
                 m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
                 if self.rtol < (2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)):
@@ -189,8 +195,12 @@ class _ClassicalDefault:
             index = [slice(None)] * y.ndim
             index[out_axis] = idx
             y[tuple(index)] = part
+        said: dict = {}  # (the evaluations, with their elements)
+        for idx, _, what in parts:
+            said[what] = said.get(what, 0) + int(idx.shape[0])
         n = self.sizes[batch]
-        self.last_evaluation = "; ".join(f"{what} ({int(idx.shape[0])} of {n} elements)" for idx, _, what in parts)
+        self.last_evaluation = next(iter(said)) if len(said) == 1 else "; ".join(
+            f"{what} ({k} of {n} elements)" for what, k in said.items())
         return y
 
     def _composed_classical(self, arrays, bound: bool, parsed: tuple):
