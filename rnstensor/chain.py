@@ -85,7 +85,7 @@ class ChainPlan(ChainPolicies):
         self.rtol: Optional[float] = None
         self._exact_exprs: dict = {}
         #: How the last classical call ran: ``'residues on 15 moduli'`` (certified; more moduli where this plan's run
-        #: is not) or ``'composed classical GEMMs'``.
+        #: is not) or ``'composed classical GEMMs'``. :meth:`error_bound` leaves it as the last call set it.
         self.last_evaluation: Optional[str] = None
 
     @property
@@ -364,6 +364,13 @@ class ChainPlan(ChainPolicies):
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        said = self.last_evaluation  # the bound replays the call's paths: last_evaluation stays the call's
+        try:
+            return self._error_bound(X, decode)
+        finally:
+            self.last_evaluation = said
+
+    def _error_bound(self, X, decode: str) -> float:
         if self.policy == "auto":  # correctly rounded: half the spacing at the largest result
             y = self._exact_chain(X, None, "propagate")
             xp = array_module(y)

@@ -397,6 +397,42 @@ def test_revisiting_chain_classical_bound_property(case):
     _check_chain(ops, axes, X)
 
 
+def test_error_bound_leaves_the_calls_evaluation():
+    # found by hypothesis: a batch whose first tensor spans 900 binades (the classical GEMMs, alone) and whose second
+    # is correctly rounded; error_bound replays the fallback tensor by tensor, and its last label ("correctly rounded")
+    # replaced the call's, so a reader of last_evaluation held the classical GEMMs' result to the residues' target
+    ops = [np.array([[0.9984362142253211]]), np.array([[3.870602074806481e-16, 0.5]]), np.array([[0.9984362142253211]])]
+    X = np.array([0.19295817577216012, -8.108462021896723e-272, -0.011130820711346615, 0.0]).reshape(2, 1, 2)
+    plan = _check_chain(ops, [0, 1, 0], X)
+    said = plan.last_evaluation
+    assert said.startswith("composed classical GEMMs (1 of 2 tensors); correctly rounded (")
+    plan.error_bound(X)
+    assert plan.last_evaluation == said
+    expr = rt.contract_expression("ij,jk->ik", (2, 2), (2, 1))
+    a, b = np.array([[1.0, 2.0**-900], [0.5, 0.25]]), np.array([[1.0], [3.0]])
+    expr(a, b)
+    said = expr.last_evaluation
+    expr.error_bound(a, b)
+    assert expr.last_evaluation == said
+
+
+def test_an_overflowing_bound_refuses_its_tensor():
+    # a tensor whose residue bound overflows (here its relative part, inf) is refused, NaN, like a floor's refusal:
+    # an inf excess asked for an infinite next rung, so no group took the tensor and its result was never written
+    from rnstensor.program.classical import ClassicalErrors
+
+    rng = np.random.default_rng(8)
+    plan = rt.plan_chain([rng.uniform(-1, 1, (3, 3))], [0])
+    m = plan.classical_terms
+    obs = plan._certificate(rng.uniform(-1, 1, (2, 3)), m, 1e-16, per_tensor=True)
+    assert isinstance(obs, ClassicalErrors)
+    c, sc, g, r, a, lo = obs.state[obs.out]
+    obs.state[obs.out] = (c, sc, g, np.array([0.0, np.inf]), a, lo)
+    ok, excess = obs.verdicts(m, 1e-16)
+    assert not ok[1] and np.isnan(excess[1]) and (ok[0] or 0 < excess[0] < np.inf)
+    assert not obs.certified(m, 1e-16) and obs.excess is None and obs.reason
+
+
 def test_revisiting_chain_is_certified():
     # rows of the first product differ by 2**-40: folded into the second operator's columns on the same axis
     A1 = np.diag([1.0, 2.0**-40, 3.0])

@@ -85,7 +85,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         self._const_cache: dict = {}
         self._rungs: dict = {}
         #: How the last default (classical) call was evaluated: ``'15 moduli, 53 bits'`` (certified residues) or
-        #: ``'composed classical GEMMs'``; None before one.
+        #: ``'composed classical GEMMs'``; None before one. :meth:`error_bound` leaves it as the last call set it.
         self.last_evaluation: Optional[str] = None
 
     def with_shapes(self, *shapes) -> "ContractExpression":
@@ -293,6 +293,13 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         """
         if self.decode is None:
             raise ValueError("error_bound: this expression returns RNSTensors (decode=None); nothing is rounded")
+        said = self.last_evaluation  # the bound replays the call's paths: last_evaluation stays the call's
+        try:
+            return self._error_bound(arrays, backend)
+        finally:
+            self.last_evaluation = said
+
+    def _error_bound(self, arrays, backend):
         if self.policy == "auto":  # correctly rounded: within half the spacing at the result (per part)
             return half_spacing(self._auto(arrays, backend))
         if self._certifies(arrays):

@@ -144,15 +144,20 @@ class ClassicalErrors:
         """Follow every step of ``program``; returns ``self``."""
         self.complex = bool(program.complex)
         try:
-            for st in program.steps:
-                self._out_labels = _labels_after(st, self.labels)  # (a slot may be its own step's input)
-                self.state[st.out] = self._rule(st)
-                self.labels[st.out] = self._out_labels
+            # a tensor's bound may overflow (inf, or inf times a zero part: NaN); verdicts() refuses that tensor
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._steps(program)
             self.out = program.out
         except _Refused as e:
             self.reason = str(e)
             self.state.clear()
         return self
+
+    def _steps(self, program) -> None:
+        for st in program.steps:
+            self._out_labels = _labels_after(st, self.labels)  # (a slot may be its own step's input)
+            self.state[st.out] = self._rule(st)
+            self.labels[st.out] = self._out_labels
 
     # ----- per step -------------------------------------------------------------------------------
 
@@ -360,7 +365,7 @@ class ClassicalErrors:
         xp = array_module(excess)
         self.excess = None if bool(xp.isnan(excess).any()) else float(excess.max())
         if self.reason is None:
-            self.reason = self.refusal if self.excess is None else (
+            self.reason = (self.refusal or "the residue error bound overflows") if self.excess is None else (
                 f"the residue error bound is {self.excess} x " +
                 (f"gamma_{m}" if target is None else f"rtol={target:g}") + " of the magnitudes")
         return False
@@ -384,7 +389,10 @@ class ClassicalErrors:
             ok = xp.broadcast_to(total <= goal, (self.size,))
             if m <= 1:
                 ok = ok | self.exacts()
-            excess = xp.where(ok, 0.0, total / goal if goal > 0 else np.nan)
+            # a bound that overflowed (an inf or NaN total) says nothing of the width that would meet the target:
+            # refused, as a floor refuses (a finite excess picks the next rung)
+            over = total / goal if goal > 0 else xp.full_like(total, np.nan)
+            excess = xp.where(ok, 0.0, xp.where(over < np.inf, over, np.nan))
         excess = xp.broadcast_to(excess, (self.size,))
         if self.refused is None:
             return ok, excess
