@@ -470,9 +470,9 @@ def _chain_blocks(xi, rec, ops, tabi, tabf, tdir, bits, pf, ipf, hf, c24, pw, pa
                 eb_t[i] = e_t
         for c0 in range(0, W, BL):
             w = min(BL, W - c0)
-            # (V, the decode's float64 scratch, holds the wide encode's multipliers until then)
+            # (V and Vl, the decode's float64 scratch, hold the wide encode's multipliers until then)
             encoding._encode_block(xb[c0: c0 + w], eb[c0: c0 + w], hi, lo, kb, X0, c0, w, pf, ipf, hf, c24, pw, pa,
-                                   pper, V)
+                                   pper, V, Vl)
         for r in range(rec.shape[0]):
             so, si, L = rec[r, 1], rec[r, 2], rec[r, 3]
             if rec[r, 0] == _PRODUCT:
