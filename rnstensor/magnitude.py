@@ -26,7 +26,7 @@ import numpy as np
 from .arrays import array_module, to_host
 from .encode import _NONE
 
-__all__ = ["MeasuredRatio", "measure_ratio", "magnitude_ratio", "SETTLE_MAX_ENTRIES"]
+__all__ = ["MeasuredRatio", "measure_ratio", "measure_ratios", "magnitude_ratio", "SETTLE_MAX_ENTRIES"]
 
 #: the most near-minimal entries :meth:`MeasuredRatio.settle` sums exactly (their rows and columns come to the host)
 SETTLE_MAX_ENTRIES = 64
@@ -99,33 +99,54 @@ def measure_ratio(A, Ea, Bm, Eb, xp=None) -> Optional[MeasuredRatio]:
     some such ``|A||B|`` entry is (or underflows to) zero.
     """
     xp = xp or array_module(A, Bm)
-    k = A.shape[1]
+    return measure_ratios(A[None], Ea[None], Bm[None], Eb[None], xp)[0]
+
+
+def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
+    """:func:`measure_ratio` of every matrix of a stack: ``A`` ``(nb, m, k)`` with ``Ea`` ``(nb, m)``, ``Bm``
+    ``(nb, k, n)`` with ``Eb`` ``(nb, n)``; one batched float32 GEMM and one vector read back for all
+    (``[None] * nb`` when ``k`` is too long for a float32 bound)."""
+    xp = xp or array_module(A, Bm)
+    nb, m, k = A.shape
+    n = Bm.shape[2]
     if (k + 2) * 2.0**-23 > 0.25:
-        return None
-    a32, a_up, rA = _scaled(A, Ea, 1, k, xp)
-    b32, b_up, cB = _scaled(Bm, Eb, 0, k, xp)
+        return [None] * nb
+    # the rows of every matrix of A, and the columns of every matrix of Bm (as rows of its transpose), scaled
+    a32, a_up, rA = _scaled(A.reshape(nb * m, k), Ea.reshape(nb * m), 1, k, xp)
+    b32, b_up, cB = _scaled(xp.swapaxes(Bm, 1, 2).reshape(nb * n, k), Eb.reshape(nb * n), 1, k, xp)
+    a32, a_up, b32, b_up = a32.reshape(nb, m, k), a_up.reshape(nb, m, k), b32.reshape(nb, n, k), b_up.reshape(nb, n, k)
     # zero (and non-finite, zeroed) rows / columns have no encoding error: they do not count
-    rA = xp.where(Ea == _NONE, np.inf, rA)
-    cB = xp.where(Eb == _NONE, np.inf, cB)
+    rA = xp.where(Ea == _NONE, np.inf, rA.reshape(nb, m))
+    cB = xp.where(Eb == _NONE, np.inf, cB.reshape(nb, n))
+    b32, b_up = xp.swapaxes(b32, 1, 2), xp.swapaxes(b_up, 1, 2)  # (nb, k, n) views
     # float32 sums in any order: relative error below (k + 1) 2**-24; products and partial sums flushed or
     # underflowing lose at most 2**-126 each, 2k of them (on the CPU one single-threaded GEMM per thread, as the
-    # product that follows runs them)
-    if xp is np:
+    # product that follows runs them; a stack, numpy's batched GEMM)
+    if xp is np and nb == 1:
         from .backends.cpu_gemm import threaded_matmul  # noqa: PLC0415 - numba, loaded on first use
 
-        P = threaded_matmul(a32, b32)
+        P = threaded_matmul(a32[0], b32[0])[None]
+    elif nb == 1:
+        P = (a32[0] @ b32[0])[None]
     else:
-        P = a32 @ b32
-    ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-125) / (rA[:, None] + cB[None, :])
-    low = _scalar(ratio.min()) if ratio.size else math.inf
-    value = max(low, 0.0) * (1 - 2.0**-50)  # the quotient's rounding
+        P = xp.matmul(a32, b32)
+    ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-125) / (rA[:, :, None] + cB[:, None, :])
+    if m and n:
+        lows = ratio.reshape(nb, m * n).min(axis=1)
+        lows = lows.compute() if hasattr(lows, "compute") else lows
+        lows = [float(v) for v in to_host(lows)]
+    else:
+        lows = [math.inf] * nb
     # two devices' P differ by at most 2 (k + 1) 2**-24 relatively, their float64 sums and quotients by (k + 8) 2**-52
     spread = 2 * (k + 2) * 2.0**-24 + (k + 8) * 2.0**-52 + 2.0**-48
 
-    def settle() -> Optional[float]:
-        return _settled_minimum(ratio, low, spread, a32, a_up, b32, b_up, Ea, Eb, k, xp)
+    def measured(i: int) -> MeasuredRatio:
+        def settle() -> Optional[float]:
+            return _settled_minimum(ratio[i], lows[i], spread, a32[i], a_up[i], b32[i], b_up[i], Ea[i], Eb[i], k, xp)
 
-    return MeasuredRatio(value, spread, settle)
+        return MeasuredRatio(max(lows[i], 0.0) * (1 - 2.0**-50), spread, settle)  # (the quotient's rounding)
+
+    return [measured(i) for i in range(nb)]
 
 
 def _settled_minimum(ratio, low: float, spread: float, a32, a_up, b32, b_up, Ea, Eb, k: int, xp) -> Optional[float]:

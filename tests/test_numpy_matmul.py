@@ -234,3 +234,69 @@ def test_narrow_floats_are_rounded_once_from_float64():
     assert np.array_equal(got, _exact_stack(a.astype(float), b.astype(float)).astype(np.float32))
     z = (a + 1j * a).astype(np.complex64)
     assert rt.matmul(z, b).dtype == np.complex64
+
+
+# ----- stacks run batched, each matrix with dgemm's bits -----------------------------------------------------------
+
+
+def _stack(rng, nb, m, k, n):
+    """A stack whose matrices need different moduli: uniform, phi = 4, integers, a 120-binade row, wide columns, a
+    matrix holding inf and one holding NaN, an all-zero one (each kind a few times)."""
+    A, B = rng.uniform(-1, 1, (nb, m, k)), rng.uniform(-1, 1, (nb, k, n))
+    for i in range(nb):
+        kind = i % 7
+        if kind == 1:
+            A[i] *= np.exp(4 * rng.standard_normal((m, k)))
+            B[i] *= np.exp(4 * rng.standard_normal((k, n)))
+        elif kind == 2:
+            A[i], B[i] = rng.integers(-9, 9, (m, k)), rng.integers(-9, 9, (k, n))
+        elif kind == 3:
+            A[i, 0] *= 2.0 ** rng.integers(-120, 0, k)
+        elif kind == 4:
+            B[i, :, 1] *= 2.0 ** rng.integers(-400, 400, k)  # wider than 49 moduli hold: the split product
+        elif kind == 5:
+            A[i, 1, 2] = np.inf if i % 2 else np.nan
+        elif kind == 6:
+            A[i] = 0.0
+    return A, B
+
+
+@pytest.mark.parametrize("kw", [{}, {"moduli": "fast"}, {"moduli": "auto"}, {"moduli": 19}, {"rtol": 1e-12},
+                                {"workspace_bytes": 40_000}])
+def test_stack_is_each_matrix_dgemm_bit_for_bit(kw):
+    rng = np.random.default_rng(21)
+    A, B = _stack(rng, 14, 5, 9, 4)
+    y = rt.matmul(A, B, **kw)
+    for i in range(A.shape[0]):
+        want = rt.dgemm(A[i], B[i], **kw)
+        assert np.array_equal(y[i], want, equal_nan=True) and np.array_equal(np.signbit(y[i]), np.signbit(want)), i
+    # and broadcast batch axes: a (2, 1, ...) stack against a (1, 3, ...) one
+    y = rt.matmul(A[:2, None], B[None, 2:5], **kw)
+    for i, j in itertools.product(range(2), range(3)):
+        assert np.array_equal(y[i, j], rt.dgemm(A[i], B[2 + j], **kw), equal_nan=True)
+
+
+def test_stack_moduli_are_each_matrix_own():
+    # the width choice of a stack (one table of spreads, one batched GEMM of magnitudes) is each matrix's alone
+    from rnstensor.gemm.scan import group_stats
+    from rnstensor.gemm.split import _choose
+    from rnstensor.gemm.stack import _moduli_counts
+
+    rng = np.random.default_rng(22)
+    A, B = _stack(rng, 21, 6, 30, 5)
+    keep = [i for i in range(A.shape[0]) if np.isfinite(A[i]).all()]
+    A, B = A[keep], B[keep]
+    nb, m, k = A.shape
+    n = B.shape[2]
+    A2, BT = A.reshape(nb * m, k), np.ascontiguousarray(B.transpose(0, 2, 1)).reshape(nb * n, k)
+    for moduli, rtol in ((None, None), ("auto", None), (None, 1e-9)):
+        sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, moduli == "auto"))
+        sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, moduli == "auto"))
+        got = _moduli_counts(moduli, k, sa, sb, A2, BT, rtol)
+        # dgemm alone: one product on s moduli ('whole'), or rows / columns split (the stack leaves those to dgemm)
+        want = [(lambda c: c[1] if c[0] == "whole" else None)(_choose(moduli, A[i], B[i], k, False, rtol=rtol))
+                for i in range(nb)]
+        assert got == want, (moduli, rtol)
+        whole = [i for i in range(nb) if want[i] is not None]
+        assert len(whole) > nb // 2
+        assert len({want[i] for i in whole}) > 1  # the stack's matrices do need different moduli

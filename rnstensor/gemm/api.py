@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import numpy as np
@@ -14,6 +15,7 @@ from ..planner.methods import MIN_BITS
 from ..run.epilogue import exact_combination, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
                      blas_operands)
+from .stack import gemm_stack
 from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, row_slices
 from .tiles import _exact_whole, _phase, _run_product, gemm_program
 from .width import gemm_width
@@ -504,7 +506,16 @@ def matmul(
     B = xp.broadcast_to(b2, batch + tuple(b2.shape[-2:]))
     res = xp.empty(batch + (m, n), work)
     gemm = zgemm if cplx else dgemm
-    for idx in np.ndindex(*batch):
+    count = math.prod(batch)
+    alone = list(range(count))
+    if count > 1 and not cplx and m and n and a2.shape[-1] and xp is np:
+        # a real stack: each matrix on the moduli dgemm gives it alone, the products on equal moduli batched (on
+        # the host: on a device each matrix's choice would read back numbers that grow with the stack)
+        flat = res.reshape(count, m, n)
+        alone = gemm_stack(flat, A.reshape(count, m, -1), B.reshape(count, -1, n), moduli, backend, workspace_bytes,
+                           min_bits, rtol)
+    for i in alone:
+        idx = np.unravel_index(i, batch) if batch else ()
         gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes,
              min_bits=min_bits, rtol=rtol)
     if out is not None:

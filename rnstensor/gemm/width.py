@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
+from functools import lru_cache
 from typing import Callable, Optional
+
+import numpy as np
 
 from ..arrays import array_module
 from ..basis import Basis, int8_pool
@@ -20,12 +24,14 @@ __all__ = [
     "encoding_budget",
     "classical_fits",
     "classical_moduli",
+    "classical_moduli_stack",
 ]
 
 #: Range factor ``c`` of the width rule ``c * k * 4**t < P`` (see :func:`gemm_width`).
 _RANGE_FACTOR = {"real": 2, "complex": 12}
 _MAX_MODULI = len(int8_pool())
 _MIN_MODULI = 2
+_FLOAT_MAX = 1.7976931348623157e308
 
 # ----- the width rule ------------------------------------------------------------------------
 
@@ -191,9 +197,20 @@ def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int], budget: O
     >>> classical_fits(1, None, None), classical_fits(1, -80, None), classical_fits(4096, -44, -44)
     (True, False, True)
     """
-    ra = Fraction(2) ** rho_a if rho_a is not None else Fraction(0)
-    rb = Fraction(2) ** rho_b if rho_b is not None else Fraction(0)
-    return ra + rb + ra * rb <= (Fraction(max(int(k), 1) - 1, 1 << 53) if budget is None else budget)
+    k = max(int(k), 1)
+    known = _verdicts(k, budget)  # (a Fraction hashes slowly: one table per k and budget, keyed by the exponents)
+    key = (rho_a, rho_b)
+    if key not in known:
+        ra = Fraction(2) ** rho_a if rho_a is not None else Fraction(0)
+        rb = Fraction(2) ** rho_b if rho_b is not None else Fraction(0)
+        known[key] = ra + rb + ra * rb <= (Fraction(k - 1, 1 << 53) if budget is None else budget)
+    return known[key]
+
+
+@lru_cache(maxsize=64)
+def _verdicts(k: int, budget: Optional[Fraction]) -> dict:
+    """The :func:`classical_fits` verdicts found so far for ``k`` and ``budget``, by ``(rho_a, rho_b)``."""
+    return {}
 
 
 def _measured_fits(k: int, t: int, cplx: bool, ratio: float, budget: Optional[Fraction] = None) -> bool:
@@ -203,12 +220,31 @@ def _measured_fits(k: int, t: int, cplx: bool, ratio: float, budget: Optional[Fr
     rounded) the error of entry ``ij`` is at most ``2**(Ea_i + Eb_j) e (d_ij +
     k e)`` where ``d_ij >= 1`` is the ratio's denominator, so at most ``e (1 + k
     e) d_ij``; that at most ``(k - 1) u / (1 + u)`` times ``|A||B|_ij >= ratio
-    d_ij`` keeps ``gamma_k`` as :func:`classical_fits` does. Exact rationals.
+    d_ij`` keeps ``gamma_k`` as :func:`classical_fits` does: ``ratio`` at least
+    :func:`_measured_threshold`. Exact rationals.
     """
+    found = _measured_threshold(k, t, cplx, budget)
+    if found is None:
+        return False
+    lo, hi, least = found
+    return ratio >= hi or (ratio >= lo and Fraction(ratio) >= least)
+
+
+@lru_cache(maxsize=1024)
+def _measured_threshold(k: int, t: int, cplx: bool, budget: Optional[Fraction]):
+    """``(lo, hi, least)``: the least ratio :func:`_measured_fits` accepts at width ``t``, ``e (1 + k e) (1 + u) /
+    rho`` exactly, and floats below and above it (the exact test runs between them only); ``None`` where no ratio
+    does (``rho = 0``)."""
     e = Fraction(1, 1 << (t + 1)) * (Fraction(3, 2) if cplx else 1)  # 3/2 > sqrt 2
     u = Fraction(1, 1 << 53)
     rho = (max(k, 1) - 1) * u if budget is None else budget
-    return e * (1 + k * e) <= rho / (1 + u) * Fraction(ratio)
+    if rho <= 0:
+        return None
+    least = e * (1 + k * e) * (1 + u) / rho
+    if least > Fraction(_FLOAT_MAX):
+        return math.inf, math.inf, least
+    near = float(least)  # within half an ulp: its neighbours bracket it
+    return math.nextafter(near, 0.0), math.nextafter(near, math.inf), least
 
 
 def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[int]]) -> Optional[float]:
@@ -257,45 +293,101 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
         No ``s <= 49`` fits: some row or column spans more binades than 49
         moduli hold at the classical accuracy (or at ``rtol``).
     """
-    kind = "complex" if cplx else "real"
-    budget = encoding_budget(k, cplx, default_target(k, rtol))  # the default's (1 + 2**-5) u, or the caller's rtol
-    # the classical default never takes fewer than the 53-bit count; a target, the fewest that hold a width
-    s0 = moduli_for_bits(k, 53, kind=kind) if rtol is None else moduli_for_bits(k, 1, kind=kind)
-    (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
-
-    def fits(s, ga, gb, ratio):
-        t = gemm_width(s, k, kind)
-        if ratio is not None and _measured_fits(k, t, cplx, ratio, budget):
-            return True
-        return classical_fits(k, _inexact_rho(ga, t, cplx), _inexact_rho(gb, t, cplx), budget)
-
-    def least(ga, gb, ratio):  # galloping from s0 (the usual answer is near it), then a bisection
-        return least_moduli(lambda s: fits(s, ga, gb, ratio), s0)
-
-    ga, gb = _groups(fa, Ea, Na, la), _groups(fb, Eb, Nb, lb)
-    ratio = None
-    s = least(ga, gb, ratio)
-    # the lowest bits cost a pass over every significand (O(mk + kn)), the magnitudes one float32 GEMM (O(mnk)):
-    # the bits first, and where they alone give the 53-bit count (random() data, small integers: exact at 53 bits)
-    # that is the answer, as s0 is the floor; otherwise both, as before (sparse integer matrices: an |A||B| entry
-    # of zero leaves the magnitudes undecided)
-    refined = None
-    if s != s0 and lsb_of is not None and (la is None or lb is None):
-        got_a, got_b = lsb_of()
-        refined = (_groups(fa, Ea, Na, la if la is not None else got_a),
-                   _groups(fb, Eb, Nb, lb if lb is not None else got_b))
-        if least(*refined, None) == s0:
-            return s0
-    if s != s0 and magnitudes_of is not None:
-        measured = magnitudes_of()
-        if measured is not None:
-            ratio = _agreed_ratio(measured, lambda r: least(ga, gb, r))
-            s = least(ga, gb, ratio) if ratio is not None else s
-    if s != s0 and refined is not None:
-        s = least(*refined, ratio)
+    lift = lambda stats: tuple(None if v is None else v[None] for v in stats)  # noqa: E731 - a stack of one
+    s = classical_moduli_stack(
+        k, cplx, lift(a_stats), lift(b_stats),
+        None if lsb_of is None else (lambda: tuple(v[None] for v in lsb_of())),
+        None if magnitudes_of is None else (lambda which: [magnitudes_of()]), rtol)[0]
     if s is None:
         raise SplitNeeded(
             f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
             f"{'classical float64 accuracy' if rtol is None else f'accuracy rtol={rtol:g}'} (k={k})"
         )
     return s
+
+
+class _Spreads:
+    """``log2`` of the largest relative encoding error of each matrix's rows (or columns) at each moduli count's width
+    (:func:`_inexact_rho` of every matrix of a stack at every width). Host statistics: one table of every matrix and
+    width. Device ones: each entry on demand, one scalar read back (no copy that grows with the data or the stack)."""
+
+    def __init__(self, group, widths: dict, cplx: bool):
+        ok, spread, need = self.group = group  # (matrices, rows)
+        self.widths, self.extra = widths, 1 if cplx else 0
+        self.column = {s: j for j, s in enumerate(widths)}
+        self.worst = None
+        self.found: dict = {}
+        if spread.size and array_module(spread) is np:
+            ts = np.asarray(list(widths.values()), dtype=np.int64)
+            self.worst = np.where(ok[..., None] & (need[..., None] > ts), spread[..., None], _NONE).max(axis=1).tolist()
+
+    def rho(self, i: int, s: int) -> Optional[int]:
+        """Matrix ``i``'s ``rho`` at ``s`` moduli (``None``: every group exact)."""
+        ok, spread, need = self.group
+        if not spread.size:
+            return None
+        if self.worst is not None:
+            worst = self.worst[i][self.column[s]]
+        else:
+            if (i, s) not in self.found:
+                self.found[(i, s)] = int(array_module(spread).where(ok[i] & (need[i] > self.widths[s]), spread[i],
+                                                                     _NONE).max())
+            worst = self.found[(i, s)]
+        return None if worst == _NONE else worst - self.widths[s] + self.extra
+
+
+def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
+                           magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> list:
+    """:func:`classical_moduli` of every matrix of a stack (``None`` where no ``s <= 49`` fits), each as alone.
+
+    The statistics carry a leading matrix axis (``(matrices, rows)``);
+    ``lsb_of()`` gives the lowest set bits of every matrix, ``magnitudes_of(which)``
+    the :class:`~rnstensor.magnitude.MeasuredRatio` (or ``None``) of the
+    matrices listed. The spreads of every matrix at every width are one
+    table; each matrix then takes the steps of :func:`classical_moduli` on
+    its own row of it, so its count is the one it gets alone.
+    """
+    kind = "complex" if cplx else "real"
+    budget = encoding_budget(k, cplx, default_target(k, rtol))  # the default's (1 + 2**-5) u, or the caller's rtol
+    # the classical default never takes fewer than the 53-bit count; a target, the fewest that hold a width
+    s0 = moduli_for_bits(k, 53, kind=kind) if rtol is None else moduli_for_bits(k, 1, kind=kind)
+    widths = {s: gemm_width(s, k, kind) for s in range(s0, _MAX_MODULI + 1)}
+    (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
+    known = _verdicts(max(int(k), 1), budget)
+
+    def fits(i, s, spreads, ratio):
+        if ratio is not None and _measured_fits(k, widths[s], cplx, ratio, budget):
+            return True
+        key = (spreads[0].rho(i, s), spreads[1].rho(i, s))
+        return known[key] if key in known else classical_fits(k, *key, budget)
+
+    def least(i, spreads, ratio):  # galloping from s0 (the usual answer is near it), then a bisection
+        return least_moduli(lambda s: fits(i, s, spreads, ratio), s0)
+
+    plain = (_Spreads(_groups(fa, Ea, Na, la), widths, cplx), _Spreads(_groups(fb, Eb, Nb, lb), widths, cplx))
+    chosen = [least(i, plain, None) for i in range(fa.shape[0])]
+    # the lowest bits cost a pass over every significand (O(mk + kn)), the magnitudes one float32 GEMM (O(mnk)):
+    # the bits first, and where they alone give the 53-bit count (random() data, small integers: exact at 53 bits)
+    # that is the answer, as s0 is the floor; otherwise both, as before (sparse integer matrices: an |A||B| entry
+    # of zero leaves the magnitudes undecided)
+    left = [i for i, s in enumerate(chosen) if s != s0]
+    refined = None
+    if left and lsb_of is not None and (la is None or lb is None):
+        got_a, got_b = lsb_of()
+        refined = (_Spreads(_groups(fa, Ea, Na, la if la is not None else got_a), widths, cplx),
+                   _Spreads(_groups(fb, Eb, Nb, lb if lb is not None else got_b), widths, cplx))
+        for i in left:
+            if least(i, refined, None) == s0:
+                chosen[i] = s0
+        left = [i for i in left if chosen[i] != s0]
+    ratios: dict = {}
+    if left and magnitudes_of is not None:
+        for i, measured in zip(left, magnitudes_of(left)):
+            if measured is not None:
+                ratios[i] = _agreed_ratio(measured, lambda r, i=i: least(i, plain, r))
+                if ratios[i] is not None:
+                    chosen[i] = least(i, plain, ratios[i])
+    for i in left:
+        if chosen[i] != s0 and refined is not None:
+            chosen[i] = least(i, refined, ratios.get(i))
+    return chosen

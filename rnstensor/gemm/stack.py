@@ -1,0 +1,137 @@
+"""A stack of real GEMMs (``matmul``'s batch axes) batched: each matrix's own moduli, the products on equal ones together."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+
+from .. import ir
+from ..arrays import array_module, to_host
+from ..backends import dispatch
+from ..basis import Basis
+from ..encode import _NONE
+from ..errors import RNSRangeError
+from ..magnitude import measure_ratios
+from ..planner.program import Failure, Given, plan_drops
+from ..program.execute import Value, run_step
+from .checks import _check_moduli, _check_target, _check_workspace
+from .scan import group_lsb, group_stats
+from .tiles import _tile_bytes
+from .width import _MAX_MODULI, classical_moduli_stack, gemm_width, moduli_for_bits
+
+__all__ = ["gemm_stack", "stack_program"]
+
+
+@lru_cache(maxsize=64)
+def stack_program(basis: Basis, t: int, k: int) -> ir.Program:
+    """The residue program of a stack of real GEMMs ``A[b] @ B[b]`` at width ``t``: :func:`~.tiles.gemm_program`
+    with a batch index ``b`` (one exponent per row of each ``A[b]``, per column of each ``B[b]``), decoded exactly.
+
+    Examples
+    --------
+    >>> [type(s).__name__ for s in stack_program(Basis.int8(15), 53, 60).steps]
+    ['Encode', 'Encode', 'Contract', 'Decode']
+    """
+    B = 1 << t
+    steps = (
+        ir.Encode(0, 0, t, (2,), "bik", B),
+        ir.Encode(1, 1, t, (1,), "bkj", B),
+        ir.Contract(2, 0, 1, "bik", "bkj", "", "", "k", "b", "i", "j", "matmul", "bij", k * B * B),
+        ir.Decode(3, 2, "exact", 1.0),
+    )
+    planned = plan_drops(ir.Program(basis, steps, 3, "bij", False), {}, Given([]))  # the range check of every step
+    if isinstance(planned, Failure):
+        raise RNSRangeError(f"gemm: width t={t} at k={k} does not fit {len(basis)} moduli ({planned})")
+    return planned.program
+
+
+def _moduli_counts(moduli, k: int, sa, sb, A, BT, rtol) -> list:
+    """Every matrix's moduli count as :func:`~.scan.gemm_scale` chooses it alone (``None``: split, or left to
+    :func:`~.api.dgemm`): the classical width from one table of spreads, the measured ratios from one batched GEMM."""
+    nb = sa[0].shape[0]
+    if isinstance(moduli, (int, np.integer)):
+        return [int(moduli)] * nb
+    if moduli == "fast":
+        return [moduli_for_bits(k, 53)] * nb
+    (fa, Ea, la, Na), (fb, Eb, lb, Nb) = sa, sb
+    if moduli == "auto":  # the least width that holds every row and column exactly
+        need = [np.where(f & (E != _NONE), E - lo, 1).max(axis=1, initial=1) for f, E, lo in
+                ((to_host(fa), to_host(Ea), to_host(la)), (to_host(fb), to_host(Eb), to_host(lb)))]
+        counts = []
+        for bits in np.maximum(need[0], need[1]).tolist():
+            counts.append(moduli_for_bits(k, bits) if gemm_width(_MAX_MODULI, k) >= bits else None)
+        return counts
+    m, n = Ea.shape[1], Eb.shape[1]
+    return classical_moduli_stack(
+        k, False, sa, sb,
+        lambda: (group_lsb(A, 1).reshape(nb, m), group_lsb(BT, 1).reshape(nb, n)),
+        lambda which: measure_ratios(A.reshape(nb, m, k)[which], Ea[which],
+                                     BT.reshape(nb, n, k)[which].transpose(0, 2, 1), Eb[which]),
+        rtol)
+
+
+def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol) -> list:
+    """``res[b] <- A[b] @ B[b]`` for the matrices of a real stack that run batched; returns the others' indices.
+
+    ``A`` ``(nb, m, k)``, ``B`` ``(nb, k, n)`` float64 (``m, n, k > 0``),
+    ``res`` ``(nb, m, n)``. Each matrix gets the moduli
+    :func:`~.api.dgemm` chooses for it alone and the same exact product and
+    decode, so the same bits; the matrices on equal moduli run as one
+    batched program (:func:`stack_program`), in as many pieces as the
+    workspace asks (NumPy stacks: :func:`~.api.matmul` runs device stacks one matrix at a time, as each
+    matrix's choice reads its numbers back). Left to ``dgemm`` one by one (returned): matrices with
+    an inf or NaN, rows or columns wider than 49 moduli hold, an explicit
+    ``moduli`` too small for the product (its error names the fix), and
+    matrices whose product alone exceeds the workspace (``dgemm`` tiles it).
+    """
+    fn = "matmul"
+    moduli = _check_moduli(moduli, fn)
+    rtol = _check_target(rtol, moduli, fn)
+    be, xp = dispatch(A, B, res, backend=backend, names=("a", "b", "out"), fn=fn)
+    workspace = _check_workspace(workspace_bytes, fn, xp)
+    backend_name = be.name if xp is not np else backend
+    nb, m, k = A.shape
+    n = B.shape[2]
+    auto = moduli == "auto"
+    A2 = xp.ascontiguousarray(A).reshape(nb * m, k)
+    BT = xp.ascontiguousarray(xp.swapaxes(B, 1, 2)).reshape(nb * n, k)  # the columns of every B[b], as rows
+    sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, auto))
+    sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, auto))
+    finite = to_host(sa[0].all(axis=1) & sb[0].all(axis=1))
+    left = [i for i in range(nb) if not finite[i]]
+    take = np.nonzero(finite)[0]
+    if not take.size:
+        return left
+    if take.size < nb:
+        A2 = A2.reshape(nb, m, k)[take].reshape(-1, k)
+        BT = BT.reshape(nb, n, k)[take].reshape(-1, k)
+        sa = tuple(None if v is None else v[take] for v in sa)
+        sb = tuple(None if v is None else v[take] for v in sb)
+    counts = _moduli_counts(moduli, k, sa, sb, A2, BT, rtol)
+    groups: dict = {}
+    for j, s in enumerate(counts):
+        t = None if s is None else gemm_width(s, k)
+        if t is None or t < 1 or (isinstance(moduli, int) and t < min_bits) or _tile_bytes(m, n, k, s, False) > workspace:
+            left.append(int(take[j]))
+        else:
+            groups.setdefault(s, []).append(j)
+    (fa, Ea, _, _), (fb, Eb, _, _) = sa, sb
+    A3, B3 = A2.reshape(-1, m, k), BT.reshape(-1, n, k)
+    for s, members in groups.items():
+        t = gemm_width(s, k)
+        prog = stack_program(Basis.int8(s), t, k)
+        enc_a, enc_b, product, dec = prog.steps
+        per = max(1, workspace // _tile_bytes(m, n, k, s, False))
+        for c0 in range(0, len(members), per):
+            sel = np.asarray(members[c0:c0 + per])
+            ea = xp.where(fa[sel] & (Ea[sel] != _NONE), t - Ea[sel], 0).astype(np.int64)[:, :, None]
+            eb = xp.where(fb[sel] & (Eb[sel] != _NONE), t - Eb[sel], 0).astype(np.int64)[:, None, :]
+            xa, xb = A3[sel], xp.ascontiguousarray(xp.swapaxes(B3[sel], 1, 2))
+            vals = {0: Value(be.encode(xa, ea, prog.basis.moduli, t), -ea, 1, enc_a.bound, enc_a.labels),
+                    1: Value(be.encode(xb, eb, prog.basis.moduli, t), -eb, 1, enc_b.bound, enc_b.labels)}
+            run_step(product, vals, prog.basis, be, backend_name)
+            res[take[sel]] = run_step(dec, vals, prog.basis, be, backend_name)
+    return sorted(left)
