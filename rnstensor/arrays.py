@@ -9,6 +9,7 @@ on any machine.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from .errors import RNSRangeError
 
 __all__ = [
+    "default_workspace_bytes",
     "is_device_array",
     "device_module",
     "array_module",
@@ -173,3 +175,21 @@ def exact_result(res: Any, dt: np.dtype, fn: str):
                     "it); cast the operands to a wider integer dtype such as int64"
                 )
     return res != 0 if dt.kind == "b" else res.astype(dt)
+
+
+def default_workspace_bytes() -> int:
+    """The default workspace for one GEMM: a quarter of the available physical memory, clamped to 64 MiB .. 4 GiB.
+
+    Read from ``os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')``
+    at each call; 1 GiB where the system does not report it.
+
+    Examples
+    --------
+    >>> 64 << 20 <= default_workspace_bytes() <= 4 << 30
+    True
+    """
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 30
+    return int(min(max(avail // 4, 64 << 20), 4 << 30))

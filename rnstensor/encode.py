@@ -305,6 +305,15 @@ def exact_bits_needed(x, shared_axes: tuple[int, ...]) -> int:
     x = x.astype(np.float64, copy=False) if xp is not np else np.asarray(x, dtype=np.float64)
     if x.size == 0:
         return 1
+    if xp is np and x.dtype == np.float64:
+        # on the CPU: the groups as rows of a matrix, one threaded pass over the IEEE bits (the GEMM's scan)
+        from .backends.cpu_gemm import group_stats  # noqa: PLC0415 - numba, loaded on first use
+
+        keep = [a for a in range(x.ndim) if a not in shared_axes]
+        rows = np.ascontiguousarray(x.transpose(keep + list(shared_axes))).reshape(
+            math.prod(x.shape[a] for a in keep), -1)
+        _, Emax, lsb, _ = group_stats(rows, 1, True)
+        return max(int(np.where(Emax != _NONE, Emax - lsb, 1).max()), 1)
     _, E, lsb = entry_stats(x)
     nz = x != 0
     Emax = xp.max(xp.where(nz, E, _NONE), axis=shared_axes, keepdims=True) if shared_axes else E

@@ -364,3 +364,51 @@ def test_spinning_blas_threads_are_seen():
     finally:
         busy.set()
         worker.join()
+
+
+# ----- the engine's product as INT8 residues (einsum's GEMM-shaped steps) ------------------------------------------
+
+
+@pytest.mark.parametrize("t, s", [(53, 15), (56, 16), (160, 48)])
+def test_wide_engine_residues_are_the_exact_products(t, s):
+    # the engine's integers as residues on INT8 moduli, against Python integers: round_half_even(x 2**e) per entry,
+    # the exact sums of their products, reduced and centered
+    rng = np.random.default_rng(t)
+    m, k, n = 4, 300, 5
+    a, b = _data(rng, "wide", (m, k)), rng.uniform(-1, 1, (k, n))
+    b[0, 0], b[1, 1] = 0.0, 2.0**-700
+    ea = t - np.frexp(np.abs(a).max(axis=1))[1]
+    eb = t - np.frexp(np.abs(b).max(axis=0))[1]
+    mods = rt.Basis.int8(s).moduli
+    bound = k * 4**t
+    wide, chunk = cpu_gemm.wide_plan(k, bound)
+    got = cpu_gemm.exact_gemm(a, b, ea, eb, bound, 1.0, wide, chunk, onto=tuple(mods))
+    A = [[round(Fraction(float(v)) * Fraction(2) ** int(ea[i])) for v in row] for i, row in enumerate(a)]
+    B = [[round(Fraction(float(b[p, j])) * Fraction(2) ** int(eb[j])) for j in range(n)] for p in range(k)]
+    for i in range(m):
+        for j in range(n):
+            c = sum(A[i][p] * B[p][j] for p in range(k))
+            want = [(c % q) - q if c % q >= (q + 1) // 2 else c % q for q in mods]  # (int8: -128 for 2**7 mod 2**8)
+            assert got[:, i, j].tolist() == want, (i, j)
+
+
+@pytest.mark.parametrize("subscripts, shapes", [("ijab,abcd->ijcd", [(4, 4, 12, 12), (12, 12, 12, 12)]),
+                                                ("ik,jk->ji", [(40, 700), (30, 700)]),
+                                                ("kai,bk->aib", [(600, 4, 9), (20, 600)])])
+@pytest.mark.parametrize("kind", ["uniform", "wide", "ints", "tiny"])
+def test_einsum_products_on_the_wide_engine_give_the_int8_bits(subscripts, shapes, kind):
+    # einsum's GEMM-shaped steps go through the same engine choice as dgemm (program.execute._engine_product)
+    rng = np.random.default_rng(31)
+    ops = [_data(rng, kind if i == 0 else "uniform", s) for i, s in enumerate(shapes)]
+    old = cpu_gemm.ENGINE
+    try:
+        for kw in ({}, {"moduli": "fast"}, {"moduli": 19}, {"moduli": "auto"}):
+            got = []
+            for engine in ("int8", "wide"):
+                cpu_gemm.ENGINE = engine
+                expr = rt.contract_expression(subscripts, shapes[0], ops[1], constants=[1], **kw)  # a constant too
+                got.append((rt.einsum(subscripts, *ops, **kw), expr(ops[0])))
+            for x, y in zip(*got):
+                np.testing.assert_array_equal(x.view(np.int64), y.view(np.int64), err_msg=str(kw))
+    finally:
+        cpu_gemm.ENGINE = old

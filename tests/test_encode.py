@@ -352,3 +352,29 @@ def test_oracle_self_check():
     v, e = encode_oracle(np.array([12.0]), 4, None)
     assert v.tolist() == [12] and e.tolist() == [0]
     assert Fraction(2) ** 3 == 8
+
+
+def test_exact_bits_needed_on_the_cpu_scan_matches_the_entrywise_rule():
+    # the CPU path (groups as rows, the GEMM's one-pass scan) against the rule entry by entry (entry_stats)
+    import itertools
+
+    from rnstensor.encode import _NONE, entry_stats, exact_bits_needed
+
+    def rule(x, shared):
+        _, E, lsb = entry_stats(x)
+        nz = x != 0
+        Emax = np.max(np.where(nz, E, _NONE), axis=shared, keepdims=True) if shared else E
+        return max(int(np.where(nz, Emax - lsb, 1).max()), 1)
+
+    rng = np.random.default_rng(12)
+    for trial in range(120):
+        shape = tuple(int(n) for n in rng.integers(1, 5, rng.integers(1, 4)))
+        x = rng.standard_normal(shape) * 2.0 ** rng.integers(-1074, 1000, shape).astype(float)
+        x = np.where(rng.random(shape) < 0.3, 0.0, x)
+        if trial % 5 == 0:
+            x = np.round(x * 8)  # integers, and zeros
+        if trial % 7 == 0:
+            x.flat[0] = 5e-324  # the least subnormal
+        for r in range(x.ndim + 1):
+            for shared in itertools.combinations(range(x.ndim), r):
+                assert exact_bits_needed(x, shared) == rule(x, shared), (x, shared)

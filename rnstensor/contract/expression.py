@@ -13,7 +13,7 @@ import opt_einsum
 from ..arrays import array_module, is_device_array, to_module
 from ..backends import dispatch
 from ..basis import Basis
-from ..encode import check_nonfinite, exact_bits_needed, finite_part
+from ..encode import check_nonfinite, exact_bits_needed, finite_part, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..planner.methods import MIN_BITS, check_kept_bits
 from ..planner.program import Failure, Given, plan_drops
@@ -21,7 +21,7 @@ from ..primitives import decode as decode_tensor
 from .. import ir
 from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
-from ..program.execute import Value, execute, moved, permuted, tensor_of, value_of
+from ..program.execute import DeferredValue, Value, execute, moved, permuted, tensor_of, value_of
 from ..run.exact import half_spacing
 from ..tensor import RNSTensor
 from .auto import _CorrectlyRounded
@@ -350,13 +350,27 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         plan = self._plan(kinds, cplx, tensors, widths)
         leaf = self._leaves(ops, kinds, cplx, xp)
 
+        # operands of a plain GEMM step: their planes made only where the backend's exact GEMM engine declines it
+        gemm_slots = {slot for st in plan.steps if isinstance(st, ir.Contract) and st.kind == "matmul"
+                      and not st.batch for slot in (st.x, st.y)} if hasattr(be, "exact_product") else set()
+
         def encoded(st):
             i = st.source
+            labels = (_C if cplx[i] else "") + _unique(self.terms[i])
+            if kinds[i] != "const" and st.out in gemm_slots and not cplx[i]:
+                self._check_exact(i, leaf(st), st)
+                return DeferredValue(
+                    lambda: value_of(_package_encode_leaf(leaf(st), self.basis, st.bits, st.shared), labels,
+                                     st.bound).planes,
+                    -group_exponents(leaf(st), st.bits, st.shared), 1, st.bound, labels, leaf(st))
             if kinds[i] != "const":
                 self._check_exact(i, leaf(st), st)
                 T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
-                return value_of(T, (_C if cplx[i] else "") + _unique(self.terms[i]), st.bound)
-            return self._const_value(st, cplx[i], xp)
+                v = value_of(T, labels, st.bound)
+            else:
+                v = self._const_value(st, cplx[i], xp)
+            v.source = leaf(st)  # (an exact GEMM engine may take the product from the floats)
+            return v
 
         observer = EntrywiseErrors(self.basis, leaf) if track else None
         vals = execute(plan, be, be_name, encoded=encoded, operand=lambda st: ops[st.source],

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Union
 
 import numpy as np
 
-from ..arrays import exact_float
+from ..arrays import default_workspace_bytes, exact_float
 from ..basis import moduli_count
 from ..run.policy import check_rtol
 from .width import _MAX_MODULI
@@ -60,24 +59,6 @@ def _check_workspace(workspace_bytes, fn: str, xp=np) -> int:
     if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)) or workspace_bytes < 1:
         raise ValueError(f"{fn}: workspace_bytes must be a positive integer; got {workspace_bytes!r}")
     return int(workspace_bytes)
-
-
-def default_workspace_bytes() -> int:
-    """The default workspace for one GEMM: a quarter of the available physical memory, clamped to 64 MiB .. 4 GiB.
-
-    Read from ``os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')``
-    at each call; 1 GiB where the system does not report it.
-
-    Examples
-    --------
-    >>> 64 << 20 <= default_workspace_bytes() <= 4 << 30
-    True
-    """
-    try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return 1 << 30
-    return int(min(max(avail // 4, 64 << 20), 4 << 30))
 
 
 def _device_workspace_bytes(xp) -> int:

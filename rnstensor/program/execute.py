@@ -27,7 +27,8 @@ from ..primitives import decode as decode_tensor
 from ..tensor import RNSTensor, Scale
 from ..ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
-__all__ = ["Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
+__all__ = [
+    "DeferredValue", "Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
            "alpha_parts", "last_reads"]
 
 
@@ -97,7 +98,10 @@ class Value:
 
     ``exp`` (:class:`Exps`; an int64 array is taken as its one term) has one
     dim per label, size 1 where the exponent is constant; ``active`` the
-    moduli of the planes (``None``: the whole basis).
+    moduli of the planes (``None``: the whole basis); ``source`` the float
+    array an encoded operand came from (its integers ``round_half_even(source
+    * 2**-exp)``), where the caller has it: a backend's exact GEMM engine
+    may take the product from it (:func:`_engine_product`).
     """
 
     planes: Any
@@ -106,10 +110,30 @@ class Value:
     bound: int
     labels: str
     active: Optional[tuple] = None
+    source: Any = None
 
     def __post_init__(self):
         if not isinstance(self.exp, Exps):
             self.exp = Exps((self.exp,))
+
+
+class DeferredValue(Value):
+    """An encoded operand whose planes are made on first use: an exact GEMM engine that takes its product from the
+    floats (:func:`_engine_product`) leaves them unmade. ``make()`` gives the planes; ``exp`` is known before."""
+
+    def __init__(self, make, exp, factor: int, bound: int, labels: str, source):
+        self._planes, self._make = None, make
+        super().__init__(None, exp, factor, bound, labels, None, source)
+
+    @property
+    def planes(self):
+        if self._planes is None and self._make is not None:
+            self._planes, self._make = self._make(), None
+        return self._planes
+
+    @planes.setter
+    def planes(self, value) -> None:
+        self._planes = value
 
 
 def moved(v: Value, xp) -> Value:
@@ -175,6 +199,18 @@ def _sum(v: Value, over: str, bound: int, basis: Basis, be) -> Value:
 
 
 def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
+    if st.kind == "matmul":
+        planes = _engine_product(X, Y, st, _moduli(X, basis), be)
+        if planes is not None:  # (the operands' planes, where deferred, are never made)
+            L = planes.shape[0]
+            xs, ys = (tuple(v.source.shape[v.labels.index(c)] for c in keep) for v, keep in
+                      ((X, st.x_keep), (Y, st.y_keep)))
+            xe, ye = X.exp.transpose([X.labels.index(c) for c in st.x_keep + st.contracted]), \
+                Y.exp.transpose([Y.labels.index(c) for c in st.contracted + st.y_keep])
+            nc, nx, ny = len(st.contracted), len(st.x_keep), len(st.y_keep)
+            exp = _insert_axes(_drop_axes(xe, range(nx, nx + nc)), nx, ny) + \
+                _insert_axes(_drop_axes(ye, range(nc)), 0, nx)
+            return Value(planes.reshape((L,) + xs + ys), exp, X.factor * Y.factor, st.bound, st.labels, X.active)
     xp = array_module(X.planes, Y.planes)
     C, Bt, Kx, Ky, kind = st.contracted, st.batch, st.x_keep, st.y_keep, st.kind
     if st.x_sum:
@@ -214,6 +250,31 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
     xe2 = _insert_axes(_drop_axes(xe, range(nb + nx, nb + nx + nc)), nb + nx, ny)
     ye2 = _insert_axes(_drop_axes(ye, range(nb, nb + nc)), nb, nx)
     return Value(planes, xe2 + ye2, factor, st.bound, st.labels, X.active)
+
+
+def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be):
+    """The residues of a GEMM-shaped product of two encoded operands by the backend's exact GEMM engine
+    (``exact_product``: the CPU's wide moduli in float64 BLAS), from the floats they were encoded from; ``None``
+    where the backend has none or declines it, or the step is not one plain GEMM of two fresh encodings (a batch
+    index, sums first, drops). The residues of the same integers: the INT8 product's bits."""
+    engine = getattr(be, "exact_product", None)
+    if (engine is None or X.source is None or Y.source is None or st.batch or st.x_sum or st.y_sum
+            or X.active is not None or Y.active is not None or X.factor != 1 or Y.factor != 1
+            or X.source.dtype != np.float64 or Y.source.dtype != np.float64):
+        return None
+    xp = array_module(X.source, Y.source)
+    nc = len(st.contracted)
+    xorder, yorder = st.x_keep + st.contracted, st.contracted + st.y_keep
+    xs = X.source.transpose([X.labels.index(c) for c in xorder])
+    ys = Y.source.transpose([Y.labels.index(c) for c in yorder])
+    M, K = math.prod(xs.shape[: len(st.x_keep)]), math.prod(xs.shape[len(st.x_keep):])
+    N = math.prod(ys.shape[nc:])
+    # the encode exponents: constant along the contracted indices (one per row of the first, column of the second)
+    ea = -xp.broadcast_to(X.exp.transpose([X.labels.index(c) for c in xorder]).total(),
+                          xs.shape[: len(st.x_keep)] + (1,) * nc).reshape(M)
+    eb = -xp.broadcast_to(Y.exp.transpose([Y.labels.index(c) for c in yorder]).total(),
+                          (1,) * nc + ys.shape[nc:]).reshape(N)
+    return engine(xs.reshape(M, K), ys.reshape(K, N), ea.astype(np.int64), eb.astype(np.int64), st.bound, moduli)
 
 
 def _contract_3m(X: Value, Y: Value, st: Contract3M, basis: Basis, be) -> Value:

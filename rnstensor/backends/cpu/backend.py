@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
 from ... import arith
+from ...arrays import default_workspace_bytes
 from ...basis import Basis
 from .. import elementwise_shape, matmul_shape, product_layout
 from .common import _BLAS_CHUNK, _BLOCK, _CHUNK, _DIRECT_MAX_K, _P2, _exponent_runs, _launch, _mod_consts, _ro
@@ -215,17 +217,43 @@ class CpuBackend:
         alpha = complex(dec.alpha) if program.complex else complex(dec.alpha).real
         if not (math.isfinite(alpha.real) and math.isfinite(alpha.imag)):
             return None
-        (m, k), n = a.shape, b.shape[1]
-        s = len(program.basis)
-        if gemm.ENGINE != "wide" and not gemm.prefers_wide(m, n, k, s, product.bound):
+        wide = self._wide(a.shape[0], b.shape[1], a.shape[1], len(program.basis), product.bound, program.complex,
+                          workspace_bytes)
+        return None if wide is None else gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, *wide)
+
+    def exact_product(self, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, bound: int,
+                      moduli: Sequence[int], workspace_bytes: Optional[int] = None):
+        """The residues ``(len(moduli), m, n)`` int8 of the exact product of the integers ``round_half_even(a_ik
+        2**ea_i)`` and ``round_half_even(b_kj 2**eb_j)`` (real, ``|c| <= bound``) by the wide engine, or ``None``
+        where it should not beat the INT8 product (:meth:`exact_gemm`'s rule) or does not fit the workspace (default
+        :func:`~rnstensor.arrays.default_workspace_bytes`). The residues of the same integers, so the INT8
+        product's bits."""
+        from . import gemm  # noqa: PLC0415 - the engine's kernels compile on first use
+
+        if gemm.ENGINE == "int8":
+            return None
+        if workspace_bytes is None:
+            workspace_bytes = default_workspace_bytes()
+        wide = self._wide(a.shape[0], b.shape[1], a.shape[1], len(moduli), bound, False, workspace_bytes)
+        if wide is None:
+            return None
+        return gemm.exact_gemm(a, b, ea, eb, bound, 1.0, *wide, onto=tuple(int(p) for p in moduli))
+
+    @staticmethod
+    def _wide(m: int, n: int, k: int, s: int, bound: int, cplx: bool, workspace_bytes: int):
+        """``(wide moduli, chunk)`` where the wide engine takes an ``m x k x n`` product (instead of ``s`` INT8
+        moduli) within the workspace, else ``None``."""
+        from . import gemm  # noqa: PLC0415
+
+        if gemm.ENGINE != "wide" and not gemm.prefers_wide(m, n, k, s, bound):
             return None
         try:
-            mods, chunk = gemm.wide_plan(k, product.bound)
+            mods, chunk = gemm.wide_plan(k, bound)
         except ValueError:
             return None
-        if gemm.wide_bytes(m, n, k, len(mods), program.complex) > workspace_bytes:
+        if gemm.wide_bytes(m, n, k, len(mods), cplx) > workspace_bytes:
             return None
-        return gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, mods, chunk)
+        return mods, chunk
 
     def chain_program(self, plan, shape: tuple, decode: str):
         """``(program, None)``: ``plan`` packed for :meth:`chain` on tensors of ``shape``, or ``(None, reason)``."""

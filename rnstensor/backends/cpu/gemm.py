@@ -28,7 +28,7 @@ from numba import njit
 
 from ...basis import mrc_digit_coeffs, mrc_order
 from . import common
-from .wide import _LIMB, _decode, _mod_sum, _reduce_into, _wide_encode
+from .wide import _LIMB, _decode, _mod_sum, _reduce_into, _residues, _wide_encode
 
 __all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "release_workspace",
            "threaded_matmul", "ENGINE",
@@ -470,7 +470,7 @@ def _wide_tables(moduli: tuple[int, ...]):
 
 
 def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_bound: int, alpha,
-               moduli: tuple[int, ...], chunk: int) -> np.ndarray:
+               moduli: tuple[int, ...], chunk: int, onto: Optional[tuple[int, ...]] = None) -> np.ndarray:
     """``alpha * 2**(-ea_i - eb_j) * (a_i . b_j)`` correctly rounded, for the integers the INT8 encode holds.
 
     ``A`` (m x k) and ``Bm`` (k x n) float64, or complex128 (then the exact
@@ -484,6 +484,9 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     for the same integers, bit for bit: each part correctly rounded times
     ``alpha``'s real part, one float64 sum per part where ``alpha`` has an
     imaginary part, ``-0.0`` for zeros times a negative ``alpha``, as there.
+    ``onto`` (real operands; ``alpha`` unused): the product's integers as
+    residues ``(len(onto), m, n)`` int8 on those INT8 moduli instead, for the
+    INT8 program's own decode (the bits of its INT8 product, whatever it is).
     """
     m, k = A.shape
     n = Bm.shape[1]
@@ -498,10 +501,10 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     # every modulus' residues of the operands in one pass each (the IEEE split is shared), float64 for the
     # GEMMs; the product's residues in float32 (|r| < 2**23) for the decode
     with _arena(wide_bytes(m, n, k, L, cplx)) as ws:
-        return _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl, chunk, ws)
+        return _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl, chunk, ws, onto)
 
 
-def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena) -> np.ndarray:
+def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena, onto=None) -> np.ndarray:
     m, k = A.shape
     n = Bm.shape[1]
     p, ip, h = tabs[:3]
@@ -550,6 +553,10 @@ def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena) -> 
                     common._launch(_reduce_into, m, m * n, common._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
                     t0 = _tick("reduce", t0)
     del pairs
+    if onto is not None:
+        out = _residues(prods[0], tabs, onto)
+        _tick("decode", t0)
+        return out
     if A.dtype.kind != "c":
         out = _decode(prods[0], ea, eb, float(alpha), tabs, nl)
         _tick("decode", t0)

@@ -10,7 +10,7 @@ from numba import njit
 from ...arith import alpha_parts
 from . import common, decoding, encoding
 
-__all__ = ["_LIMB", "_mod_sum", "_decode", "_wide_encode", "_reduce_into"]
+__all__ = ["_LIMB", "_mod_sum", "_decode", "_residues", "_wide_encode", "_reduce_into"]
 
 _LIMB = 28  # limbs of the decode's Horner: 28 bits times a modulus below 2**24 stays below 2**53
 
@@ -45,6 +45,25 @@ def _mod_sum_kernel(x, y, sign, p, h, out, task0, task1):
             v = np.float64(xl[j]) + sign * np.float64(yl[j])
             v = v - P if v > H - 1 else v
             ol[j] = v + P if v < H - P else v
+
+
+def _residues(acc: np.ndarray, tabs, moduli: tuple) -> np.ndarray:
+    """The residues ``(len(moduli), m, n)`` int8 on the INT8 ``moduli`` (centered, as the INT8 encode gives them) of
+    the product with wide residues ``acc``: its integers, for the INT8 program's own decode."""
+    m, n = acc.shape[1:]
+    p, ip, h, _, _, perm, C, qd = tabs
+    order = [int(v) for v in qd]
+    Wq = np.empty((len(moduli), len(order)), np.float64)
+    for j, q in enumerate(moduli):
+        w = 1
+        for d, r in enumerate(order):
+            Wq[j, d] = (w % q) - q if w % q > q // 2 else w % q
+            w *= r
+    pq, ipq, hq = common._mod_consts(tuple(moduli))[3:]
+    out = np.empty((len(moduli), m, n), np.int8)
+    common._launch(_wide_residues, m, m * n * (perm.size + len(moduli)) * 4, common._ro(acc), perm, C, p, ip, h,
+                   Wq, pq, ipq, hq, out)
+    return out
 
 
 def _decode(acc: np.ndarray, ea: np.ndarray, eb: np.ndarray, alpha: float, tabs, nl: int) -> np.ndarray:
@@ -128,11 +147,53 @@ def _reduce_into(Y, acc, p, ip, h, first, task0, task1):
             a[j] = np.float32(r + p if r < h - p else r)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _digits(acc, i, j0, W, perm, C, p, ip, h, D):
+    # D[:, :W] <- the centered mixed-radix digits of the residues acc[:, i, j0:j0 + W], in float64 (sums of at most
+    # 31 products below 2**46, one _cr64 each)
+    for d in range(perm.size):
+        x = acc[perm[d], i, j0:j0 + W]
+        cd = C[d]
+        Dd = D[d]
+        pl, il, hl = p[perm[d]], ip[perm[d]], h[perm[d]]
+        for b in range(W):
+            Dd[b] = x[b] * cd[d]
+        for q in range(d):
+            cq = cd[q]
+            Dq = D[q]
+            for b in range(W):
+                Dd[b] += cq * Dq[b]
+        for b in range(W):
+            Dd[b] = common._cr64(Dd[b], pl, il, hl)
+
+
+@njit(cache=True, nogil=True)
+def _wide_residues(acc, perm, C, p, ip, h, Wq, q, iq, hq, out, task0, task1):
+    # out[:, i, :] <- the residues on the moduli q (int8, centered) of the integers with wide residues acc[:, i, :]:
+    # X = sum_d D_d W_d over its centered digits, so [X]_q = [sum_d D_d [W_d]_q]_q, terms below 2**23 * 64
+    L = perm.size
+    n = acc.shape[2]
+    D = np.empty((L, common._BLOCK), np.float64)
+    for i in range(task0, task1):
+        for j0 in range(0, n, common._BLOCK):
+            W = min(common._BLOCK, n - j0)
+            _digits(acc, i, j0, W, perm, C, p, ip, h, D)
+            for j in range(q.size):
+                o = out[j, i, j0:j0 + W]
+                wj = Wq[j]
+                qj, ij, hj = q[j], iq[j], hq[j]
+                for b in range(W):
+                    t = 0.0
+                    for d in range(L):
+                        t += D[d, b] * wj[d]
+                    o[b] = np.int8(common._cr64(t, qj, ij, hj))
+
+
 @njit(cache=True, nogil=True)
 def _wide_decode(acc, ea, eb, eadd, flimbs, perm, C, p, ip, h, qd, nl, p2, out, task0, task1):
     # out[i, :] <- the correctly rounded decode of the residues acc[:, i, :] with exponents -(ea_i + eb_j): the
-    # mixed-radix digits in float64 (sums of at most 31 products below 2**46, one _cr64 each), the signed Horner
-    # in 28-bit limbs, the lane rounding and its scalar remainder (cpu._round_exact)
+    # mixed-radix digits (_digits), the signed Horner in 28-bit limbs, the lane rounding and its scalar remainder
+    # (cpu._round_exact)
     L = perm.size
     n = acc.shape[2]
     D = np.empty((L, common._BLOCK), np.float64)
@@ -149,19 +210,6 @@ def _wide_decode(acc, ea, eb, eadd, flimbs, perm, C, p, ip, h, qd, nl, p2, out, 
             W = min(common._BLOCK, n - j0)
             for b in range(W):
                 e[b] = -(ea[i] + eb[j0 + b])
-            for d in range(L):
-                x = acc[perm[d], i, j0:j0 + W]
-                cd = C[d]
-                Dd = D[d]
-                pl, il, hl = p[perm[d]], ip[perm[d]], h[perm[d]]
-                for b in range(W):
-                    Dd[b] = x[b] * cd[d]
-                for q in range(d):
-                    cq = cd[q]
-                    Dq = D[q]
-                    for b in range(W):
-                        Dd[b] += cq * Dq[b]
-                for b in range(W):
-                    Dd[b] = common._cr64(Dd[b], pl, il, hl)
+            _digits(acc, i, j0, W, perm, C, p, ip, h, D)
             decoding._signed_horner(D, qd, sgn, Vf, carry, W, _LIMB)
             decoding._round_exact(Vf, _LIMB, sgn, e, eadd, flimbs, 1, p2, out[i, j0:j0 + W], V, P, R, W)
