@@ -18,6 +18,7 @@ from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import inflate
 from .ir import Encode
 from .run.exact import half_spacing
+from .run.groups import evaluation, groups_by_key, put_back
 from .run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
 
 __all__ = ["ChainPolicies"]
@@ -108,12 +109,8 @@ class ChainPolicies:
             with np.errstate(invalid="ignore", divide="ignore"):
                 step = 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)
                 nxt = xp.where(failed, s + xp.maximum(1, step - 1), math.inf)
-            while True:
-                n = float(nxt.min())
-                if n == math.inf:
-                    break
-                queue.append(self._wider_from(int(n)) + (pick(nxt == n),))
-                nxt = xp.where(nxt == n, math.inf, nxt)
+            for n, at in groups_by_key(nxt):
+                queue.append(self._wider_from(n) + (at if idx is None else idx[at],))
         fallback = [idx for plan, _, idx in groups if plan is None]
         if len(fallback) > 1:  # the tensors no residue plan certified, however they got there: one fallback call
             groups = [g for g in groups if g[0] is not None] + [(None, False, xp.concatenate(fallback))]
@@ -123,7 +120,6 @@ class ChainPolicies:
         """The default's run (``moduli=None``, or ``rtol=``) of finite ``x``: each group of
         :meth:`_classical_groups` on its plan, or correctly rounded, or by the classical GEMMs; the results put
         back in the tensors' order."""
-        xp = array_module(x)
         lead = tuple(x.shape[:x.ndim - self.ndim])
         xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
         groups = self._classical_groups(xb)
@@ -142,20 +138,13 @@ class ChainPolicies:
             for what, n in counts.items():
                 said[what] = said.get(what, 0) + n
             parts.append((idx, y))
-        if parts[0][0] is None:  # one group of every tensor, in order
-            y = parts[0][1]
-        else:
-            y = xp.empty((xb.shape[0],) + tuple(parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
-            for idx, part in parts:
-                y[idx] = part
-        self.last_evaluation = next(iter(said)) if len(said) == 1 else "; ".join(
-            f"{what} ({n} of {xb.shape[0]} tensors)" for what, n in said.items())
+        y = put_back(parts, xb.shape[0])
+        self.last_evaluation = evaluation(said, xb.shape[0], "tensors")
         return y.reshape(lead + tuple(y.shape[1:]))
 
     def _certified_bound(self, x, decode: str) -> float:
         """:meth:`~rnstensor.ChainPlan.error_bound` of the default's result on finite ``x``: the largest of its
         groups' bounds (:meth:`_classical_groups`)."""
-        xp = array_module(x)
         xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
         groups = self._classical_groups(xb)
         worst = 0.0

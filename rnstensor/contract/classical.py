@@ -15,6 +15,7 @@ from ..encode import as_basis, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
+from ..run.groups import evaluation, groups_by_key, put_back
 from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
 from ..program.errors import inflate
 from ..tensor import RNSTensor
@@ -172,15 +173,8 @@ class _ClassicalDefault:
         xp = array_module(start)
         first = next(i for i in range(len(self.terms)) if i not in self.constants)
         axis, out_axis = self.terms[first].index(batch), self.output.index(batch)
-        groups, left = [], start
-        while True:  # the least width first: one number read back per group
-            w = float(left.min())
-            if w == math.inf:
-                break
-            groups.append((int(w), xp.nonzero(left == w)[0]))
-            left = xp.where(left == w, math.inf, left)
         parts = []
-        for w, idx in groups:
+        for w, idx in groups_by_key(start):  # the least width first
             shape = list(self.shapes[first])
             shape[axis] = int(idx.shape[0])
             if tuple(shape) not in self._rungs:  # (cached with the rungs: its own rungs stay planned)
@@ -190,18 +184,11 @@ class _ClassicalDefault:
             args = list(arrays)
             args[0] = xp.take(xp.asarray(args[0]), idx, axis=axis)
             parts.append((idx, sub._classical(args, backend, bound, cap=w), sub.last_evaluation))
-        y = xp.empty(tuple(self.sizes[c] for c in self.output), dtype=parts[0][1].dtype)
-        for idx, part, _ in parts:
-            index = [slice(None)] * y.ndim
-            index[out_axis] = idx
-            y[tuple(index)] = part
         said: dict = {}  # (the evaluations, with their elements)
         for idx, _, what in parts:
             said[what] = said.get(what, 0) + int(idx.shape[0])
-        n = self.sizes[batch]
-        self.last_evaluation = next(iter(said)) if len(said) == 1 else "; ".join(
-            f"{what} ({k} of {n} elements)" for what, k in said.items())
-        return y
+        self.last_evaluation = evaluation(said, self.sizes[batch], "elements")
+        return put_back([(idx, part) for idx, part, _ in parts], self.sizes[batch], out_axis)
 
     def _composed_classical(self, arrays, bound: bool, parsed: tuple):
         """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.
