@@ -129,3 +129,23 @@ def test_correctly_rounded_fallback_on_the_device(device):
     same_bits(expr2(device.put(a2), bd), expr2(a2, b))
     assert expr2.last_evaluation.endswith("correctly rounded (43 moduli, exact) (1 of 2 elements)")
     same_bits(expr2.error_bound(device.put(a2), bd), expr2.error_bound(a2, b))
+
+
+@pytest.mark.parametrize("kw", [{}, {"moduli": "fast"}, {"moduli": 17}, {"moduli": 30, "decode": "exact"}])
+def test_mode_chains_fuse_on_the_device(device, kw):
+    # an expression's mode products by constant operators run as the one fused chain kernel on the device (the CPU
+    # runs them in its fused interpreter), with the CPU's bits
+    rng = np.random.default_rng(9)
+    ops = [rng.uniform(-1, 1, (5, 4)) for _ in range(3)]
+    X = rng.uniform(-1, 1, (6, 4, 4, 4))
+    if kw.get("decode") == "exact":  # correctly rounded: exact encodings, no drops
+        ops, X = [np.round(A * 64) for A in ops], np.round(X * 64)
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3], **kw)
+    want = expr(X)
+    Xd = device.put(X)
+    got = device.resident(lambda: expr(Xd))
+    same_bits(got, want)
+    assert any(k.startswith("rns_chain_fused") for k in device.launches[-3:]), device.launches[-3:]
+    # no batch axis: one tensor
+    expr = rt.contract_expression("ijk,ai,bj,ck->abc", X.shape[1:], *ops, constants=[1, 2, 3], **kw)
+    same_bits(device.resident(lambda: expr(Xd[0])), expr(X[0]))

@@ -698,6 +698,14 @@ class CudaBackend:
         return self._on_this_device(
             fused.program_or_reason(lambda: fused.operator_program(op), fused.operator_fusable(op), decode))
 
+    def compile_program(self, program, in_shape: tuple, constants: list, nbatch: int, decode: str):
+        """``(program, None)``: a residue program of one input tensor and constant operators (host values) as
+        :meth:`chain`'s kernel program, or ``(None, reason)``."""
+        from ..kernels import fused  # noqa: PLC0415
+
+        return self._on_this_device(fused.program_or_reason(
+            lambda: fused.expression_program(program, in_shape, constants, nbatch), None, decode))
+
     def _on_this_device(self, found: tuple) -> tuple:
         """``found`` (``(program, reason)``), or ``(None, reason)`` where this device's arch cannot launch the program."""
         from ..kernels.limits import ARCH_LIMITS, launch_use  # noqa: PLC0415

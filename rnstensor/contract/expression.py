@@ -403,28 +403,29 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         return Value(v.planes, v.exp, v.factor, v.bound, labels)
 
     def _fused(self, parsed: tuple, backend, widths: Optional[tuple], mode: str):
-        """This call decoded by ``mode``, its program run block by block in cache by the CPU backend's fused
-        interpreter (:mod:`rnstensor.backends.cpu_fused`): the bits of :meth:`_run` and its decode, or ``None`` where
-        that interpreter does not run it (other backends; complex, RNSTensor or non-finite operands; steps other
-        than mode products of one tensor by matrices (constants, or 2-D operands encoded for this call), drops and
-        extensions; batch axes other than one leading label)."""
+        """This call decoded by ``mode``, its program run block by block in cache by the backend's fused interpreter
+        (``compile_program``: the CPU's :mod:`rnstensor.backends.cpu_fused`, the CUDA chain kernel): the bits of
+        :meth:`_run` and its decode, or ``None`` where it does not run it (complex, RNSTensor or non-finite
+        operands; steps other than mode products of one tensor by matrices (constants, or on the CPU 2-D operands
+        encoded for this call), drops and extensions; batch axes other than one leading label)."""
         ops, kinds, cplx, tensors, nonfinite = parsed
         if (tensors or nonfinite or any(cplx) or "input" not in kinds or mode not in ("fp64", "exact")
                 or any(n == 0 for n in self.sizes.values())):
             return None
         be, xp, _ = self._backend(ops, kinds, backend)
-        if xp is not np or be.name != "cpu":
+        compile_program = getattr(be, "compile_program", None)
+        if compile_program is None:
             return None
         plan = self._plan(kinds, cplx, tensors, widths)
         inputs = [st for st in plan.steps if isinstance(st, ir.Encode) and not st.constant]
         enc = max(inputs, key=lambda st: len(st.labels))  # the tensor; any other input must be a matrix
         matrices = [st for st in inputs if st is not enc]
-        if any(len(st.labels) != 2 for st in matrices):
+        # (matrices encoded for this call are packed as constants: host residues, so on the CPU only)
+        if any(len(st.labels) != 2 for st in matrices) or (matrices and xp is not np):
             return None
         nbatch = len(enc.labels) - len(enc.shared)
         in_shape = tuple(self.sizes[c] for c in enc.labels[nbatch:])
         leaf = self._leaves(ops, kinds, cplx, xp)
-        from ..backends import cpu_fused  # noqa: PLC0415 - numba, loaded on first use
 
         def pack():
             """The plan packed, its constants (and the matrices, encoded for this call) as operators."""
@@ -437,15 +438,12 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                     T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                     consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
-            try:
-                return cpu_fused.cpu_program(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch)
-            except ValueError:
-                return None
+            return compile_program(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch, mode)[0]
 
         if matrices:  # their residues are this call's: packed per call
             prog = pack()
         else:
-            key = ("fused", id(plan))
+            key = ("fused", id(plan), be.name, mode)
             if key not in self._const_cache or self._const_cache[key][0] is not plan:
                 self._const_cache[key] = (plan, pack())
             prog = self._const_cache[key][1]
@@ -457,7 +455,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         y = be.chain(prog, x.reshape((math.prod(lead),) + x.shape[nbatch:]), mode).reshape(lead + prog.out_shape)
         last = [st for st in plan.steps if isinstance(st, ir.Contract) and st.out == plan.out][-1]
         y = y.transpose([last.labels.index(c) for c in plan.out_labels])
-        return y[()] if y.ndim == 0 else np.ascontiguousarray(y)
+        return y[()] if y.ndim == 0 and xp is np else xp.ascontiguousarray(y)
 
     def _check_exact(self, i: int, x, st) -> None:
         """``decode='exact'``: operand ``i`` must be encoded exactly at the plan's width, or the result is not correctly rounded."""

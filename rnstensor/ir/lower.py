@@ -95,6 +95,24 @@ class Partial:
     shape: tuple
 
 
+def check_one_input(program: "ir.Program", in_shape: tuple, nbatch: int) -> None:
+    """That ``program`` reads one input tensor, encoded with one exponent per tensor behind ``nbatch`` (0 or 1)
+    leading batch axes, as the fused interpreters take it (every other operand a constant).
+
+    Raises
+    ------
+    ValueError
+        Why it does not (a reason it cannot be fused).
+    """
+    inputs = [st for st in program.steps if type(st).__name__ == "Encode" and not st.constant]
+    if nbatch not in (0, 1):
+        raise ValueError(f"{nbatch} batch axes (the fused interpreters take the tensors behind one, or none)")
+    if len(inputs) != 1:
+        raise ValueError("a program of more than one input tensor")
+    if tuple(inputs[0].shared) != tuple(range(nbatch, nbatch + len(in_shape))):
+        raise ValueError("the input is encoded with more than one exponent per tensor")
+
+
 def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fields: dict, nbatch: int = 1,
                    max_terms: Optional[int] = None) -> Program:
     """The fused kernel's view of ``program``: its stages, tensors and output scale, read from its steps.

@@ -28,11 +28,11 @@ import numpy as np
 from .. import arith
 from ..arrays import array_module
 from .. import ir
-from ..ir.lower import Program as _Program, SlotPool, last_uses, program_stages
+from ..ir.lower import Program as _Program, SlotPool, check_one_input, last_uses, program_stages
 from . import tables
 from .layout import KERNEL, RC, RS
 
-__all__ = ["ChainProgram", "chain_program", "program_stages", "last_uses", "SlotPool", "method_reason", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field", "operator_fields",
+__all__ = ["ChainProgram", "chain_program", "expression_program", "program_stages", "last_uses", "SlotPool", "method_reason", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field", "operator_fields",
            "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
@@ -205,6 +205,21 @@ def chain_program(plan, shape=None, budget: int = SHARED_BUDGET) -> ChainProgram
     if key not in per_plan:
         per_plan[key] = _build(plan, shape, budget)
     return per_plan[key]
+
+
+def expression_program(program, in_shape: tuple, constants: list, nbatch: int = 1,
+                       budget: int = SHARED_BUDGET) -> ChainProgram:
+    """The fused kernel's program for a residue program of one input tensor and constant operators (an einsum's
+    mode chains; ``constants`` host values by ``Encode.source``), the tensors behind ``nbatch`` (0 or 1) batch axes.
+    Not cached (the expression keeps it).
+
+    Raises
+    ------
+    ValueError
+        If the program cannot run as one fused kernel (the reason).
+    """
+    check_one_input(program, tuple(in_shape), nbatch)
+    return _compile(program_stages(program, tuple(in_shape), constants, {}, nbatch=nbatch, max_terms=_TMAX), budget)
 
 
 def _build(plan, shape, budget) -> ChainProgram:

@@ -264,6 +264,16 @@ class CpuBackend:
         except ValueError as exc:
             return None, str(exc)
 
+    def compile_program(self, program, in_shape: tuple, constants: list, nbatch: int, decode: str):
+        """``(program, None)``: a residue program of one input tensor and constant operators packed for
+        :meth:`chain`, or ``(None, reason)``."""
+        from . import fused  # noqa: PLC0415
+
+        try:
+            return fused.cpu_program(program, in_shape, constants, nbatch), None
+        except ValueError as exc:
+            return None, str(exc)
+
     def operator_program(self, op, decode: str):
         """``(program, None)``: the FEM operator ``op`` packed for :meth:`chain`, or ``(None, reason)``."""
         from . import fused  # noqa: PLC0415

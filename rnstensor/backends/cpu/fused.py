@@ -163,16 +163,10 @@ def cpu_program(program, in_shape: tuple, constants: list, nbatch: int = 1) -> C
 
 def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = None, nfield: int = 0,
           nq: int = 0, nbatch: int = 1) -> CpuChainProgram:
-    from ...ir.lower import SlotPool, last_uses, program_stages  # noqa: PLC0415
+    from ...ir.lower import SlotPool, check_one_input, last_uses, program_stages  # noqa: PLC0415
     from ...kernels.layout import KERNEL  # noqa: PLC0415 - the same sum limit as the CUDA kernel
 
-    inputs = [st for st in program.steps if type(st).__name__ == "Encode" and not st.constant]
-    if nbatch not in (0, 1):
-        raise ValueError(f"{nbatch} batch axes (the fused interpreter takes the tensors behind one, or none)")
-    if len(inputs) != 1:
-        raise ValueError("a program of more than one input tensor")
-    if tuple(inputs[0].shared) != tuple(range(nbatch, nbatch + len(in_shape))):
-        raise ValueError("the input is encoded with more than one exponent per tensor")
+    check_one_input(program, in_shape, nbatch)
     prog = program_stages(program, in_shape, constants, fields or {}, nbatch=nbatch, max_terms=KERNEL["TMAX"])
     basis = tuple(prog.basis)
     rec: list = []
