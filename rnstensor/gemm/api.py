@@ -420,7 +420,9 @@ def matmul(
     value below ``2**53`` is the exact integer; results beyond that, or
     beyond the integer dtype's range, raise :class:`RNSRangeError` where
     numpy would wrap them. CuPy operands give a CuPy result, computed on
-    the device.
+    the device. A real NumPy stack runs batched: every matrix on the moduli
+    dgemm chooses for it alone, the matrices on equal moduli as one product
+    (the bits of dgemm, matrix by matrix).
 
     Parameters
     ----------
