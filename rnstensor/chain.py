@@ -275,6 +275,9 @@ class ChainPlan(ChainPolicies):
                 raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")
             return None
         B = math.prod(x.shape[:batch])
+        slower = getattr(be, "fuses", lambda program, tensors: None)(prog, B)
+        if slower is not None and not required:  # the backend's own measurement: step by step is faster here
+            return None
         out = be.chain(prog, x.reshape((B,) + shape), decode)
         return out.reshape(tuple(x.shape[:batch]) + prog.out_shape)
 

@@ -260,3 +260,27 @@ def test_fused_fem_errors():
         composed.apply(u, fused=True)
     big = TensorBasis(63, dim=2)  # Q = 64, the most points a basis takes: sums of 3 x 64 terms are exact in float32
     assert cpu_fused.cpu_operator_fusable(PoissonOperator(big, box_mesh(big, 1).G)) is None
+
+
+def test_one_large_tensor_runs_step_by_step(monkeypatch):
+    # fewer tensors than threads, each past the caches: the step-by-step passes (threaded inside the tensor) are
+    # faster than the fused interpreter (a tensor per thread), so the default takes them; fused=True still fuses
+    from rnstensor.backends.cpu import backend as cpu_backend
+    from rnstensor.backends.cpu.common import _nthreads
+
+    rng = np.random.default_rng(2)
+    ops = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)]
+    X = rng.uniform(-1, 1, (64, 8, 8, 8))  # one tensor of 32768 entries (its leading axis is not contracted)
+    plan = rt.plan_chain(ops, [1, 2, 3], moduli=15)
+    be = rt.backends.get_backend("cpu")
+    prog, _ = be.chain_program(plan, X.shape, "fp64")
+    assert (be.fuses(prog, 1) is not None) == (_nthreads() > 1)
+    assert be.fuses(prog, _nthreads()) is None
+    small, _ = be.chain_program(rt.plan_chain(ops, [0, 1, 2], moduli=15), (8, 8, 8), "fp64")
+    assert be.fuses(small, 1) is None  # a tensor within the caches: fused, even alone
+    fused = plan.run(X, "fp64", fused=True)
+    calls = []
+    real = cpu_backend.CpuBackend.chain
+    monkeypatch.setattr(cpu_backend.CpuBackend, "chain", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    y = plan.run(X, "fp64")
+    assert np.array_equal(y, fused) and len(calls) == (0 if _nthreads() > 1 else 1)

@@ -12,13 +12,18 @@ from ... import arith
 from ...arrays import default_workspace_bytes
 from ...basis import Basis
 from .. import elementwise_shape, matmul_shape, product_layout
-from .common import _BLAS_CHUNK, _BLOCK, _CHUNK, _DIRECT_MAX_K, _P2, _exponent_runs, _launch, _mod_consts, _ro
+from .common import (_BLAS_CHUNK, _BLOCK, _CHUNK, _DIRECT_MAX_K, _P2, _exponent_runs, _launch, _mod_consts,
+                     _nthreads, _ro)
 from .decoding import _decode_exact_kernel, _decode_fp64_kernel, _decode_plan, _factor_limbs
 from .drop_extend import _drop_extend_kernel, _drop_plan
 from .encoding import _encode_kernel, _pow2_tables
 from .products import _elementwise, _product_direct, _product_tasks, _reduce_swap
 
-__all__ = ["CpuBackend"]
+__all__ = ["CpuBackend", "FUSED_ALONE_MAX"]
+
+#: entries of a tensor from which the fused interpreter, given fewer tensors than threads, runs slower than the
+#: step-by-step passes (between 16**3, faster fused alone, and 32**3, slower: CpuBackend.fuses)
+FUSED_ALONE_MAX = 16384
 
 
 # ----- the backend --------------------------------------------------------------------------
@@ -282,6 +287,17 @@ class CpuBackend:
             return fused.cpu_operator_program(op), None
         except ValueError as exc:
             return None, str(exc)
+
+    def fuses(self, program, tensors: int) -> Optional[str]:
+        """Why :meth:`chain` should not run ``tensors`` tensors of ``program`` (``None``: it should). A tensor is
+        one thread's block there: fewer tensors than threads, each of at least :data:`FUSED_ALONE_MAX` entries
+        (past the caches), run faster step by step, whose passes thread inside a tensor (measured: one tensor of
+        32**3 entries 1.3x, of 4096 x 8**3 2.3x slower fused on 2 threads; 16**3 2.4x faster fused)."""
+        entries = math.prod(program.in_shape)
+        if tensors < _nthreads() and entries >= FUSED_ALONE_MAX:
+            return (f"{tensors} tensor(s) of {entries} entries for {_nthreads()} threads: the fused interpreter runs a "
+                    f"tensor on one thread, the step-by-step passes on all")
+        return None
 
     def chain(self, program, x: np.ndarray, decode: str, field=None, fexp=None) -> np.ndarray:
         """A whole chain, block by block in cache (:mod:`rnstensor.backends.cpu.fused`): ``x`` ``(B, *in_shape)``
