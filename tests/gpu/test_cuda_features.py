@@ -61,6 +61,16 @@ def test_einsum():
     same(rt.einsum("ij,jk,kl->il", A, B, C, backend="cuda"), rt.einsum("ij,jk,kl->il", A, B, C, backend="cpu"))
 
 
+@pytest.mark.parametrize("moduli", [None, "fast"])
+def test_einsum_mode_chain_fused(moduli):
+    # an expression's mode products by constant operators: one fused chain kernel on the device (compile_program)
+    rng = np.random.default_rng(5)
+    ops = [rng.uniform(-1, 1, (5, 4)) for _ in range(3)]
+    X = rng.uniform(-1, 1, (32, 4, 4, 4))
+    expr = rt.contract_expression("eijk,ai,bj,ck->eabc", X.shape, *ops, constants=[1, 2, 3], moduli=moduli)
+    same(expr(X, backend="cuda"), expr(X, backend="cpu"))
+
+
 def test_fem_operators():
     from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
 
