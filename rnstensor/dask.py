@@ -61,6 +61,7 @@ import numpy as np
 from .arrays import array_module, device_module as _cupy
 from .backends import get_backend
 from .basis import Basis
+from .encode import _NONE
 from .errors import RNSRangeError
 from .chain import ChainPlan
 from .contract import ContractExpression
@@ -466,8 +467,9 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
         rows, cols = (opa.chunks[0],), (opb.chunks[1],)
         A = da.where(da.from_array(xp.asarray(fa), chunks=rows)[:, None], opa, 0)
         Bm = da.where(da.from_array(xp.asarray(fb), chunks=cols)[None, :], opb, 0)
-        return measure_ratio(A, da.from_array(xp.asarray(Ea), chunks=rows), Bm,
-                               da.from_array(xp.asarray(Eb), chunks=cols), xp=da)
+        # (the rows and columns zeroed for their inf / NaN have no encoding error: exponent NONE, as zero ones)
+        return measure_ratio(A, da.from_array(xp.asarray(np.where(fa, Ea, _NONE)), chunks=rows), Bm,
+                               da.from_array(xp.asarray(np.where(fb, Eb, _NONE)), chunks=cols), xp=da)
 
     try:
         s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),

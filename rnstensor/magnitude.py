@@ -131,6 +131,8 @@ def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
     else:
         P = xp.matmul(a32, b32)
     ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-125) / (rA[:, :, None] + cB[:, None, :])
+    # an entry of a zero row or column has no encoding error at all: it asks for no ratio (0 / inf would say 0)
+    ratio = xp.where((Ea == _NONE)[:, :, None] | (Eb == _NONE)[:, None, :], np.inf, ratio)
     if m and n:
         lows = ratio.reshape(nb, m * n).min(axis=1)
         lows = lows.compute() if hasattr(lows, "compute") else lows

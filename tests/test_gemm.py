@@ -939,3 +939,38 @@ def test_property_auto_correctly_rounded_on_any_spread(m, k, n, spread, alpha, c
     else:
         # (the sign of an exact zero times a negative alpha is not part of the promise: -0.0 and 0.0 compare)
         assert_bitwise(rt.dgemm(A, B, moduli="auto", alpha=alpha) + 0.0, ref_dgemm(A, B, alpha) + 0.0)
+
+
+def test_split_product_past_float64_range_is_exact():
+    # rows / columns wider than 49 moduli hold are split; slice-pair products past float64's range summed in float64
+    # gave inf - inf = NaN where the exact value is 2**-800 (numpy gives NaN too); those entries are now exact
+    from rnstensor.gemm.split import _choose
+
+    a = np.array([[2.0**1022, -2.0**908, 2.0**-800], [2.0**1022, 2.0**908, 2.0**-800], [1.0, 2.0, 3.0],
+                  [-2.0**1022, -2.0**908, 2.0**-800]])
+    b = np.array([[2.0**110], [2.0**224], [1.0]])
+    assert _choose(None, a, b, 3, False)[0] == "pairs"
+    for alpha in (1.0, -3.0, 0.375):
+        y = rt.dgemm(a, b, alpha=alpha)
+        for i in range(a.shape[0]):
+            exact = Fraction(alpha) * sum(Fraction(float(a[i, p])) * Fraction(float(b[p, 0])) for p in range(3))
+            if abs(exact) >= 2**1024:  # past the range: the sign's infinity
+                assert y[i, 0] == (np.inf if exact > 0 else -np.inf), (i, alpha)
+            else:
+                assert abs(Fraction(float(y[i, 0])) - exact) <= _gamma(3) * abs(exact), (i, alpha, y[i, 0])
+
+
+def test_inf_nan_rows_do_not_widen_the_others():
+    # a row holding NaN is zeroed for the residue product (numpy's rule gives its results): its exponent must not
+    # count in the measured ratio, where 0 / (its sums) read as a zero magnitude and sent the matrix to the split path
+    from rnstensor.gemm.split import _choose
+
+    rng = np.random.default_rng(40)
+    a = rng.uniform(-1, 1, (6, 40)) * 2.0 ** rng.integers(-100, 100, (6, 1))
+    b = rng.uniform(-1, 1, (40, 5)) * 2.0 ** rng.integers(-80, 80, (40, 1))
+    bad = a.copy()
+    bad[2, 7] = np.nan
+    keep = [0, 1, 3, 4, 5]
+    assert _choose(None, bad, b, 40, False)[:2] == _choose(None, a[keep], b, 40, False)[:2]
+    y = rt.dgemm(bad, b)
+    assert np.isnan(y[2]).all() and np.array_equal(y[keep], rt.dgemm(a[keep], b))

@@ -16,7 +16,7 @@ from ..run.epilogue import exact_combination, ieee_rows, needs_exact_epilogue, p
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
                      blas_operands)
 from .stack import gemm_stack
-from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, row_slices
+from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, exact_entries, row_slices
 from .tiles import _exact_whole, _phase, _run_product, gemm_program
 from .width import gemm_width
 
@@ -145,8 +145,14 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
             _run_product(pairs, prog, A, Bm, ea, eb, ms, ns, k, s, cplx, workspace, be, xp, backend_name, transposed)
             own_a, rank_a, own_b, rank_b = slices
             with _phase("decode"):  # each pair correctly rounded, summed in float64 slice by slice
-                by_row = _sum_slices(pairs, own_a, rank_a, m)
-                term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
+                with np.errstate(invalid="ignore", over="ignore"):
+                    by_row = _sum_slices(pairs, own_a, rank_a, m)
+                    term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
+                # a pair product (or a partial sum) past float64's range: those entries exactly, rounded once
+                over = ~xp.isfinite(term) & fa[:, None] & fb[None, :]
+                if not cplx and bool(over.any()):
+                    i, j = (to_host(v) for v in xp.nonzero(over))
+                    term[i, j] = to_module(exact_entries(opa, opb, alpha, i, j), xp)
         if not (finite_a and finite_b):
             ieee_rows(term, opa, opb, fa, fb, alpha, *((beta, c) if combined else ()))
     if exact_epilogue and not combined and m and n:  # nothing multiplied (alpha = 0 or k = 0): beta * c, once

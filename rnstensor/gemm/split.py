@@ -6,8 +6,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..arith import to_int_ref
-from ..arrays import array_module
+from ..arith import float_parts, round_scaled_int, to_int_ref
+from ..arrays import array_module, to_host
 from ..basis import Basis
 from ..encode import _NONE
 from ..errors import RNSRangeError
@@ -19,7 +19,7 @@ from .scan import _magnitude, frexp_exponent, gemm_scale, group_lsb, group_stats
 from .tiles import _encoded, gemm_program
 from .width import _MAX_MODULI, SplitNeeded, gemm_width, moduli_for_bits
 
-__all__ = ["row_slices", "split_width", "auto_split_width", "exact_split_sums"]
+__all__ = ["row_slices", "split_width", "auto_split_width", "exact_split_sums", "exact_entries"]
 
 
 def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS,
@@ -41,8 +41,10 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
     A = opa if bool(fa.all()) else xp.where(fa[:, None], opa, 0)
     Bm = opb if bool(fb.all()) else xp.where(fb[None, :], opb, 0)
     try:
+        # (the rows and columns zeroed for their inf / NaN have no encoding error: exponent NONE, as zero ones)
         s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits, lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
-                                  lambda: measure_ratio(A, sa[1], Bm, sb[1]), rtol)
+                                  lambda: measure_ratio(A, xp.where(fa, sa[1], _NONE), Bm, xp.where(fb, sb[1], _NONE)),
+                                  rtol)
         return "whole", s, t, ea, eb, A, Bm, fa, fb
     except SplitNeeded as exc:
         if rtol is not None:  # the split product meets the classical bound, not an arbitrary target
@@ -112,6 +114,21 @@ def _sum_slices(part, owner, rank, rows: int):
     for r in range(int(rank.max()) + 1 if rank.size else 0):
         sel = rank == r  # each owner at most once per rank: a plain indexed add
         out[owner[sel]] += part[sel]
+    return out
+
+
+def exact_entries(A, Bm, alpha: float, rows, cols) -> np.ndarray:
+    """``alpha * (A[i] . Bm[:, j])`` rounded once for each pair ``(rows[r], cols[r])`` (real operands; Python
+    integers on the host): where the float64 sum of a split product's slice products overflowed (``inf - inf``,
+    or a finite value past an overflowing partial sum), the value the classical bound promises."""
+    am, ae = float_parts(to_host(A[rows]))
+    bm, be = float_parts(to_host(Bm[:, cols]).T)
+    mal, eal = (int(v) for v in float_parts(np.float64(alpha)))
+    out = np.empty(len(rows), np.float64)
+    for r in range(len(rows)):
+        terms = [(int(x) * int(y), int(e) + int(f)) for x, y, e, f in zip(am[r], bm[r], ae[r], be[r]) if x and y]
+        lo = min((e for _, e in terms), default=0)
+        out[r] = round_scaled_int(sum(m << (e - lo) for m, e in terms) * mal, lo + eal)
     return out
 
 
