@@ -958,6 +958,28 @@ def test_split_product_past_float64_range_is_exact():
                 assert y[i, 0] == (np.inf if exact > 0 else -np.inf), (i, alpha)
             else:
                 assert abs(Fraction(float(y[i, 0])) - exact) <= _gamma(3) * abs(exact), (i, alpha, y[i, 0])
+    # complex: no NaN from inf - inf; an infinite part only where the exact part lies past the range, with its sign
+    # (a finite part meets sqrt(2) gamma_(k+2) of the moduli |A||B|, past the range here, so it is not checked)
+    za, zb = a + 1j * a[:, ::-1] * 2.0**-60, b - 1j * b * 2.0**-2
+    q = lambda v: Fraction(float(v))  # noqa: E731 - every float64 is a rational
+    for alpha in (1.0, 0.5 - 2j):
+        y = rt.zgemm(za, zb, alpha=alpha)
+        assert not np.isnan(y.real).any() and not np.isnan(y.imag).any(), alpha
+        for i in range(a.shape[0]):
+            re = sum(q(za[i, p].real) * q(zb[p, 0].real) - q(za[i, p].imag) * q(zb[p, 0].imag) for p in range(3))
+            im = sum(q(za[i, p].real) * q(zb[p, 0].imag) + q(za[i, p].imag) * q(zb[p, 0].real) for p in range(3))
+            ar, ai = q(complex(alpha).real), q(complex(alpha).imag)
+            for got, exact in ((y[i, 0].real, ar * re - ai * im), (y[i, 0].imag, ar * im + ai * re)):
+                if np.isinf(got):
+                    assert (got > 0) == (exact > 0) and abs(exact) >= 2**1023, (i, alpha, got)
+
+
+def test_complex_alpha_terms_past_the_range_are_exact():
+    # one product (no split): (ar + i ai)(Re + i Im) decodes ar Re and ai Im apart and sums them in float64; both
+    # past the range gave inf - inf = NaN where the real part is exactly 0
+    a, b = np.array([[2.0**1001 + 0j]]), np.array([[2.0**23 + 2.0**23 * 1j]])
+    y = rt.zgemm(a, b, alpha=1 + 1j)
+    assert y[0, 0].real == 0.0 and y[0, 0].imag == np.inf
 
 
 def test_inf_nan_rows_do_not_widen_the_others():

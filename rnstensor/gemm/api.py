@@ -148,11 +148,13 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
                 with np.errstate(invalid="ignore", over="ignore"):
                     by_row = _sum_slices(pairs, own_a, rank_a, m)
                     term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
-                # a pair product (or a partial sum) past float64's range: those entries exactly, rounded once
-                over = ~xp.isfinite(term) & fa[:, None] & fb[None, :]
-                if not cplx and bool(over.any()):
-                    i, j = (to_host(v) for v in xp.nonzero(over))
-                    term[i, j] = to_module(exact_entries(opa, opb, alpha, i, j), xp)
+        if mode != "exact" and not combined:
+            # a float64 sum past the range (the split product's pair products, a complex alpha's two terms) gives
+            # inf - inf or an inf where the exact value is finite: those entries exactly, rounded once
+            over = ~xp.isfinite(term) & fa[:, None] & fb[None, :]
+            if bool(over.any()):
+                i, j = (to_host(v) for v in xp.nonzero(over))
+                term[i, j] = to_module(exact_entries(opa, opb, alpha, i, j), xp)
         if not (finite_a and finite_b):
             ieee_rows(term, opa, opb, fa, fb, alpha, *((beta, c) if combined else ()))
     if exact_epilogue and not combined and m and n:  # nothing multiplied (alpha = 0 or k = 0): beta * c, once

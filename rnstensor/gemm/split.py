@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Optional
 
 import numpy as np
 
-from ..arith import float_parts, round_scaled_int, to_int_ref
+from ..arith import to_int_ref
 from ..arrays import array_module, to_host
 from ..basis import Basis
 from ..encode import _NONE
@@ -117,19 +119,31 @@ def _sum_slices(part, owner, rank, rows: int):
     return out
 
 
-def exact_entries(A, Bm, alpha: float, rows, cols) -> np.ndarray:
-    """``alpha * (A[i] . Bm[:, j])`` rounded once for each pair ``(rows[r], cols[r])`` (real operands; Python
-    integers on the host): where the float64 sum of a split product's slice products overflowed (``inf - inf``,
+def exact_entries(A, Bm, alpha, rows, cols) -> np.ndarray:
+    """``alpha * (A[i] . Bm[:, j])`` rounded once for each pair ``(rows[r], cols[r])`` (complex: each part), exactly
+    (rationals, on the host): where the float64 sum of a split product's slice products overflowed (``inf - inf``,
     or a finite value past an overflowing partial sum), the value the classical bound promises."""
-    am, ae = float_parts(to_host(A[rows]))
-    bm, be = float_parts(to_host(Bm[:, cols]).T)
-    mal, eal = (int(v) for v in float_parts(np.float64(alpha)))
-    out = np.empty(len(rows), np.float64)
+    a, b = to_host(A[rows]), to_host(Bm[:, cols]).T
+    cplx = a.dtype.kind == "c" or b.dtype.kind == "c" or isinstance(alpha, complex)
+    out = np.empty(len(rows), np.complex128 if cplx else np.float64)
+    q = lambda v: Fraction(float(v))  # noqa: E731 - every float64 is a rational
+    ar, ai = q(complex(alpha).real), q(complex(alpha).imag)
     for r in range(len(rows)):
-        terms = [(int(x) * int(y), int(e) + int(f)) for x, y, e, f in zip(am[r], bm[r], ae[r], be[r]) if x and y]
-        lo = min((e for _, e in terms), default=0)
-        out[r] = round_scaled_int(sum(m << (e - lo) for m, e in terms) * mal, lo + eal)
+        if not cplx:
+            out[r] = _rounded(ar * sum((q(x) * q(y) for x, y in zip(a[r], b[r])), Fraction(0)))
+            continue
+        re = sum((q(x.real) * q(y.real) - q(x.imag) * q(y.imag) for x, y in zip(a[r], b[r])), Fraction(0))
+        im = sum((q(x.real) * q(y.imag) + q(x.imag) * q(y.real) for x, y in zip(a[r], b[r])), Fraction(0))
+        out[r] = complex(_rounded(ar * re - ai * im), _rounded(ar * im + ai * re))
     return out
+
+
+def _rounded(v: Fraction) -> float:
+    """``v`` rounded once to float64 (``±inf`` past the range)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 def _slice_exponent(x, axis: int):

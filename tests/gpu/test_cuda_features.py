@@ -62,7 +62,7 @@ def test_einsum():
 
 
 @pytest.mark.parametrize("moduli", [None, "fast"])
-def test_einsum_mode_chain_fused(moduli):
+def test_expression_mode_chain_fused(moduli):
     # an expression's mode products by constant operators: one fused chain kernel on the device (compile_program)
     rng = np.random.default_rng(5)
     ops = [rng.uniform(-1, 1, (5, 4)) for _ in range(3)]
