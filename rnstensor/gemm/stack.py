@@ -96,7 +96,8 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     nb, m, k = A.shape
     n = B.shape[2]
     auto = moduli == "auto"
-    A2 = xp.ascontiguousarray(A).reshape(nb * m, k)
+    A3, B3 = xp.ascontiguousarray(A).reshape(nb, m, k), xp.ascontiguousarray(B)  # (the operands, for the encodes)
+    A2 = A3.reshape(nb * m, k)
     BT = xp.ascontiguousarray(xp.swapaxes(B, 1, 2)).reshape(nb * n, k)  # the columns of every B[b], as rows
     sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, auto))
     sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, auto))
@@ -119,7 +120,7 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
         else:
             groups.setdefault(s, []).append(j)
     (fa, Ea, _, _), (fb, Eb, _, _) = sa, sb
-    A3, B3 = A2.reshape(-1, m, k), BT.reshape(-1, n, k)
+    whole = take.size == nb and len(groups) == 1  # every matrix in one group, in order: no gathered copies
     for s, members in groups.items():
         t = gemm_width(s, k)
         prog = stack_program(Basis.int8(s), t, k)
@@ -129,9 +130,10 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
             sel = np.asarray(members[c0:c0 + per])
             ea = xp.where(fa[sel] & (Ea[sel] != _NONE), t - Ea[sel], 0).astype(np.int64)[:, :, None]
             eb = xp.where(fb[sel] & (Eb[sel] != _NONE), t - Eb[sel], 0).astype(np.int64)[:, None, :]
-            xa, xb = A3[sel], xp.ascontiguousarray(xp.swapaxes(B3[sel], 1, 2))
+            at = take[sel]
+            xa, xb = (A3, B3) if whole and sel.size == nb else (A3[at], B3[at])
             vals = {0: Value(be.encode(xa, ea, prog.basis.moduli, t), -ea, 1, enc_a.bound, enc_a.labels),
                     1: Value(be.encode(xb, eb, prog.basis.moduli, t), -eb, 1, enc_b.bound, enc_b.labels)}
             run_step(product, vals, prog.basis, be, backend_name)
-            res[take[sel]] = run_step(dec, vals, prog.basis, be, backend_name)
+            res[at] = run_step(dec, vals, prog.basis, be, backend_name)
     return sorted(left)
