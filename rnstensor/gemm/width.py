@@ -223,7 +223,11 @@ def _measured_fits(k: int, t: int, cplx: bool, ratio: float, budget: Optional[Fr
     d_ij`` keeps ``gamma_k`` as :func:`classical_fits` does: ``ratio`` at least
     :func:`_measured_threshold`. Exact rationals.
     """
-    found = _measured_threshold(k, t, cplx, budget)
+    return _above(ratio, _measured_threshold(k, t, cplx, budget))
+
+
+def _above(ratio: float, found) -> bool:
+    """Whether ``ratio`` reaches the threshold ``found`` of :func:`_measured_threshold` (``None``: none does)."""
     if found is None:
         return False
     lo, hi, least = found
@@ -355,8 +359,11 @@ def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optiona
     (fa, Ea, la, Na), (fb, Eb, lb, Nb) = a_stats, b_stats
     known = _verdicts(max(int(k), 1), budget)
 
+    # the measured test's thresholds per count, looked up once (a Fraction budget hashes slowly)
+    limits = {s: _measured_threshold(k, t, cplx, budget) for s, t in widths.items()}
+
     def fits(i, s, spreads, ratio):
-        if ratio is not None and _measured_fits(k, widths[s], cplx, ratio, budget):
+        if ratio is not None and _above(ratio, limits[s]):
             return True
         key = (spreads[0].rho(i, s), spreads[1].rho(i, s))
         return known[key] if key in known else classical_fits(k, *key, budget)
