@@ -287,7 +287,15 @@ def test_chain_bound_holds_across_the_float64_range(seed, d, xkind, method, deco
     except rt.PlanError:
         return  # too few moduli for these operators: an error, never a plan
     with np.errstate(over="ignore"):
-        Y, bound = plan(X, decode=decode), plan.error_bound(X, decode=decode)
+        bound = plan.error_bound(X, decode=decode)
+        try:
+            Y = plan(X, decode=decode)
+        except rt.RNSRangeError as exc:
+            # the composed method decodes every intermediate to float64: one past the range is refused, naming
+            # its cause and the method that keeps it in residues (issue 33, item 3), never returned wrong
+            assert method == "composed" and "overflows it" in str(exc) and "rescale_be" in str(exc), str(exc)
+            assert bound == math.inf
+            return
     assert not math.isnan(bound)
     if not np.isfinite(Y).all():
         assert bound == math.inf
