@@ -115,9 +115,7 @@ def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
     a32, a_up, rA = _scaled(A.reshape(nb * m, k), Ea.reshape(nb * m), 1, k, xp)
     b32, b_up, cB = _scaled(xp.swapaxes(Bm, 1, 2).reshape(nb * n, k), Eb.reshape(nb * n), 1, k, xp)
     a32, a_up, b32, b_up = a32.reshape(nb, m, k), a_up.reshape(nb, m, k), b32.reshape(nb, n, k), b_up.reshape(nb, n, k)
-    # zero (and non-finite, zeroed) rows / columns have no encoding error: they do not count
-    rA = xp.where(Ea == _NONE, np.inf, rA.reshape(nb, m))
-    cB = xp.where(Eb == _NONE, np.inf, cB.reshape(nb, n))
+    rA, cB = rA.reshape(nb, m), cB.reshape(nb, n)
     b32, b_up = xp.swapaxes(b32, 1, 2), xp.swapaxes(b_up, 1, 2)  # (nb, k, n) views
     # float32 sums in any order: relative error below (k + 1) 2**-24; products and partial sums flushed or
     # underflowing lose at most 2**-126 each, 2k of them (on the CPU one single-threaded GEMM per thread, as the
@@ -131,7 +129,8 @@ def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
     else:
         P = xp.matmul(a32, b32)
     ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-125) / (rA[:, :, None] + cB[:, None, :])
-    # an entry of a zero row or column has no encoding error at all: it asks for no ratio (0 / inf would say 0)
+    # zero rows / columns (and those zeroed for inf / NaN, passed with exponent NONE) have no encoding error: their
+    # entries ask for no ratio
     ratio = xp.where((Ea == _NONE)[:, :, None] | (Eb == _NONE)[:, None, :], np.inf, ratio)
     if m and n:
         lows = ratio.reshape(nb, m * n).min(axis=1)

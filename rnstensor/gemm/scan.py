@@ -6,13 +6,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..arrays import array_module
+from ..arrays import array_module, to_host
 from ..encode import _NONE, entry_stats
 from ..errors import RNSRangeError
 from ..planner.methods import MIN_BITS, check_kept_bits
-from .width import _MAX_MODULI, _RANGE_FACTOR, SplitNeeded, classical_moduli, gemm_width, moduli_for_bits
+from .width import (_MAX_MODULI, _RANGE_FACTOR, SplitNeeded, classical_moduli, classical_moduli_stack, gemm_width,
+                    moduli_for_bits, one_matrix)
 
-__all__ = ["frexp_exponent", "group_stats", "group_lsb", "gemm_scale"]
+__all__ = ["frexp_exponent", "group_stats", "group_lsb", "exact_widths", "stack_moduli", "gemm_scale"]
 
 # ----- the exponent scan (in memory and Dask alike) -----------------------------------------------
 
@@ -78,6 +79,39 @@ def group_lsb(x, axis: int):
     return entry_stats(x)[2].min(axis=axis)
 
 
+def exact_widths(a_stats, b_stats):
+    """The least width that encodes every finite row of ``op(a)`` and column of ``op(b)`` exactly (at least 1), from
+    the :func:`group_stats` with the lowest bits: one number, or one per matrix where the statistics carry a leading
+    matrix axis; where they live."""
+    need = None
+    for f, E, lo in ((a_stats[0], a_stats[1], a_stats[2]), (b_stats[0], b_stats[1], b_stats[2])):
+        xp = array_module(E)
+        if E.shape[-1]:
+            v = xp.where(f & (E != _NONE), E - lo, 1).max(axis=-1)
+            need = v if need is None else xp.maximum(need, v)
+    return xp.maximum(need, 1) if need is not None else xp.ones(E.shape[:-1], np.int64)
+
+
+def stack_moduli(moduli, k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
+                 magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> list:
+    """The moduli count ``s`` of every matrix of a stack (statistics with a leading matrix axis), each as alone:
+    an integer ``moduli`` as is, ``'fast'`` the 53-bit width's count, ``None`` :func:`classical_moduli_stack`,
+    ``'auto'`` the least count whose width holds every row and column exactly (:func:`exact_widths`); ``None``
+    where the rows / columns need more than 49 moduli (the in-memory GEMM's split product). ``lsb_of()`` and
+    ``magnitudes_of(which)`` as :func:`classical_moduli_stack` takes them."""
+    kind = "complex" if cplx else "real"
+    nb = a_stats[0].shape[0]
+    if isinstance(moduli, (int, np.integer)):
+        return [int(moduli)] * nb
+    if moduli == "fast":
+        return [moduli_for_bits(k, 53, kind=kind)] * nb
+    if moduli is None:
+        return classical_moduli_stack(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of, rtol)
+    top = gemm_width(_MAX_MODULI, k, kind)
+    return [moduli_for_bits(k, bits, kind=kind) if bits <= top else None
+            for bits in to_host(exact_widths(a_stats, b_stats)).reshape(-1).tolist()]
+
+
 def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", min_bits: int = MIN_BITS,
                lsb_of: Optional[Callable] = None, magnitudes_of: Optional[Callable] = None,
                rtol: Optional[float] = None):
@@ -103,29 +137,18 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
         (:func:`rnstensor.planner.methods.check_kept_bits`, the rule of einsum and chains).
     """
     kind = "complex" if cplx else "real"
-    (fa, Ea, la, _), (fb, Eb, lb, _) = a_stats, b_stats
+    (fa, Ea, _, _), (fb, Eb, _, _) = a_stats, b_stats
     xp = array_module(fa, fb, Ea, Eb)
-    if isinstance(moduli, int):
-        s = moduli
-    elif moduli == "fast":
-        s = moduli_for_bits(k, 53, kind=kind)
-    elif moduli is None:
+    if moduli is None:  # (raises SplitNeeded past 49 moduli)
         s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of, rtol)
     else:
-        need = 1
-        for f, E, lo in ((fa, Ea, la), (fb, Eb, lb)):
-            ok = f & (E != _NONE)
-            if E.size:
-                need = max(need, int(xp.where(ok, E - lo, 1).max()))
-        try:
-            s = moduli_for_bits(k, need, kind=kind)
-        except RNSRangeError:
-            # the in-memory GEMM splits such rows / columns exactly and sums the slice products exactly
-            raise SplitNeeded(
-                f"{fn}: moduli='auto' needs a width of {need} bits to encode every row of op(a) and column of op(b) "
-                f"exactly (from the largest entry's leading bit to the smallest nonzero one's lowest), but "
-                f"{_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}"
-            ) from None
+        s = stack_moduli(moduli, k, cplx, one_matrix(a_stats), one_matrix(b_stats))[0]
+    if s is None:  # 'auto': the in-memory GEMM splits such rows / columns exactly and sums the slice products exactly
+        raise SplitNeeded(
+            f"{fn}: moduli='auto' needs a width of {int(exact_widths(a_stats, b_stats))} bits to encode every row of "
+            f"op(a) and column of op(b) exactly (from the largest entry's leading bit to the smallest nonzero one's "
+            f"lowest), but {_MAX_MODULI} INT8 moduli hold t={gemm_width(_MAX_MODULI, k, kind)} at k={k}"
+        )
     t = gemm_width(s, k, kind)
     if t < 1:
         least = moduli_for_bits(k, 1, kind=kind)

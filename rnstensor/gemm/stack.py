@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
-from typing import Optional
 
 import numpy as np
 
 from .. import ir
-from ..arrays import array_module, to_host
+from ..arrays import to_host
 from ..backends import dispatch
 from ..basis import Basis
 from ..encode import _NONE
@@ -18,9 +16,9 @@ from ..magnitude import measure_ratios
 from ..planner.program import Failure, Given, plan_drops
 from ..program.execute import Value, run_step
 from .checks import _check_moduli, _check_target, _check_workspace
-from .scan import group_lsb, group_stats
+from .scan import group_lsb, group_stats, stack_moduli
 from .tiles import _tile_bytes
-from .width import _MAX_MODULI, classical_moduli_stack, gemm_width, moduli_for_bits
+from .width import gemm_width
 
 __all__ = ["gemm_stack", "stack_program"]
 
@@ -49,27 +47,15 @@ def stack_program(basis: Basis, t: int, k: int) -> ir.Program:
 
 
 def _moduli_counts(moduli, k: int, sa, sb, A, BT, rtol) -> list:
-    """Every matrix's moduli count as :func:`~.scan.gemm_scale` chooses it alone (``None``: split, or left to
-    :func:`~.api.dgemm`): the classical width from one table of spreads, the measured ratios from one batched GEMM."""
-    nb = sa[0].shape[0]
-    if isinstance(moduli, (int, np.integer)):
-        return [int(moduli)] * nb
-    if moduli == "fast":
-        return [moduli_for_bits(k, 53)] * nb
-    (fa, Ea, la, Na), (fb, Eb, lb, Nb) = sa, sb
-    if moduli == "auto":  # the least width that holds every row and column exactly
-        need = [np.where(f & (E != _NONE), E - lo, 1).max(axis=1, initial=1) for f, E, lo in
-                ((to_host(fa), to_host(Ea), to_host(la)), (to_host(fb), to_host(Eb), to_host(lb)))]
-        counts = []
-        for bits in np.maximum(need[0], need[1]).tolist():
-            counts.append(moduli_for_bits(k, bits) if gemm_width(_MAX_MODULI, k) >= bits else None)
-        return counts
-    m, n = Ea.shape[1], Eb.shape[1]
-    return classical_moduli_stack(
-        k, False, sa, sb,
+    """Every matrix's moduli count as :func:`~.scan.gemm_scale` chooses it alone (:func:`~.scan.stack_moduli`;
+    ``None``: split, left to :func:`~.api.dgemm`), its lowest bits from one pass, its measured ratio from one
+    batched GEMM."""
+    nb, m, n = sa[0].shape[0], sa[1].shape[1], sb[1].shape[1]
+    return stack_moduli(
+        moduli, k, False, sa, sb,
         lambda: (group_lsb(A, 1).reshape(nb, m), group_lsb(BT, 1).reshape(nb, n)),
-        lambda which: measure_ratios(A.reshape(nb, m, k)[which], Ea[which],
-                                     BT.reshape(nb, n, k)[which].transpose(0, 2, 1), Eb[which]),
+        lambda which: measure_ratios(A.reshape(nb, m, k)[which], sa[1][which],
+                                     BT.reshape(nb, n, k)[which].transpose(0, 2, 1), sb[1][which]),
         rtol)
 
 

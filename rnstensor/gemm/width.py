@@ -147,11 +147,20 @@ def _inexact_rho(group, t: int, cplx: bool) -> Optional[int]:
     - Emin``; complex: twice that for the modulus of both parts). The group is
     exact from ``t >= need``. One scalar read back, where the vectors live.
     """
-    ok, spread, need = group
-    if not spread.size:
+    if not group[1].size:
         return None
-    xp = array_module(spread)
-    worst = int(xp.where(ok & (need > t), spread, _NONE).max())
+    return _rho_of(int(_worst_spreads(group, t)[0]), t, cplx)
+
+
+def _worst_spreads(group, ts):
+    """The largest spread of the groups still inexact at each width of ``ts`` (an int, or an array of them: a last
+    axis per width), over the groups' axis (the last of ``group``'s arrays); ``NONE`` where every group is exact."""
+    ok, spread, need = group
+    return array_module(spread).where(ok[..., None] & (need[..., None] > ts), spread[..., None], _NONE).max(axis=-2)
+
+
+def _rho_of(worst: int, t: int, cplx: bool) -> Optional[int]:
+    """``log2`` of the relative encoding error at width ``t`` of a largest inexact spread ``worst`` (:func:`_inexact_rho`)."""
     return None if worst == _NONE else worst - t + (1 if cplx else 0)
 
 
@@ -297,10 +306,9 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
         No ``s <= 49`` fits: some row or column spans more binades than 49
         moduli hold at the classical accuracy (or at ``rtol``).
     """
-    lift = lambda stats: tuple(None if v is None else v[None] for v in stats)  # noqa: E731 - a stack of one
     s = classical_moduli_stack(
-        k, cplx, lift(a_stats), lift(b_stats),
-        None if lsb_of is None else (lambda: tuple(v[None] for v in lsb_of())),
+        k, cplx, one_matrix(a_stats), one_matrix(b_stats),
+        None if lsb_of is None else (lambda: one_matrix(lsb_of())),
         None if magnitudes_of is None else (lambda which: [magnitudes_of()]), rtol)[0]
     if s is None:
         raise SplitNeeded(
@@ -310,34 +318,31 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     return s
 
 
+def one_matrix(stats) -> tuple:
+    """One matrix's statistics (vectors, or ``None``) as a stack of one: a leading matrix axis on each."""
+    return tuple(None if v is None else v[None] for v in stats)
+
+
 class _Spreads:
     """``log2`` of the largest relative encoding error of each matrix's rows (or columns) at each moduli count's width
     (:func:`_inexact_rho` of every matrix of a stack at every width). Host statistics: one table of every matrix and
     width. Device ones: each entry on demand, one scalar read back (no copy that grows with the data or the stack)."""
 
     def __init__(self, group, widths: dict, cplx: bool):
-        ok, spread, need = self.group = group  # (matrices, rows)
-        self.widths, self.extra = widths, 1 if cplx else 0
+        self.group, self.widths, self.cplx = group, widths, cplx  # (matrices, rows)
         self.column = {s: j for j, s in enumerate(widths)}
         self.worst = None
         self.found: dict = {}
-        if spread.size and array_module(spread) is np:
-            ts = np.asarray(list(widths.values()), dtype=np.int64)
-            self.worst = np.where(ok[..., None] & (need[..., None] > ts), spread[..., None], _NONE).max(axis=1).tolist()
+        if group[1].size and array_module(group[1]) is np:
+            self.worst = _worst_spreads(group, np.asarray(list(widths.values()), dtype=np.int64)).tolist()
 
     def rho(self, i: int, s: int) -> Optional[int]:
         """Matrix ``i``'s ``rho`` at ``s`` moduli (``None``: every group exact)."""
-        ok, spread, need = self.group
-        if not spread.size:
-            return None
-        if self.worst is not None:
-            worst = self.worst[i][self.column[s]]
-        else:
+        if self.worst is None:
             if (i, s) not in self.found:
-                self.found[(i, s)] = int(array_module(spread).where(ok[i] & (need[i] > self.widths[s]), spread[i],
-                                                                     _NONE).max())
-            worst = self.found[(i, s)]
-        return None if worst == _NONE else worst - self.widths[s] + self.extra
+                self.found[(i, s)] = _inexact_rho(tuple(v[i] for v in self.group), self.widths[s], self.cplx)
+            return self.found[(i, s)]
+        return _rho_of(self.worst[i][self.column[s]], self.widths[s], self.cplx)
 
 
 def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
