@@ -350,9 +350,14 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         plan = self._plan(kinds, cplx, tensors, widths)
         leaf = self._leaves(ops, kinds, cplx, xp)
 
-        # operands of a plain GEMM step: their planes made only where the backend's exact GEMM engine declines it
+        # operands of a plain GEMM step that the backend's exact GEMM engine takes: their planes are not needed
+        takes = getattr(be, "takes_product", None)
+        size = lambda labels: math.prod(self.sizes[c] for c in labels)  # noqa: E731
         gemm_slots = {slot for st in plan.steps if isinstance(st, ir.Contract) and st.kind == "matmul"
-                      and not st.batch for slot in (st.x, st.y)} if hasattr(be, "exact_product") else set()
+                      and not (st.batch or st.x_sum or st.y_sum) and takes is not None
+                      and all(c in self.sizes for c in st.x_labels + st.y_labels)  # (no complex-part or internal axis)
+                      and takes(size(st.x_keep), size(st.y_keep), size(st.contracted), len(self.basis), st.bound)
+                      for slot in (st.x, st.y)}
 
         def encoded(st):
             i = st.source

@@ -202,15 +202,10 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
     if st.kind == "matmul":
         planes = _engine_product(X, Y, st, _moduli(X, basis), be)
         if planes is not None:  # (the operands' planes, where deferred, are never made)
-            L = planes.shape[0]
             xs, ys = (tuple(v.source.shape[v.labels.index(c)] for c in keep) for v, keep in
                       ((X, st.x_keep), (Y, st.y_keep)))
-            xe, ye = X.exp.transpose([X.labels.index(c) for c in st.x_keep + st.contracted]), \
-                Y.exp.transpose([Y.labels.index(c) for c in st.contracted + st.y_keep])
-            nc, nx, ny = len(st.contracted), len(st.x_keep), len(st.y_keep)
-            exp = _insert_axes(_drop_axes(xe, range(nx, nx + nc)), nx, ny) + \
-                _insert_axes(_drop_axes(ye, range(nc)), 0, nx)
-            return Value(planes.reshape((L,) + xs + ys), exp, X.factor * Y.factor, st.bound, st.labels, X.active)
+            return Value(planes.reshape(planes.shape[:1] + xs + ys), _product_exps(X, Y, st), X.factor * Y.factor,
+                         st.bound, st.labels, X.active)
     xp = array_module(X.planes, Y.planes)
     C, Bt, Kx, Ky, kind = st.contracted, st.batch, st.x_keep, st.y_keep, st.kind
     if st.x_sum:
@@ -231,8 +226,8 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
         rows = op_exp.total()
         shape[ax] = rows.shape[0]
         return Value(planes, T.exp + Exps((rows.reshape(shape),)), factor, st.bound, st.labels, T.active)
-    xp_, xe = permuted(X, Bt + Kx + C)
-    yp, ye = permuted(Y, Bt + C + Ky)
+    xp_, _ = permuted(X, Bt + Kx + C)
+    yp, _ = permuted(Y, Bt + C + Ky)
     nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
     bs, xs, ys = xp_.shape[1 : 1 + nb], xp_.shape[1 + nb : 1 + nb + nx], yp.shape[1 + nb + nc :]
     if kind == "outer":
@@ -246,10 +241,18 @@ def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
         xm = xp_.reshape(L, math.prod(bs), math.prod(xs), k)
         ym = yp.reshape(L, math.prod(bs), k, math.prod(ys))
         planes = be.matmul(xm, ym, moduli).reshape((L,) + bs + xs + ys)
-    # exponents are constant along contracted indices (size-1 dims there): drop them and broadcast
-    xe2 = _insert_axes(_drop_axes(xe, range(nb + nx, nb + nx + nc)), nb + nx, ny)
-    ye2 = _insert_axes(_drop_axes(ye, range(nb, nb + nc)), nb, nx)
-    return Value(planes, xe2 + ye2, factor, st.bound, st.labels, X.active)
+    return Value(planes, _product_exps(X, Y, st), factor, st.bound, st.labels, X.active)
+
+
+def _product_exps(X: Value, Y: Value, st: Contract) -> Exps:
+    """The exponents of a contraction's result (batch, ``x_keep``, ``y_keep`` axes): each operand's, constant along
+    the contracted indices (size-1 dims there: dropped), broadcast over the other's kept axes."""
+    Bt, Kx, Ky, C = st.batch, st.x_keep, st.y_keep, st.contracted
+    nb, nx, ny, nc = len(Bt), len(Kx), len(Ky), len(C)
+    xe = X.exp.transpose([X.labels.index(c) for c in Bt + Kx + C])
+    ye = Y.exp.transpose([Y.labels.index(c) for c in Bt + C + Ky])
+    return (_insert_axes(_drop_axes(xe, range(nb + nx, nb + nx + nc)), nb + nx, ny)
+            + _insert_axes(_drop_axes(ye, range(nb, nb + nc)), nb, nx))
 
 
 def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be):

@@ -235,14 +235,24 @@ class CpuBackend:
         product's bits."""
         from . import gemm  # noqa: PLC0415 - the engine's kernels compile on first use
 
-        if gemm.ENGINE == "int8":
-            return None
-        if workspace_bytes is None:
-            workspace_bytes = default_workspace_bytes()
-        wide = self._wide(a.shape[0], b.shape[1], a.shape[1], len(moduli), bound, False, workspace_bytes)
+        wide = self._product_plan(a.shape[0], b.shape[1], a.shape[1], len(moduli), bound, workspace_bytes)
         if wide is None:
             return None
         return gemm.exact_gemm(a, b, ea, eb, bound, 1.0, *wide, onto=tuple(int(p) for p in moduli))
+
+    def takes_product(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int] = None) -> bool:
+        """Whether :meth:`exact_product` takes a real ``m x k x n`` product on ``s`` INT8 moduli (its operands then
+        need no INT8 planes)."""
+        return self._product_plan(m, n, k, s, bound, workspace_bytes) is not None
+
+    def _product_plan(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int]):
+        """:meth:`_wide` for :meth:`exact_product` (``None`` where the engine is switched off)."""
+        from . import gemm  # noqa: PLC0415
+
+        if gemm.ENGINE == "int8":
+            return None
+        return self._wide(m, n, k, s, bound, False,
+                          default_workspace_bytes() if workspace_bytes is None else workspace_bytes)
 
     @staticmethod
     def _wide(m: int, n: int, k: int, s: int, bound: int, cplx: bool, workspace_bytes: int):
