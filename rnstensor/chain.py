@@ -275,7 +275,7 @@ class ChainPlan(ChainPolicies):
                 raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")
             return None
         B = math.prod(x.shape[:batch])
-        slower = getattr(be, "fuses", lambda program, tensors: None)(prog, B)
+        slower = be.fuses(prog, B)
         if slower is not None and not required:  # the backend's own measurement: step by step is faster here
             return None
         out = be.chain(prog, x.reshape((B,) + shape), decode)

@@ -21,6 +21,7 @@ import math
 import os
 import threading
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -642,6 +643,11 @@ class CudaBackend:
 
         return self._on_this_device(fused.program_or_reason(
             lambda: fused.expression_program(program, in_shape, constants, nbatch), None, decode))
+
+    def fuses(self, program, tensors: int) -> Optional[str]:
+        """Why :meth:`chain` should not run ``tensors`` tensors of ``program`` (``None``: it should; a block of
+        threads per tensor group, so no size the device's own measurements have yet ruled out)."""
+        return None
 
     def _on_this_device(self, found: tuple) -> tuple:
         """``found`` (``(program, reason)``), or ``(None, reason)`` where this device's arch cannot launch the program."""

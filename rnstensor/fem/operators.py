@@ -390,7 +390,7 @@ class _Operator:
             if fused:
                 raise ValueError(f"fused=True: {why}")
             return None
-        if getattr(be, "fuses", lambda program, tensors: None)(prog, x.shape[0]) is not None and not fused:
+        if be.fuses(prog, x.shape[0]) is not None and not fused:
             return None  # the backend's own measurement: step by step is faster here
         field, fexp = self._fused_field_on(be.xp)  # on the device once per operator
         return be.chain(prog, x, decode, field=field, fexp=fexp)

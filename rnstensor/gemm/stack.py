@@ -2,48 +2,20 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
-from .. import ir
 from ..arrays import to_host
 from ..backends import dispatch
 from ..basis import Basis
 from ..encode import _NONE
-from ..errors import RNSRangeError
 from ..magnitude import measure_ratios
-from ..planner.program import Failure, Given, plan_drops
 from ..program.execute import Value, run_step
 from .checks import _check_moduli, _check_target, _check_workspace
 from .scan import group_lsb, group_stats, stack_moduli
-from .tiles import _tile_bytes
+from .tiles import _tile_bytes, gemm_program
 from .width import gemm_width
 
-__all__ = ["gemm_stack", "stack_program"]
-
-
-@lru_cache(maxsize=64)
-def stack_program(basis: Basis, t: int, k: int) -> ir.Program:
-    """The residue program of a stack of real GEMMs ``A[b] @ B[b]`` at width ``t``: :func:`~.tiles.gemm_program`
-    with a batch index ``b`` (one exponent per row of each ``A[b]``, per column of each ``B[b]``), decoded exactly.
-
-    Examples
-    --------
-    >>> [type(s).__name__ for s in stack_program(Basis.int8(15), 53, 60).steps]
-    ['Encode', 'Encode', 'Contract', 'Decode']
-    """
-    B = 1 << t
-    steps = (
-        ir.Encode(0, 0, t, (2,), "bik", B),
-        ir.Encode(1, 1, t, (1,), "bkj", B),
-        ir.Contract(2, 0, 1, "bik", "bkj", "", "", "k", "b", "i", "j", "matmul", "bij", k * B * B),
-        ir.Decode(3, 2, "exact", 1.0),
-    )
-    planned = plan_drops(ir.Program(basis, steps, 3, "bij", False), {}, Given([]))  # the range check of every step
-    if isinstance(planned, Failure):
-        raise RNSRangeError(f"gemm: width t={t} at k={k} does not fit {len(basis)} moduli ({planned})")
-    return planned.program
+__all__ = ["gemm_stack"]
 
 
 def _moduli_counts(moduli, k: int, sa, sb, A, BT, rtol) -> list:
@@ -66,7 +38,7 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     ``res`` ``(nb, m, n)``. Each matrix gets the moduli
     :func:`~.api.dgemm` chooses for it alone and the same exact product and
     decode, so the same bits; the matrices on equal moduli run as one
-    batched program (:func:`stack_program`), in as many pieces as the
+    batched program (:func:`~.tiles.gemm_program` with ``stack=True``), in as many pieces as the
     workspace asks (NumPy stacks: :func:`~.api.matmul` runs device stacks one matrix at a time, as each
     matrix's choice reads its numbers back). Left to ``dgemm`` one by one (returned): matrices with
     an inf or NaN, rows or columns wider than 49 moduli hold, an explicit
@@ -109,7 +81,7 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     whole = take.size == nb and len(groups) == 1  # every matrix in one group, in order: no gathered copies
     for s, members in groups.items():
         t = gemm_width(s, k)
-        prog = stack_program(Basis.int8(s), t, k)
+        prog = gemm_program(Basis.int8(s), t, k, False, 1.0, stack=True)
         enc_a, enc_b, product, dec = prog.steps
         per = max(1, workspace // _tile_bytes(m, n, k, s, False))
         for c0 in range(0, len(members), per):

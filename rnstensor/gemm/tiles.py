@@ -95,7 +95,8 @@ def _phase(name: str) -> Iterator[None]:
 
 
 @lru_cache(maxsize=256)
-def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bool = False) -> ir.Program:
+def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bool = False,
+                 stack: bool = False) -> ir.Program:
     """The residue program of ``alpha * op(a) @ op(b)`` at width ``t``: two encodes, one product, one exact decode.
 
     Slot 0 is ``op(a)`` (``'ik'``: one exponent per row), slot 1 ``op(b)``:
@@ -104,7 +105,9 @@ def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bo
     Complex operands carry their (re, im) parts first (``'cik'``, sharing the
     row exponent) and multiply by the exact 3M form. Bounds: ``2**t`` per
     operand, ``k 4**t`` for the product (``6 k 4**t`` for the 3M parts), which
-    :func:`gemm_width` keeps inside the range.
+    :func:`gemm_width` keeps inside the range. ``stack`` (real): a stack of
+    GEMMs ``A[b] @ B[b]``, a batch index ``b`` first (``'bik'``, ``'bkj'``:
+    one exponent per row of each ``A[b]``, per column of each ``B[b]``).
 
     Examples
     --------
@@ -114,7 +117,15 @@ def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bo
     """
     B = 1 << t
     out = "ji" if transposed else "ij"
-    if not cplx:
+    if stack:
+        out = "bij"
+        steps = (
+            ir.Encode(0, 0, t, (2,), "bik", B),
+            ir.Encode(1, 1, t, (1,), "bkj", B),
+            ir.Contract(2, 0, 1, "bik", "bkj", "", "", "k", "b", "i", "j", "matmul", out, k * B * B),
+            ir.Decode(3, 2, "exact", alpha),
+        )
+    elif not cplx:
         b_labels, b_shared = ("jk", (1,)) if transposed else ("kj", (0,))
         steps = (
             ir.Encode(0, 0, t, (1,), "ik", B),
