@@ -161,7 +161,7 @@ def main() -> None:
         plan = rt.plan_chain(ops, [0, 1, 2], moduli=15)
         default = rt.plan_chain(ops, [0, 1, 2])
         expr = rt.contract_expression("ai,bj,ck,eijk->eabc", *ops, X.shape, constants=[0, 1, 2])
-        prog = cpu_fused.cpu_chain_program(plan, (n, n, n))
+        prog = cpu_fused.cpu_compile(plan.fusion_request((n, n, n)))
         t = dict(
             numpy=best_time(lambda: np.einsum("ai,bj,ck,eijk->eabc", *ops, X, optimize=True), args.repeat),
             steps=best_time(lambda: plan.run(X, fused=False), args.repeat),
@@ -224,7 +224,7 @@ def fem_row(kind: str, p: int, peak: float, repeat: int) -> dict:
     assert np.array_equal(op.apply(u, fused=True).view(np.int64), op.apply(u, fused=False).view(np.int64))
     t = dict(einsum=best_time(lambda: base(u), repeat), steps=best_time(lambda: op.apply(u, fused=False), repeat),
              fused=best_time(lambda: op.apply(u, fused=True), repeat))
-    cnt = lane_ops(cpu_fused.cpu_operator_program(op))
+    cnt = lane_ops(cpu_fused.cpu_compile(op.fusion_request()))
     return dict(kind=kind, p=p, nelem=mesh.nelem, ndof=mesh.ndof, seconds=t, lane_ops_per_element=cnt,
                 arith_floor=mesh.nelem * cnt["total"] / peak)
 

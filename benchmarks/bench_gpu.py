@@ -386,8 +386,9 @@ def fused_programs() -> list:
     """The fused programs the sections run (the chain's and the FEM operators'), for a build ahead of time."""
     from rnstensor.kernels import fused
 
-    programs = [fused.chain_program(_chain_plans(n)[1], (n, n, n)) for n in CHAIN_SIZES if n <= FUSED_MAX_N]
-    return programs + [fused.operator_program(_fem_setup(kind, P, 1, "cpu")[4]) for kind, P in FEM_CASES]
+    programs = [fused.compile_request(_chain_plans(n)[1].fusion_request((n, n, n)))
+                for n in CHAIN_SIZES if n <= FUSED_MAX_N]
+    return programs + [fused.compile_request(_fem_setup(kind, P, 1, "cpu")[4].fusion_request()) for kind, P in FEM_CASES]
 
 
 def prebuild(env: Env, res: dict, rows: list) -> None:
@@ -708,6 +709,7 @@ def bench_fem(env: Env, res: dict, rows: list, scale: float, deadline: float) ->
     from rnstensor.fem.operators import _matrices
     from rnstensor.fem.program import FloatRunner
     from rnstensor.kernels import fused
+    from rnstensor.fem.fused import operator_field
 
     xp = env.xp
     out: list = []
@@ -739,8 +741,8 @@ def bench_fem(env: Env, res: dict, rows: list, scale: float, deadline: float) ->
             if env.cpu:
                 continue
             be = get_backend("cuda")
-            prog = fused.operator_program(op)
-            field, fexp = fused.operator_field(op)
+            prog = fused.compile_request(op.fusion_request())
+            field, fexp = operator_field(op)
             fd, fe = xp.asarray(field), xp.asarray(fexp)
             row["program"] = {"ops": int(prog.ints[1]), "slots": int(prog.ints[20]), "tensors_per_block": prog.nb,
                               "shared_bytes": prog.shared_bytes, "specialized": fused.specialize_by_default(prog)}

@@ -146,7 +146,7 @@ def measure(n: int, d: int = 3, s: int = 15, seed: int = 0) -> dict:
     """A RescaleBE chain of ``d`` random ``n x n`` products on ``s`` moduli."""
     rng = np.random.default_rng(seed)
     plan = rt.plan_chain([rng.uniform(-1, 1, (n, n)) for _ in range(d)], tuple(range(d)), moduli=s)
-    row = _measure(f"chain n={n}", fused.chain_program(plan, (n,) * d), n**d)
+    row = _measure(f"chain n={n}", fused.compile_request(plan.fusion_request((n,) * d)), n**d)
     row.update(n=n, d=d, s=s, drops=list(plan.drops))
     row["specialized"] = {"instructions_per_dof": row["instructions_per_dof"]}  # perf_model reads this
     return row
@@ -159,7 +159,7 @@ def measure_fem(kind: str, P: int) -> dict:
     basis = TensorBasis(P)
     mesh = box_mesh(basis, shape=(1, 1, 1), curved=0.1)
     op = MassOperator(basis, mesh.qdata) if kind == "mass" else PoissonOperator(basis, mesh.G)
-    return _measure(f"{kind} P={P}", fused.operator_program(op), P**3)
+    return _measure(f"{kind} P={P}", fused.compile_request(op.fusion_request()), P**3)
 
 
 def main(argv=None) -> list[dict]:

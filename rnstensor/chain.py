@@ -20,6 +20,7 @@ from .planner.drops import axis_labels as _axis_labels
 from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
 from . import ir
+from .ir.lower import FusionRequest
 from .program.execute import Value, encode_value, moved, run_step, value_of
 from .run.exact import half_spacing
 from .run.policy import accuracy_policy, check_rtol
@@ -75,6 +76,7 @@ class ChainPlan(ChainPolicies):
         self._norms = None
         self._coefficients: dict = {}
         self._op_values: dict = {}
+        self._fused_programs: dict = {}  # (backend, tensor shape, decode) -> (compiled program, reason)
         #: the plan as a residue program (:mod:`rnstensor.program`), as the planner wrote and planned it
         self.program = schedule.program
         #: Held to the classical float64 bound (``plan_chain(moduli=None)``, the default): see :meth:`run`.
@@ -269,7 +271,13 @@ class ChainPlan(ChainPolicies):
             x = self._check_input(X)
         batch = self._check_shape(tuple(x.shape))
         shape = tuple(x.shape[batch:])
-        prog, why = be.chain_program(self, shape, decode)
+        key = (be.name, shape, decode)
+        if key not in self._fused_programs:  # the backend compiles the program once per tensor shape
+            try:
+                self._fused_programs[key] = be.compile_program(self.fusion_request(shape), decode)
+            except ValueError as exc:
+                self._fused_programs[key] = (None, str(exc))
+        prog, why = self._fused_programs[key]
         if prog is None:
             if required:
                 raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")
@@ -280,6 +288,34 @@ class ChainPlan(ChainPolicies):
             return None
         out = be.chain(prog, x.reshape((B,) + shape), decode)
         return out.reshape(tuple(x.shape[:batch]) + prog.out_shape)
+
+    def fusion_request(self, shape: Optional[tuple] = None) -> FusionRequest:
+        """What this plan hands a backend's ``compile_program`` to run fused: its residue program, one tensor's
+        ``shape`` (default: every axis's length from its operators) and the encoded operators.
+
+        Raises
+        ------
+        ValueError
+            If ``shape`` is left out and an axis is never contracted (its length comes from the input), or
+            ``shape`` does not fit the operators.
+
+        Examples
+        --------
+        >>> import numpy as np, rnstensor as rt
+        >>> plan = rt.plan_chain([np.eye(3), np.ones((2, 3))], [0, 1])
+        >>> plan.fusion_request().in_shape
+        (3, 3)
+        """
+        if shape is None:
+            missing = [a for a in range(self.ndim) if a not in self._lengths]
+            if missing:
+                raise ValueError(f"axes {missing} are never contracted: their length comes from the input; "
+                                 f"pass the tensor's shape")
+            shape = tuple(self._lengths[a] for a in range(self.ndim))
+        shape = tuple(int(n) for n in shape)
+        if self._check_shape(shape) != 0:
+            raise ValueError(f"shape must be one tensor's {self.ndim} axes; got {shape}")
+        return FusionRequest(self.program, shape, self.program_constants(), nbatch=1)
 
     def encode_input(self, X, *, backend: Optional[str] = None) -> RNSTensor:
         """``X`` encoded as the persistent methods need: one exponent per tensor, ``input_bits`` wide.

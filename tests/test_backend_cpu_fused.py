@@ -21,6 +21,7 @@ from rnstensor.backends import get_backend
 from rnstensor.backends.cpu import fused as cpu_fused
 from rnstensor.encode import group_exponents
 from rnstensor.fem import MassOperator, PoissonOperator, TensorBasis, box_mesh
+from rnstensor.fem.fused import operator_field
 
 from oracle import assert_bits_equal
 
@@ -61,7 +62,7 @@ def test_fused_chain_matches_the_steps(kind, decode):
     rng = np.random.default_rng(abs(hash((kind, decode))) % 2**32)
     shape, axes = (8, 8, 8), [0, 1, 2]
     plan = rt.plan_chain(_ops(rng, shape, axes, [8, 8, 8]), axes, moduli=15)
-    prog = cpu_fused.cpu_chain_program(plan, shape)
+    prog = cpu_fused.cpu_compile(plan.fusion_request(shape))
     for B in (1, prog.nb - 1, prog.nb, prog.nb + 1, 3 * prog.nb + 2):
         _same(plan, _tensors(rng, max(B, 1), shape, kind), decode)
 
@@ -87,7 +88,7 @@ def test_fused_chains_of_any_shape_match_the_steps(dims, data):
         plan = rt.plan_chain(ops, axes, moduli=s, method=method, min_bits=0)
     except (rt.PlanError, rt.RNSRangeError):
         return  # too deep for this basis: nothing to run
-    prog, why = get_backend("cpu").chain_program(plan, tuple(dims), decode)
+    prog, why = get_backend("cpu").compile_program(plan.fusion_request(tuple(dims)), decode)
     # the one shape of program the interpreter refuses here: a revisit without a fold (method='rescale')
     assert prog is not None or "exponents vary" in why
     _same(plan, _tensors(rng, B, dims, kind), decode, fused=None if prog is None else True)
@@ -160,19 +161,50 @@ def test_fused_errors():
         plan.run(X, backend="numpy", fused=True)
     composed = rt.plan_chain(ops, [0, 1], moduli=15, method="composed")
     with pytest.raises(ValueError, match="composed method decodes after every product"):
-        cpu_fused.cpu_chain_program(composed, (4, 4))
+        cpu_fused.cpu_compile(composed.fusion_request((4, 4)))
     wide = rt.plan_chain([rng.uniform(-1, 1, (3, 200))], [0], moduli=15)
     with pytest.raises(ValueError, match="fused=True: .*more than 192 columns"):
         wide.run(rng.uniform(-1, 1, (2, 200)), fused=True)
     assert_bits_equal(wide.run(rng.uniform(-1, 1, (2, 200)) * 0 + 1), wide.run(np.ones((2, 200)), fused=False))
     with pytest.raises(ValueError, match="decode must be"):
-        cpu_fused.run_chain(cpu_fused.cpu_chain_program(plan, (4, 4)), X, "fp32")
+        cpu_fused.run_chain(cpu_fused.cpu_compile(plan.fusion_request((4, 4))), X, "fp32")
+
+
+def test_each_front_end_compiles_once_per_shape(monkeypatch):
+    # a chain plan compiles its program once per tensor shape and decode; a FEM operator and its element slices
+    # once per plan; einsum's expression once per plan: every one through the backend's one door
+    from rnstensor.backends.cpu import backend as cpu_backend
+
+    calls = []
+    real = cpu_backend.CpuBackend.compile_program
+    monkeypatch.setattr(cpu_backend.CpuBackend, "compile_program",
+                        lambda self, request, decode: calls.append((request.in_shape, decode)) or real(self, request, decode))
+    rng = np.random.default_rng(4)
+    ops = _ops(rng, (4, 5, 6), [0, 1, 2], [4, 5, 6])
+    plan = rt.plan_chain(ops, [0, 1, 2], moduli=15)
+    for _ in range(2):
+        plan.run(rng.uniform(-1, 1, (3, 4, 5, 6)), fused=True)
+    assert calls == [((4, 5, 6), "fp64")]
+    plan.run(rng.uniform(-1, 1, (3, 4, 5, 6)), "exact", fused=True)
+    assert calls[1:] == [((4, 5, 6), "exact")]
+    calls.clear()
+    b = TensorBasis(2, dim=3)
+    op = MassOperator.on(box_mesh(b, shape=2)).op
+    u = rng.uniform(-1, 1, (op.nelem, 2, 2, 2))
+    op.apply(u, fused=True)
+    op.elements(1, 3).apply(u[1:3], fused=True)
+    assert calls == [((2, 2, 2), "fp64")]
+    calls.clear()
+    expr = rt.contract_expression("zijk,ai,bj,ck->zabc", (16, 4, 5, 6), *ops, constants=[1, 2, 3], moduli=15)
+    for _ in range(2):
+        expr(rng.uniform(-1, 1, (16, 4, 5, 6)))
+    assert calls == [((4, 5, 6), "fp64")]
 
 
 def test_scratch_bytes_covers_the_slots():
     rng = np.random.default_rng(7)
     plan = rt.plan_chain(_ops(rng, (8, 8, 8), [0, 1, 2], [8, 8, 8]), [0, 1, 2], moduli=15)
-    prog = cpu_fused.cpu_chain_program(plan, (8, 8, 8))
+    prog = cpu_fused.cpu_compile(plan.fusion_request((8, 8, 8)))
     assert cpu_fused.scratch_bytes(prog) >= prog.nslots * prog.lmax * prog.emax * prog.nb > 0
 
 
@@ -207,7 +239,7 @@ def test_fused_fem_operators_match_the_steps(cls, dim, degree, quadrature):
     b = TensorBasis(degree + 1, dim=dim, quadrature=quadrature)
     mesh = box_mesh(b, shape=(4, 3, 3)[:dim], curved=0.15)
     op = cls.on(mesh).op
-    prog = cpu_fused.cpu_operator_program(op)
+    prog = cpu_fused.cpu_compile(op.fusion_request())
     kinds = {int(r[0]) for r in prog.rec}
     assert cpu_fused._HADAMARD in kinds and (cls is MassOperator or cpu_fused._STACK in kinds)
     for kind in ("uniform", "scaled", "subnormal"):
@@ -244,22 +276,22 @@ def test_fused_fem_errors():
     b = TensorBasis(3, dim=3)
     mesh = box_mesh(b, shape=2)
     op = PoissonOperator.on(mesh).op
-    prog = cpu_fused.cpu_operator_program(op)
+    prog = cpu_fused.cpu_compile(op.fusion_request())
     u = np.ones((mesh.nelem, 3, 3, 3))
     with pytest.raises(ValueError, match="multiplies by a field: pass field= and fexp="):
         cpu_fused.run_chain(prog, u, "fp64")
-    field, fexp = rt.kernels.fused.operator_field(op)
+    field, fexp = operator_field(op)
     with pytest.raises(ValueError, match=r"field must be \(planes, 8, 6, 64\)"):
         cpu_fused.run_chain(prog, u, "fp64", field=field[:, :3], fexp=fexp)
     with pytest.raises(ValueError, match=r"x must be \(B, 3, 3, 3\)"):
         cpu_fused.run_chain(prog, u[..., :2], "fp64", field=field, fexp=fexp)
     composed = PoissonOperator(b, mesh.G, method="composed")
     with pytest.raises(ValueError, match="only method='rescale_be'"):
-        cpu_fused.cpu_operator_program(composed)
+        composed.fusion_request()
     with pytest.raises(ValueError, match="fused=True: .*only method='rescale_be'"):
         composed.apply(u, fused=True)
     big = TensorBasis(63, dim=2)  # Q = 64, the most points a basis takes: sums of 3 x 64 terms are exact in float32
-    assert cpu_fused.cpu_operator_fusable(PoissonOperator(big, box_mesh(big, 1).G)) is None
+    assert get_backend("cpu").compile_program(PoissonOperator(big, box_mesh(big, 1).G).fusion_request(), "fp64")[1] is None
 
 
 def test_one_large_tensor_runs_step_by_step(monkeypatch):
@@ -273,10 +305,10 @@ def test_one_large_tensor_runs_step_by_step(monkeypatch):
     X = rng.uniform(-1, 1, (64, 8, 8, 8))  # one tensor of 32768 entries (its leading axis is not contracted)
     plan = rt.plan_chain(ops, [1, 2, 3], moduli=15)
     be = rt.backends.get_backend("cpu")
-    prog, _ = be.chain_program(plan, X.shape, "fp64")
+    prog, _ = be.compile_program(plan.fusion_request(X.shape), "fp64")
     assert (be.fuses(prog, 1) is not None) == (_nthreads() > 1)
     assert be.fuses(prog, _nthreads()) is None
-    small, _ = be.chain_program(rt.plan_chain(ops, [0, 1, 2], moduli=15), (8, 8, 8), "fp64")
+    small, _ = be.compile_program(rt.plan_chain(ops, [0, 1, 2], moduli=15).fusion_request((8, 8, 8)), "fp64")
     assert be.fuses(small, 1) is None  # a tensor within the caches: fused, even alone
     fused = plan.run(X, "fp64", fused=True)
     calls = []

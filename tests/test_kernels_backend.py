@@ -292,8 +292,8 @@ def test_prebuild_fills_the_cache(fake, monkeypatch):
     # fresh operators: a new build (an explicit basis: the plan runs as planned, the program prebuilt)
     plan = rt.plan_chain([rng.uniform(-1, 1, (4, 4)) for _ in range(3)], [0, 1, 2], moduli=15)
     basis = TensorBasis(3)
-    poisson = fused.operator_program(PoissonOperator(basis, box_mesh(basis, shape=(2, 1, 1)).G))
-    chain = fused.chain_program(plan, (4, 4, 4))
+    poisson = fused.compile_request(PoissonOperator(basis, box_mesh(basis, shape=(2, 1, 1)).G).fusion_request())
+    chain = fused.compile_request(plan.fusion_request((4, 4, 4)))
     assert fused.specialize_by_default(chain) and not fused.specialize_by_default(poisson)
     # the modules of the arch, the chain's own build; Poisson runs the generic chain module (counted once)
     assert be.prebuild([chain, poisson, chain], jobs=2) == len(build.modules_for("sm_90a")) + 1

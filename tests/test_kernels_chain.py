@@ -19,6 +19,7 @@ import pytest
 
 import rnstensor as rt
 from rnstensor.kernels import build, fused
+from rnstensor.fem.fused import operator_field
 from sanitize import SANITIZE
 
 
@@ -43,7 +44,7 @@ def run_fused(emu, plan, X, decode="fp64", fill=0xA5, prog=None, field=None, fex
     x = np.ascontiguousarray(X, np.float64)
     if prog is None:
         batch = x.shape[: x.ndim - plan.ndim]
-        prog = fused.chain_program(plan, x.shape[len(batch):])
+        prog = fused.compile_request(plan.fusion_request(x.shape[len(batch):]))
     else:
         batch = x.shape[: x.ndim - len(prog.in_shape)]
     B = int(np.prod(batch, dtype=np.int64))
@@ -138,22 +139,25 @@ def test_fused_kernel_flags_non_finite_input(emu):
 def test_fusable_says_why_not():
     rng = np.random.default_rng(5)
     A = rng.uniform(-1, 1, (8, 8))
-    assert fused.fusable(rt.plan_chain([A, A, A], (0, 1, 2))) is None
-    assert "composed" in fused.fusable(rt.plan_chain([A, A], (0, 1), method="composed"))
+    assert fused.reason(rt.plan_chain([A, A, A], (0, 1, 2)).fusion_request()) is None
+    composed = rt.plan_chain([A, A], (0, 1), method="composed")
+    assert "composed" in fused.reason(composed.fusion_request())
     twice = rt.plan_chain([A, A], (0, 0), ndim=2)
-    assert "never contracted" in fused.fusable(twice)  # axis 1's length comes from the input
-    assert "transpose" in fused.fusable(twice, (8, 3))  # (1, 0) -> (0, 1): axis 0 is not inside again
+    with pytest.raises(ValueError, match="never contracted"):  # axis 1's length comes from the input
+        twice.fusion_request()
+    # (1, 0) -> (0, 1): axis 0 is not inside again
+    assert "transpose" in fused.reason(twice.fusion_request((8, 3)))
     wide = rng.uniform(-1, 1, (4, 80))
-    assert "columns" in fused.fusable(rt.plan_chain([wide], (0,), ndim=1))
-    with pytest.raises(ValueError, match="fused"):
-        fused.chain_program(twice, (8, 3))
+    assert "columns" in fused.reason(rt.plan_chain([wide], (0,), ndim=1).fusion_request())
+    with pytest.raises(ValueError, match="transpose"):
+        fused.compile_request(twice.fusion_request((8, 3)))
 
 
 def test_program_layout_and_tables():
     """The host program: a block batch within budget, operators padded with zero columns, tables in place."""
     rng = np.random.default_rng(6)
     plan = rt.plan_chain(_ops(rng, [(7, 5), (5, 5), (5, 5)]), (0, 1, 2), moduli=15)
-    prog = fused.chain_program(plan)
+    prog = fused.compile_request(plan.fusion_request())
     assert prog.in_shape == (5, 5, 5) and prog.out_shape == (7, 5, 5)
     assert prog.nb >= 1 and prog.shared_bytes <= fused.SHARED_BUDGET
     # ops: the three products and one drop op before each product that follows a drop
@@ -164,7 +168,6 @@ def test_program_layout_and_tables():
     assert not op0[:, :, 5:].any()
     enc = plan.encoded_operators[0]
     assert np.array_equal(op0[:, :, :5], np.asarray(enc.residues))
-    assert fused.chain_program(plan) is prog  # cached per plan
 
 
 @pytest.mark.parametrize("case", [0, 3, 6, 9])
@@ -173,7 +176,7 @@ def test_specialized_kernel_matches_plan(tmp_path_factory, case):
     shape, opshapes, axes, method, batch = CASES[case]
     rng = np.random.default_rng(case)
     plan = rt.plan_chain(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15)
-    prog = fused.chain_program(plan, shape)
+    prog = fused.compile_request(plan.fusion_request(shape))
     try:
         lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec"), sanitize=SANITIZE,
                                                        headers=fused.spec_header(prog),
@@ -193,7 +196,7 @@ def test_spec_header_has_exact_literals():
 
     rng = np.random.default_rng(8)
     plan = rt.plan_chain(_ops(rng, [(6, 6)] * 2), (0, 1), moduli=13)
-    prog = fused.chain_program(plan, (6, 6))
+    prog = fused.compile_request(plan.fusion_request((6, 6)))
     (text,) = fused.spec_header(prog).values()
     assert "namespace rns_spec {" in text
 
@@ -216,12 +219,12 @@ def test_fused_mass_operator_matches_cpu(emu, P, dim, shape):
     basis = TensorBasis(P, dim=dim)
     mesh = box_mesh(basis, shape=shape, curved=0.15)
     op = MassOperator(basis, mesh.qdata)
-    prog = fused.operator_program(op)
+    prog = fused.compile_request(op.fusion_request())
     assert prog.nfield == 1 and prog.nq == basis.Q**dim
     rng = np.random.default_rng(P + dim)
     u = rng.standard_normal((mesh.nelem,) + (P,) * dim) * np.exp2(rng.integers(-30, 30, (mesh.nelem,) + (1,) * dim))
     u[0] = 0.0  # an all-zero element
-    field, fexp = fused.operator_field(op)
+    field, fexp = operator_field(op)
     for decode in ("fp64", "exact"):
         got, flags = run_fused(emu, None, u, decode, prog=prog, field=field, fexp=fexp)
         assert flags == 0 and _same(got, op.apply(u, decode))
@@ -236,11 +239,11 @@ def test_fused_poisson_operator_matches_cpu(emu, P, dim, shape):
     basis = TensorBasis(P, dim=dim)
     mesh = box_mesh(basis, shape=shape, curved=0.2 if shape != (1, 1) else 0.0)  # a straight box: G has zero components
     op = PoissonOperator(basis, mesh.G)
-    prog = fused.operator_program(op)
+    prog = fused.compile_request(op.fusion_request())
     assert prog.nfield == 3 * (dim - 1) and prog.ints[20] > 2  # several tensors alive at once
     rng = np.random.default_rng(P * dim)
     u = rng.standard_normal((mesh.nelem,) + (P,) * dim) * np.exp2(rng.integers(-20, 20, (mesh.nelem,) + (1,) * dim))
-    field, fexp = fused.operator_field(op)
+    field, fexp = operator_field(op)
     for decode in ("fp64", "exact"):
         got, flags = run_fused(emu, None, u, decode, prog=prog, field=field, fexp=fexp)
         assert flags == 0 and _same(got, op.apply(u, decode))
@@ -253,14 +256,14 @@ def test_specialized_poisson_kernel_matches_cpu(tmp_path_factory):
     basis = TensorBasis(3)
     mesh = box_mesh(basis, shape=(2, 1, 1), curved=0.2)
     op = PoissonOperator(basis, mesh.G)
-    prog = fused.operator_program(op)
+    prog = fused.compile_request(op.fusion_request())
     try:
         lib = ctypes.CDLL(str(build.chain_simt_library(cache=tmp_path_factory.mktemp("spec-poisson"), sanitize=SANITIZE,
                                                        headers=fused.spec_header(prog), options=fused.SPEC_OPTIONS)))
     except build.KernelBuildError as exc:  # pragma: no cover
         pytest.skip(f"no C++20 host compiler: {exc}")
     u = np.random.default_rng(9).standard_normal((mesh.nelem, 3, 3, 3))
-    field, fexp = fused.operator_field(op)
+    field, fexp = operator_field(op)
     got, flags = run_fused(lib, None, u, "fp64", prog=prog, field=field, fexp=fexp)
     assert flags == 0 and _same(got, op.apply(u))
 
@@ -270,12 +273,13 @@ def test_operator_fusable_says_why_not():
 
     basis = TensorBasis(3)
     mesh = box_mesh(basis, shape=(1, 1, 1))
-    assert fused.operator_fusable(MassOperator(basis, mesh.qdata)) is None
-    assert fused.operator_fusable(PoissonOperator(basis, mesh.G)) is None
-    assert "rescale_be" in fused.operator_fusable(MassOperator(basis, mesh.qdata, method="composed"))
-    with pytest.raises(ValueError, match="cannot run as one fused kernel"):
-        fused.operator_program(PoissonOperator(basis, mesh.G, method="float64"))
+    assert fused.reason(MassOperator(basis, mesh.qdata).fusion_request()) is None
+    assert fused.reason(PoissonOperator(basis, mesh.G).fusion_request()) is None
+    with pytest.raises(ValueError, match="cannot run fused: only method='rescale_be'"):
+        MassOperator(basis, mesh.qdata, method="composed").fusion_request()
+    with pytest.raises(ValueError, match="cannot run fused: only method='rescale_be'"):
+        PoissonOperator(basis, mesh.G, method="float64").fusion_request()
     # Poisson sums two transposed products: fused for rows of at most 16 points, refused beyond
     wide = TensorBasis(16)
     with pytest.raises(ValueError, match="adds at most 2 over at most 16"):
-        fused.operator_program(PoissonOperator(wide, box_mesh(wide, shape=(1, 1, 1)).G))
+        fused.compile_request(PoissonOperator(wide, box_mesh(wide, shape=(1, 1, 1)).G).fusion_request())

@@ -48,13 +48,13 @@ def _programs():
     for shape, opshapes, axes, method, _batch in CASES:
         rng = np.random.default_rng(sum(shape) + len(axes))
         plan = plan_any(_ops(rng, opshapes, "wide"), axes, ndim=len(shape), method=method, moduli=15)
-        out.append((f"chain {shape} {method}", fused.chain_program(plan, shape)))
+        out.append((f"chain {shape} {method}", fused.compile_request(plan.fusion_request(shape))))
     for n in (4, 8, 16):  # the cubes, on wide bases too (the classical default escalates to them)
         rng = np.random.default_rng(n)
         ops = [rng.uniform(-1, 1, (n, n)) for _ in range(3)]
         for s in (15, 24, 40):
             plan = rt.plan_chain(ops, (0, 1, 2), moduli=s, input_bits="max")
-            prog, why = fused.program_or_reason(lambda: fused.chain_program(plan, (n, n, n)), None, "fp64")
+            prog, why = fused.program_or_reason(lambda: fused.compile_request(plan.fusion_request((n, n, n))), "fp64")
             if prog is not None:  # else the plan runs unfused (one tensor needs more than 227 KiB)
                 out.append((f"cube n={n} s={s}", prog))
     out += [(f"bench {i}", p) for i, p in enumerate(bench_gpu.fused_programs())]

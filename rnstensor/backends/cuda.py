@@ -587,9 +587,9 @@ class CudaBackend:
         Parameters
         ----------
         programs : sequence of ChainProgram
-            Fused programs (:func:`rnstensor.kernels.fused.chain_program` of
-            a plan and input shape, :func:`~rnstensor.kernels.fused.operator_program`
-            of a FEM operator); each gets the build :attr:`specialize_chains` selects (the
+            Fused programs (:func:`rnstensor.kernels.fused.compile_request` of
+            a plan's :meth:`~rnstensor.ChainPlan.fusion_request` or a FEM
+            operator's); each gets the build :attr:`specialize_chains` selects (the
             generic module is among this device's modules).
         jobs : int, optional
             Worker processes (default: every core this process may use).
@@ -605,7 +605,7 @@ class CudaBackend:
         >>> from rnstensor.kernels import fused
         >>> plan = rt.plan_chain([np.eye(8)] * 3, [0, 1, 2])
         >>> be = rt.backends.get_backend("cuda")  # doctest: +SKIP
-        >>> be.prebuild([fused.chain_program(plan, (8, 8, 8))])  # doctest: +SKIP
+        >>> be.prebuild([fused.compile_request(plan.fusion_request((8, 8, 8)))])  # doctest: +SKIP
         5
         """
         from ..kernels import fused
@@ -614,35 +614,19 @@ class CudaBackend:
         for program in programs:
             if not isinstance(program, fused.ChainProgram):
                 raise TypeError(
-                    f"programs must hold ChainProgram objects (rnstensor.kernels.fused.chain_program(plan, shape) "
-                    f"or operator_program(op)); got {type(program).__name__}"
+                    f"programs must hold ChainProgram objects (rnstensor.kernels.fused.compile_request(request), "
+                    f"request = plan.fusion_request(shape) or op.fusion_request()); got {type(program).__name__}"
                 )
             if self._specializes(program):
                 requests.append(("chain", self.arch, fused.SPEC_OPTIONS, fused.spec_header(program)))
         return len({b.path for b in build.compile_modules(requests, jobs)})
 
-    def chain_program(self, plan, shape: tuple, decode: str):
-        """``(program, None)``: ``plan`` as :meth:`chain`'s kernel program for tensors of ``shape``, or
-        ``(None, reason)`` where the fused kernel cannot run it."""
+    def compile_program(self, request, decode: str):
+        """``(program, None)``: a :class:`~rnstensor.ir.lower.FusionRequest` (a chain plan's, an einsum's, a FEM
+        operator's residue program) as :meth:`chain`'s kernel program, or ``(None, reason)``."""
         from ..kernels import fused  # noqa: PLC0415 - the kernels package imports the backends
 
-        return self._on_this_device(
-            fused.program_or_reason(lambda: fused.chain_program(plan, shape), fused.fusable(plan, shape), decode))
-
-    def operator_program(self, op, decode: str):
-        """``(program, None)``: the FEM operator ``op`` as :meth:`chain`'s kernel program, or ``(None, reason)``."""
-        from ..kernels import fused  # noqa: PLC0415
-
-        return self._on_this_device(
-            fused.program_or_reason(lambda: fused.operator_program(op), fused.operator_fusable(op), decode))
-
-    def compile_program(self, program, in_shape: tuple, constants: list, nbatch: int, decode: str):
-        """``(program, None)``: a residue program of one input tensor and constant operators (host values) as
-        :meth:`chain`'s kernel program, or ``(None, reason)``."""
-        from ..kernels import fused  # noqa: PLC0415
-
-        return self._on_this_device(fused.program_or_reason(
-            lambda: fused.expression_program(program, in_shape, constants, nbatch), None, decode))
+        return self._on_this_device(fused.program_or_reason(lambda: fused.compile_request(request), decode))
 
     def fuses(self, program, tensors: int) -> Optional[str]:
         """Why :meth:`chain` should not run ``tensors`` tensors of ``program`` (``None``: it should; a block of
@@ -662,9 +646,8 @@ class CudaBackend:
     def chain(self, program, x, decode: str, field=None, fexp=None):
         """A whole chain in one kernel (``chain.cu``): ``x`` ``(B, *program.in_shape)`` -> ``(B, *program.out_shape)``.
 
-        ``program`` is :func:`rnstensor.kernels.fused.chain_program` of a plan
-        (or :func:`~rnstensor.kernels.fused.operator_program` of a FEM operator,
-        with its encoded ``field`` ``(planes, B, components, entries)`` int8 and the
+        ``program`` is :func:`rnstensor.kernels.fused.compile_request` of a
+        front end's fusion request (a FEM operator's with its encoded ``field`` ``(planes, B, components, entries)`` int8 and the
         field's exponent per tensor ``fexp`` ``(B,)``); the result is bitwise
         ``plan.run(x, decode)`` on any backend. CuPy in,
         CuPy out; a non-finite input raises ``ValueError`` after the launch

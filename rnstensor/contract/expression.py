@@ -19,6 +19,7 @@ from ..planner.methods import MIN_BITS, check_kept_bits
 from ..planner.program import Failure, Given, plan_drops
 from ..primitives import decode as decode_tensor
 from .. import ir
+from ..ir.lower import FusionRequest
 from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
 from ..program.execute import DeferredValue, Value, execute, moved, permuted, tensor_of, value_of
@@ -443,7 +444,8 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                     T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                     consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
-            return compile_program(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch, mode)[0]
+            request = FusionRequest(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch=nbatch)
+            return compile_program(request, mode)[0]
 
         if matrices:  # their residues are this call's: packed per call
             prog = pack()

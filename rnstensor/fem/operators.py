@@ -19,6 +19,7 @@ against the exact (Fraction) result stays within 4 units of float64 rounding.
 from __future__ import annotations
 
 import copy
+import weakref
 
 from fractions import Fraction
 from functools import lru_cache, partial
@@ -31,6 +32,7 @@ from ..backends import dispatch
 from ..chain import plan_chain
 from ..planner.methods import MIN_BITS
 from ..encode import check_float_array, encode
+from ..ir.lower import FusionRequest
 from ..program.errors import FieldErrors, NormErrors, OperatorBounds, decode_factor
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
@@ -44,6 +46,7 @@ from .program import (
     poisson_program,
     voigt_index,
 )
+from .fused import fusion_request, operator_field
 from .tensorbasis import TensorBasis
 
 __all__ = ["MassOperator", "PoissonOperator", "METHODS", "InvertedElementError"]
@@ -51,6 +54,8 @@ __all__ = ["MassOperator", "PoissonOperator", "METHODS", "InvertedElementError"]
 #: The methods an operator runs: 'rescale_be' and 'composed' in residues, 'float64' in plain float64 (to compare).
 METHODS = ("rescale_be", "composed", "float64")
 _INFLATE = 1.0 + 2.0**-45  # covers the float rounding of the error-bound arithmetic (all terms positive)
+#: per residue program (an operator and its element slices share one): (backend, decode) -> (program, reason)
+_FUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class InvertedElementError(ValueError):
@@ -281,10 +286,7 @@ class _Operator:
         if self.method == "rescale_be":
             self._constants(xp)
             if xp is not np:
-                from ..kernels import fused as _fused
-
-                if _fused.operator_fusable(self) is None:
-                    self._fused_field_on(xp)
+                self._fused_field_on(xp)
         else:
             self._float_fields_on(xp)
 
@@ -294,9 +296,17 @@ class _Operator:
 
     def _fused_field_on(self, xp) -> tuple:
         """The encoded field as the fused kernel reads it, and its exponents, on ``xp`` (once per operator)."""
-        from ..kernels import fused as _fused
+        return self._on("fused_field", xp, lambda: tuple(to_module(a, xp) for a in operator_field(self)))
 
-        return self._on("fused_field", xp, lambda: tuple(to_module(a, xp) for a in _fused.operator_field(self)))
+    def fusion_request(self) -> FusionRequest:
+        """What this operator hands a backend's ``compile_program`` to run fused (:func:`rnstensor.fem.fused.fusion_request`).
+
+        Raises
+        ------
+        ValueError
+            If the operator does not run in residues from encode to decode (``method`` other than ``'rescale_be'``).
+        """
+        return fusion_request(self)
 
     def _check_u(self, u):
         x, single = self.basis.check_elements(u, self.basis.P)
@@ -349,10 +359,9 @@ class _Operator:
         numpy einsum.
 
         ``fused``: the operator runs fused, every element from load to store
-        in fast memory: on the ``'cpu'`` backend block by block in cache
-        (:func:`rnstensor.backends.cpu_fused.cpu_operator_program`), on
-        ``'cuda'`` as one kernel in shared memory
-        (:func:`rnstensor.kernels.fused.operator_program`). ``None`` (default)
+        in fast memory (its :meth:`fusion_request` compiled by the backend): on
+        the ``'cpu'`` backend block by block in cache, on ``'cuda'`` as one
+        kernel in shared memory. ``None`` (default)
         fuses where it can, ``True`` raises where it cannot, ``False`` runs one
         primitive per step. The bits are the same either way.
         """
@@ -382,10 +391,17 @@ class _Operator:
     def _apply_fused(self, x: np.ndarray, decode: str, fused: Optional[bool]):
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``fused``)."""
         be, xp, _ = self._backend_of(x)
-        if callable(getattr(be, "operator_program", None)):
-            prog, why = be.operator_program(self, decode)
-        else:
+        if not callable(getattr(be, "compile_program", None)):
             prog, why = None, f"the fused operator runs on the 'cpu' and 'cuda' backends, not {be.name!r}"
+        else:
+            key = ("fused_program", be.name, decode)  # one per plan: the operator's element slices share it
+            per_plan = _FUSED.setdefault(self.program, {})
+            if key not in per_plan:
+                try:
+                    per_plan[key] = be.compile_program(self.fusion_request(), decode)
+                except ValueError as exc:
+                    per_plan[key] = (None, str(exc))
+            prog, why = per_plan[key]
         if prog is None:
             if fused:
                 raise ValueError(f"fused=True: {why}")

@@ -7,19 +7,22 @@ Hadamard products (a *stage*), the active moduli and shape of every tensor,
 and the exponent of every output entry for an input and fields encoded with
 exponent 0 (:func:`program_stages`); which stage reads a tensor last
 (:func:`last_uses`) and the buffers the live tensors take (:class:`SlotPool`).
+A front end hands a backend a :class:`FusionRequest` (the program, the input's
+shape, the constants' values), the one door into either interpreter.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
 from . import steps as ir
 
-__all__ = ["Term", "Stage", "Program", "Tensor", "Partial", "program_stages", "last_uses", "SlotPool"]
+__all__ = ["FusionRequest", "Term", "Stage", "Program", "Tensor", "Partial", "check_one_input", "program_stages",
+           "last_uses", "SlotPool"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,49 @@ class Partial:
     shape: tuple
 
 
+@dataclass(frozen=True, eq=False)
+class FusionRequest:
+    """What every front end (a chain plan, an einsum's mode chains, a FEM operator) hands a backend's
+    ``compile_program`` to run fused: a residue program of one input tensor, nothing of the front end itself.
+
+    ``program``: the residue program (:class:`rnstensor.ir.Program`);
+    ``in_shape``: one input tensor's shape, behind ``nbatch`` (0 or 1) batch
+    axes; ``constants[source]``: every constant's value (host residues,
+    exponents, factor), by ``Encode.source``; ``fields[source]``: the field
+    component a constant stands for (a FEM operator's Hadamard factor, read
+    per element from its encoded field of ``ncomp`` components of ``nq``
+    entries each).
+
+    Examples
+    --------
+    >>> import numpy as np, rnstensor as rt
+    >>> plan = rt.plan_chain([np.eye(4)] * 2, [0, 1])
+    >>> req = plan.fusion_request((4, 4))
+    >>> req.in_shape, len(req.stages(max_terms=8).stages)
+    ((4, 4), 2)
+    """
+
+    program: "ir.Program"
+    in_shape: tuple
+    constants: list
+    nbatch: int = 1
+    fields: Mapping = None  # type: ignore[assignment]
+    ncomp: int = 0
+    nq: int = 0
+
+    def stages(self, max_terms: Optional[int] = None) -> "Program":
+        """The program as the fused interpreters run it (:func:`program_stages`).
+
+        Raises
+        ------
+        ValueError
+            Why the program cannot be fused (the same sentence for every front end and backend).
+        """
+        check_one_input(self.program, tuple(self.in_shape), self.nbatch)
+        return program_stages(self.program, tuple(self.in_shape), self.constants, self.fields or {},
+                              nbatch=self.nbatch, max_terms=max_terms)
+
+
 def check_one_input(program: "ir.Program", in_shape: tuple, nbatch: int) -> None:
     """That ``program`` reads one input tensor, encoded with one exponent per tensor behind ``nbatch`` (0 or 1)
     leading batch axes, as the fused interpreters take it (every other operand a constant).
@@ -104,7 +150,10 @@ def check_one_input(program: "ir.Program", in_shape: tuple, nbatch: int) -> None
     ValueError
         Why it does not (a reason it cannot be fused).
     """
-    inputs = [st for st in program.steps if type(st).__name__ == "Encode" and not st.constant]
+    if any(isinstance(st, (ir.Reencode, ir.Decode)) for st in program.steps):
+        raise ValueError("a program that decodes between its products (the composed method decodes after every "
+                         "product)")
+    inputs = [st for st in program.steps if isinstance(st, ir.Encode) and not st.constant]
     if nbatch not in (0, 1):
         raise ValueError(f"{nbatch} batch axes (the fused interpreters take the tensors behind one, or none)")
     if len(inputs) != 1:
@@ -186,7 +235,7 @@ def program_stages(program: "ir.Program", in_shape: tuple, constants: list, fiel
                 consts[st.out] = st.source
                 continue
             if slots:
-                raise ValueError("a program that encodes twice (the composed method) decodes in between")
+                raise ValueError("a program that encodes twice: the composed method decodes after every product")
             first, bits = basis, st.bits
             slots[st.out] = Tensor(0, basis, tuple(in_shape), np.zeros((1,) * ndim, np.int64), 1)
         elif isinstance(st, ir.Fold):

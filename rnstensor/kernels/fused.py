@@ -19,21 +19,17 @@ backend. The records are written through the layout that
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from .. import arith
-from ..arrays import array_module
-from .. import ir
-from ..ir.lower import Program as _Program, SlotPool, check_one_input, last_uses, program_stages
+from ..ir.lower import FusionRequest, Program as _Program, SlotPool, last_uses
 from . import tables
 from .layout import KERNEL, RC, RS
 
-__all__ = ["ChainProgram", "chain_program", "expression_program", "program_stages", "last_uses", "SlotPool", "method_reason", "fusable", "program_or_reason", "operator_program", "operator_fusable", "operator_field", "operator_fields",
-           "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
+__all__ = ["ChainProgram", "compile_request", "reason", "program_or_reason", "spec_header", "specialize_by_default", "SPEC_MAX_OPS",
            "SPEC_HEADER", "SPEC_OPTIONS", "SHARED_BUDGET", "SHARED_MAX", "THREADS"]
 
 #: threads per block (RNS_CHAIN_THREADS of rns_chain_layout.cuh)
@@ -42,7 +38,7 @@ THREADS = KERNEL["THREADS"]
 #: are built for (sm_86 / sm_89: 99 KiB; two such blocks per SM on Hopper)
 SHARED_BUDGET = 99 * 1024
 #: the most dynamic shared memory one block may take on any arch (Hopper: 227 KiB); a device with less declines
-#: the larger programs (CudaBackend.chain_program: rnstensor.kernels.limits)
+#: the larger programs (CudaBackend.compile_program: rnstensor.kernels.limits)
 SHARED_MAX = 227 * 1024
 #: row widths (4-byte words, the padded n_in / 4) the kernel is instantiated for
 WIDTHS = tuple(range(1, 17))
@@ -102,16 +98,6 @@ class ChainProgram:
         return THREADS
 
 
-def _in_shape(plan) -> list[int]:
-    shape = [None] * plan.ndim
-    for a, n in plan._lengths.items():
-        shape[a] = n
-    if any(n is None for n in shape):
-        missing = [a for a, n in enumerate(shape) if n is None]
-        raise ValueError(f"axes {missing} are never contracted: their length comes from the input")
-    return shape
-
-
 def _first_layout(axes, ndim: int) -> list:
     """The first physical layout (outer -> inner): untouched axes outside, then the contracted axes in
     reverse order of first use, so that each product's rotation brings the next one inside."""
@@ -160,74 +146,26 @@ def _strides(P, ext):
     return strides, s
 
 
-def method_reason(plan) -> Optional[str]:
-    """Why no fused interpreter (CPU or CUDA) runs the chain plan ``plan`` (a sentence), or ``None``."""
-    if plan.method == "composed":
-        return "the composed method decodes after every product"
-    if any(np.iscomplexobj(op) for op in plan.operators):
-        return "complex operators are not fused"
+def reason(request: FusionRequest, budget: int = SHARED_BUDGET) -> Optional[str]:
+    """Why the fused kernel cannot run ``request`` (a sentence), or ``None`` if it can."""
+    try:
+        compile_request(request, budget)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
-def fusable(plan, shape=None) -> Optional[str]:
-    """Why ``plan`` cannot run as one fused kernel (a sentence), or ``None`` if it can.
-
-    ``shape``: the tensor shape, where an axis is never contracted.
-    """
-    why = method_reason(plan)
-    if why is not None:
-        return why
-    if shape is None:
-        try:
-            _in_shape(plan)  # every axis's length must come from an operator
-        except ValueError as exc:
-            return str(exc)
-    for op in plan.operators:
-        if _width(op.shape[1]) is None:
-            return f"an operator has {op.shape[1]} columns; the fused kernel takes at most {4 * WIDTHS[-1]}"
-    return _axes_cycle(plan.axes, plan.ndim)
-
-
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def chain_program(plan, shape=None, budget: int = SHARED_BUDGET) -> ChainProgram:
-    """The fused kernel's program for ``plan`` (cached per plan and tensor shape).
+def compile_request(request: FusionRequest, budget: int = SHARED_BUDGET) -> ChainProgram:
+    """The fused kernel's program for ``request`` (a chain plan's, an einsum's mode chains', a FEM operator's:
+    :class:`~rnstensor.ir.lower.FusionRequest` holds only the residue program). Not cached: the front end keeps it.
 
     Raises
     ------
     ValueError
-        If the plan cannot be fused (:func:`fusable` says why) or one tensor
-        does not fit a block's shared memory.
+        If the program cannot run as one fused kernel (the reason) or one tensor does not fit a block's shared
+        memory.
     """
-    key = (tuple(shape) if shape is not None else None, budget)
-    per_plan = _CACHE.setdefault(plan, {})
-    if key not in per_plan:
-        per_plan[key] = _build(plan, shape, budget)
-    return per_plan[key]
-
-
-def expression_program(program, in_shape: tuple, constants: list, nbatch: int = 1,
-                       budget: int = SHARED_BUDGET) -> ChainProgram:
-    """The fused kernel's program for a residue program of one input tensor and constant operators (an einsum's
-    mode chains; ``constants`` host values by ``Encode.source``), the tensors behind ``nbatch`` (0 or 1) batch axes.
-    Not cached (the expression keeps it).
-
-    Raises
-    ------
-    ValueError
-        If the program cannot run as one fused kernel (the reason).
-    """
-    check_one_input(program, tuple(in_shape), nbatch)
-    return _compile(program_stages(program, tuple(in_shape), constants, {}, nbatch=nbatch, max_terms=_TMAX), budget)
-
-
-def _build(plan, shape, budget) -> ChainProgram:
-    why = fusable(plan, shape)
-    if why is not None:
-        raise ValueError(f"this plan cannot run as one fused kernel: {why}")
-    in_shape = tuple(shape) if shape is not None else tuple(_in_shape(plan))
-    return _compile(program_stages(plan.program, in_shape, plan.program_constants(), {}, max_terms=_TMAX), budget)
+    return _compile(request.stages(max_terms=_TMAX), budget, nfield=request.ncomp, nq=request.nq)
 
 
 def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> ChainProgram:
@@ -239,6 +177,11 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     that reads it; a freed slot is reused only after the next barrier.
     """
     in_shape, first, stages, dexp, factor = list(prog.in_shape), prog.first, prog.stages, prog.dexp, prog.factor
+    for st in stages:
+        for terms in st.outputs if st.kind == "product" else ():
+            n_in = terms[0].op.shape[2]
+            if _width(n_in) is None:
+                raise ValueError(f"an operator has {n_in} columns; the fused kernel takes at most {4 * WIDTHS[-1]}")
     seq, last = _layouts(prog)
     if seq is None:
         raise ValueError(_axes_cycle(prog.axes, prog.ndim))
@@ -425,14 +368,9 @@ def _compile(prog: _Program, budget: int, nfield: int = 0, nq: int = 0) -> Chain
     return prog
 
 
-def program_or_reason(make, why: Optional[str], decode: str) -> tuple[Optional[ChainProgram], Optional[str]]:
-    """``(program, None)`` when the fused kernel can run ``make()`` for ``decode``, else ``(None, reason)``.
-
-    ``why``: a reason known beforehand (``None`` if there is none); ``make``
-    builds the program (a ``ValueError`` from it is a reason too).
-    """
-    if why is not None:
-        return None, why
+def program_or_reason(make, decode: str) -> tuple[Optional[ChainProgram], Optional[str]]:
+    """``(program, None)`` when the fused kernel can run ``make()`` for ``decode``, else ``(None, reason)``
+    (a ``ValueError`` from ``make``, which builds the program, is the reason)."""
     try:
         prog = make()
     except ValueError as exc:
@@ -440,76 +378,6 @@ def program_or_reason(make, why: Optional[str], decode: str) -> tuple[Optional[C
     if decode == "exact" and prog.F is None:
         return None, "the exact decode's factor is wider than the kernel's limbs"
     return prog, None
-
-
-# ----- finite-element operators ------------------------------------------------------------
-
-
-def operator_fusable(op) -> Optional[str]:
-    """Why the FEM operator ``op`` cannot run as one fused kernel (a sentence), or ``None`` if it can.
-
-    Mass and Poisson (``method='rescale_be'``) run as one kernel: their
-    programs contract one axis per stage, in an order that cycles through
-    the axes, and add at most three terms.
-    """
-    if getattr(op, "method", None) != "rescale_be":
-        return f"only method='rescale_be' runs in residues from encode to decode (this operator: {op.method!r})"
-    if _width(op.basis.Q) is None or _width(op.basis.P) is None:
-        return f"{max(op.basis.P, op.basis.Q)} points per axis; the fused kernel takes at most {4 * WIDTHS[-1]}"
-    return None
-
-
-def _field_components(op) -> dict:
-    """The operator's field keys -> component index in the field array the kernel reads."""
-    return {"W": 0} if op.kind == "mass" else {("G", c): c for c in range(3 * (op.basis.dim - 1))}
-
-
-def operator_fields(op) -> tuple[dict, int]:
-    """``(fields, components)`` of a FEM operator's program: which constants (by source index) are field
-    components, as :func:`program_stages` takes them, and how many components :func:`operator_field` holds."""
-    comps = _field_components(op)
-    return {i: comps[key] for i, key in enumerate(op.program_constants_keys()) if key in comps}, len(comps)
-
-
-def operator_field(op) -> tuple[np.ndarray, np.ndarray]:
-    """The operator's encoded field as the kernel reads it, ``(planes, nelem, components, Q**dim)`` int8 on
-    the basis moduli, and its exponent per element (int32)."""
-    if op.kind == "mass":
-        T = op._residue_fields()["W"]
-    else:
-        op._residue_fields()
-        T = op._Gres[0]
-    res, scale_exp = T.residues, T.exponent()  # where the field was encoded (NumPy or CuPy)
-    xp = array_module(res)
-    L, E = res.shape[:2]
-    ncomp = len(_field_components(op))
-    field = xp.ascontiguousarray(res.reshape(L, E, ncomp, -1))
-    fexp = xp.ascontiguousarray(xp.broadcast_to(scale_exp.reshape(-1), (E,)).astype(np.int32))
-    return field, fexp
-
-
-def operator_program(op, budget: int = SHARED_BUDGET) -> ChainProgram:
-    """The fused kernel's program for a FEM operator (cached per operator and budget; see :func:`operator_fusable`).
-
-    Its field is :func:`operator_field`: ``w detJ`` (mass) or the packed ``G``
-    (Poisson), one exponent per element.
-
-    Raises
-    ------
-    ValueError
-        If the operator cannot be fused (the reason) or one element does not fit a block's shared memory.
-    """
-    why = operator_fusable(op)
-    if why is not None:
-        raise ValueError(f"this operator cannot run as one fused kernel: {why}")
-    per_op = _CACHE.setdefault(op.program, {})  # one per plan: the operator's element slices share it
-    key = ("operator", budget)
-    if key not in per_op:
-        fields, ncomp = operator_fields(op)
-        prog = program_stages(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields,
-                              max_terms=_TMAX)
-        per_op[key] = _compile(prog, budget, nfield=ncomp, nq=op.basis.Q**op.basis.dim)
-    return per_op[key]
 
 
 def _c_array(kind: str, name: str, values, qualifier: str = "constexpr") -> str:

@@ -63,8 +63,8 @@ def spec_programs():
     plans += _certified_plans(plan, _float32_input(rng))
     plan, _, rng = _same_operator_plan()
     plans += _certified_plans(plan, np.nan_to_num(_errors_input(rng)))
-    out = [fused.chain_program(plan, shape) for plan, shape in dict.fromkeys(plans)]
-    out += [fused.operator_program(_fem_operator(kind, P, dim, "cpu")[0])
+    out = [fused.compile_request(plan.fusion_request(shape)) for plan, shape in dict.fromkeys(plans)]
+    out += [fused.compile_request(_fem_operator(kind, P, dim, "cpu")[0].fusion_request())
             for kind in ("mass", "poisson") for P, dim in FEM_CASES]
     return out
 
@@ -72,7 +72,7 @@ def spec_programs():
 def slow_spec_programs():
     """The fused programs of the slow tests: the large batches' data escalates the default to wider plans."""
     plans = [p for n in LARGE_N for p in _certified_plans(*_large_batch_case(n))]
-    return [fused.chain_program(plan, shape) for plan, shape in dict.fromkeys(plans)]
+    return [fused.compile_request(plan.fusion_request(shape)) for plan, shape in dict.fromkeys(plans)]
 
 
 def _inputs(rng, batch, shape):
@@ -147,7 +147,7 @@ def test_fused_errors():
         twice.run(np.ones((2, 8, 3)), backend="cuda", fused=True)
     # not fusable, not required: the step-by-step kernels, the same numbers
     same(twice.run(np.ones((2, 8, 3)), backend="cuda"), twice.run(np.ones((2, 8, 3)), backend="cpu"))
-    assert fused.fusable(plan) is None
+    assert fused.reason(plan.fusion_request()) is None
 
 
 @pytest.mark.parametrize("kind", ["mass", "poisson"])

@@ -32,7 +32,7 @@ def spec_programs():
     from rnstensor.kernels import fused
 
     plans = [_chain_plan(m)[0] for m in METHODS]
-    return [fused.chain_program(p, (8, 8, 8)) for p in plans if fused.fusable(p) is None]
+    return [fused.compile_request(p.fusion_request((8, 8, 8))) for p in plans if fused.reason(p.fusion_request((8, 8, 8))) is None]
 
 
 @pytest.mark.parametrize("method", METHODS)

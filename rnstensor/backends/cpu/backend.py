@@ -270,31 +270,13 @@ class CpuBackend:
             return None
         return mods, chunk
 
-    def chain_program(self, plan, shape: tuple, decode: str):
-        """``(program, None)``: ``plan`` packed for :meth:`chain` on tensors of ``shape``, or ``(None, reason)``."""
+    def compile_program(self, request, decode: str):
+        """``(program, None)``: a :class:`~rnstensor.ir.lower.FusionRequest` (a chain plan's, an einsum's, a FEM
+        operator's residue program) packed for :meth:`chain`, or ``(None, reason)``."""
         from . import fused  # noqa: PLC0415 - loaded on first use
 
         try:
-            return fused.cpu_chain_program(plan, shape), None
-        except ValueError as exc:
-            return None, str(exc)
-
-    def compile_program(self, program, in_shape: tuple, constants: list, nbatch: int, decode: str):
-        """``(program, None)``: a residue program of one input tensor and constant operators packed for
-        :meth:`chain`, or ``(None, reason)``."""
-        from . import fused  # noqa: PLC0415
-
-        try:
-            return fused.cpu_program(program, in_shape, constants, nbatch), None
-        except ValueError as exc:
-            return None, str(exc)
-
-    def operator_program(self, op, decode: str):
-        """``(program, None)``: the FEM operator ``op`` packed for :meth:`chain`, or ``(None, reason)``."""
-        from . import fused  # noqa: PLC0415
-
-        try:
-            return fused.cpu_operator_program(op), None
+            return fused.cpu_compile(request), None
         except ValueError as exc:
             return None, str(exc)
 

@@ -23,7 +23,6 @@ the same view), and packed here into flat tables (:class:`CpuChainProgram`).
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,7 +32,7 @@ from numba import njit
 from ... import arith
 from . import common, decoding, drop_extend, encoding, products
 
-__all__ = ["CpuChainProgram", "cpu_chain_program", "cpu_program", "cpu_fusable", "cpu_operator_program", "cpu_operator_fusable", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
+__all__ = ["CpuChainProgram", "cpu_compile", "run_chain", "scratch_bytes", "tensor_exponents", "BLOCK_ENTRIES"]
 
 #: entries a block aims for: every plane of two or three live tensors stays within L2
 BLOCK_ENTRIES = 4096
@@ -80,94 +79,30 @@ class CpuChainProgram:
     nq: int = 0
 
 
-def cpu_fusable(plan) -> Optional[str]:
-    """Why the chain plan ``plan`` cannot run fused on the CPU (a sentence), or ``None`` if it can."""
-    from ...kernels.fused import method_reason  # noqa: PLC0415 - the kernels package imports the backends
+def cpu_compile(request) -> CpuChainProgram:
+    """The fused CPU program of a :class:`~rnstensor.ir.lower.FusionRequest` (a chain plan's, an einsum's mode
+    chains', a FEM operator's: only the residue program is read), packed. Not cached: the front end keeps it.
 
-    why = method_reason(plan)
-    if why is not None:
-        return why
-    if any(op.shape[1] > common._DIRECT_MAX_K for op in plan.operators):
-        return f"an operator has more than {common._DIRECT_MAX_K} columns (its products go through BLAS)"
-    return None
-
-
-def cpu_operator_fusable(op) -> Optional[str]:
-    """Why the FEM operator ``op`` cannot run fused on the CPU (a sentence), or ``None`` if it can."""
-    if getattr(op, "method", None) != "rescale_be":
-        return f"only method='rescale_be' runs in residues from encode to decode (this operator: {op.method!r})"
-    n = max(op.basis.P, op.basis.Q)
-    if TERMS_MAX * n > common._DIRECT_MAX_K:
-        return f"{n} points per axis; the fused CPU interpreter sums products of at most {common._DIRECT_MAX_K} terms"
-    return None
-
-
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def cpu_chain_program(plan, shape: tuple) -> CpuChainProgram:
-    """The fused CPU program of the chain plan ``plan`` for tensors of ``shape`` (cached per plan and shape).
-
-    Raises
-    ------
-    ValueError
-        If the plan's program has a step the fused interpreter does not run (the reason).
-    """
-    per_plan = _CACHE.setdefault(plan, {})
-    key = tuple(shape)
-    if key not in per_plan:
-        why = cpu_fusable(plan)
-        if why is not None:
-            raise ValueError(f"this plan cannot run fused on the CPU: {why}")
-        per_plan[key] = _pack(plan.program, key, plan.program_constants())
-    return per_plan[key]
-
-
-def cpu_operator_program(op) -> CpuChainProgram:
-    """The fused CPU program of the FEM operator ``op`` (mass or Poisson, ``method='rescale_be'``), cached per plan.
-
-    Its Hadamard products read the operator's encoded field per element
-    (:func:`rnstensor.kernels.fused.operator_field`: ``w detJ`` or the packed
-    metric ``G``), which :func:`run_chain` takes with its exponents.
-
-    Raises
-    ------
-    ValueError
-        If the operator cannot run fused on the CPU (the reason).
-    """
-    from ...kernels.fused import operator_fields  # noqa: PLC0415 - it imports the backends
-
-    why = cpu_operator_fusable(op)
-    if why is not None:
-        raise ValueError(f"this operator cannot run fused on the CPU: {why}")
-    per_op = _CACHE.setdefault(op.program, {})  # one per plan: the operator's element slices share it
-    if "operator" not in per_op:
-        fields, ncomp = operator_fields(op)
-        per_op["operator"] = _pack(op.program, (op.basis.P,) * op.basis.dim, op.program_constants(), fields,
-                                   nfield=ncomp, nq=op.basis.Q**op.basis.dim)
-    return per_op["operator"]
-
-
-def cpu_program(program, in_shape: tuple, constants: list, nbatch: int = 1) -> CpuChainProgram:
-    """Any residue program the fused CPU interpreter runs, packed (not cached): one input encoded with one exponent
-    per tensor behind ``nbatch`` leading batch axes (0 or 1), mode products by constant operators (``constants``,
-    indexed by their ``Encode.source``), drops and extensions.
+    A FEM operator's Hadamard products read its encoded field per element
+    (``(planes, B, request.ncomp, request.nq)`` int8), which :func:`run_chain`
+    takes with its exponents.
 
     Raises
     ------
     ValueError
         If the program has a step the fused interpreter does not run (the reason).
     """
-    return _pack(program, tuple(in_shape), constants, nbatch=nbatch)
-
-
-def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = None, nfield: int = 0,
-          nq: int = 0, nbatch: int = 1) -> CpuChainProgram:
-    from ...ir.lower import SlotPool, check_one_input, last_uses, program_stages  # noqa: PLC0415
     from ...kernels.layout import KERNEL  # noqa: PLC0415 - the same sum limit as the CUDA kernel
 
-    check_one_input(program, in_shape, nbatch)
-    prog = program_stages(program, in_shape, constants, fields or {}, nbatch=nbatch, max_terms=KERNEL["TMAX"])
+    prog = request.stages(max_terms=KERNEL["TMAX"])
+    return _pack(prog, request.ncomp, request.nq)
+
+
+def _pack(prog, nfield: int, nq: int) -> CpuChainProgram:
+    """The lowered program ``prog`` (:class:`rnstensor.ir.lower.Program`) as :func:`run_chain`'s tables."""
+    from ...ir.lower import SlotPool, last_uses  # noqa: PLC0415
+
+    in_shape = prog.in_shape
     basis = tuple(prog.basis)
     rec: list = []
     ops: list = []
@@ -255,6 +190,9 @@ def _pack(program, in_shape: tuple, constants: list, fields: Optional[dict] = No
                 pool.release([src])  # free once the product below has read it
             else:
                 op = terms[0].op
+                if n_in > common._DIRECT_MAX_K:
+                    raise ValueError(f"an operator has more than {common._DIRECT_MAX_K} columns (its products go "
+                                     f"through BLAS)")
             record(_PRODUCT, s_out, src, L, pre, op.shape[2], post, n_out, add_op(op), red)
             shapes[oid] = shp[: st.axis] + (n_out,) + shp[st.axis + 1:]
             emax = max(emax, math.prod(shapes[oid]))
@@ -297,7 +235,7 @@ def run_chain(program: CpuChainProgram, x: np.ndarray, decode: str, field: Optio
 
     A program with Hadamard products (a FEM operator's) reads tensor ``b``'s
     field from ``field[:, b]`` (``(basis planes, B, program.nfield,
-    program.nq)`` int8, :func:`rnstensor.kernels.fused.operator_field`), its
+    program.nq)`` int8, :func:`rnstensor.fem.fused.operator_field`), its
     exponent from ``fexp[b]``. The result ``(B, *program.out_shape)`` is
     bitwise the step-by-step execution's with the same decode (``'fp64'`` or
     ``'exact'``).
