@@ -68,7 +68,7 @@ from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_target, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
 from .gemm import SplitNeeded, gemm_program, gemm_scale
 from .magnitude import measure_ratio
-from .run.epilogue import exact_combination, exact_parts, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
+from .run.epilogue import exact_combination, exact_parts, gemm_epilogue, needs_exact_epilogue, two_term_alpha
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from . import ir
@@ -362,8 +362,10 @@ def _leaves(x) -> list:
     return [leaf for item in x for leaf in _leaves(item)]
 
 
-def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False):
-    """One output tile's task; ``exact``: ``moduli='auto'``'s exact epilogue (:mod:`rnstensor.run.epilogue`)."""
+def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False, with_operands: bool = False):
+    """One output tile's task, finished by the one GEMM epilogue (:func:`rnstensor.run.epilogue.gemm_epilogue`);
+    ``exact``: ``moduli='auto'``'s exact epilogue; ``with_operands``: the tile also reads its blocks of ``op(a)``
+    and ``op(b)``."""
     enc_a, enc_b, product, dec = prog.steps
     cplx = prog.complex
     total = ir.Add(2, 2, 4, False, product.bound)  # the k-chunk sum: bounds add up to the whole product's
@@ -393,18 +395,13 @@ def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False):
                                                          None if c is None else _host(c), cplx))
             else:
                 term[...] = run_step(dec, vals, prog.basis, be, backend)
-            # rows / columns holding inf or NaN: float64 products with IEEE propagation, as in memory
-            if not bool(fa.all()) or not bool(fb.all()):
-                A = xp.concatenate(_leaves(rest[0]), axis=1)
-                B = xp.concatenate(_leaves(rest[1]), axis=0)
-                ieee_rows(term, A, B, fa, fb, alpha, *((beta, c) if exact else ()))
-            if exact:
-                return term
-        if exact and beta != 0 and mb and nb:  # nothing multiplied (alpha = 0 or k = 0): beta * c, once
-            return xp.asarray(exact_combination(zero_parts((mb, nb), cplx), alpha, beta, _host(rest[-1]), cplx))
-        if beta != 0:
-            term = plus_beta_c(term, beta, rest[-1], xp)
-        return term
+            # the operands, where a row / column holds inf or NaN or alpha's two terms may overflow (see _gemm)
+            A, B = ((xp.concatenate(_leaves(rest[0]), axis=1), xp.concatenate(_leaves(rest[1]), axis=0))
+                    if with_operands else (None, None))
+            return gemm_epilogue(term, alpha, beta, c, fa, fb, xp, opa=A, opb=B, combined=exact, exact=exact,
+                                 cplx=cplx)
+        return gemm_epilogue(term, alpha, beta, rest[-1] if beta != 0 else None, None, None, xp, multiplied=False,
+                             exact=exact, cplx=cplx)
 
     return fn
 
@@ -492,9 +489,13 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
                          new_axes=axes, dtype=np.int8, meta=_meta(opa, len(lab_a), np.int8))
     enc_b = da.blockwise(_encoder(prog, 1, backend), lab_b, opb, "kj", eb_d, "j", fb_d, "j",
                          new_axes=axes, dtype=np.int8, meta=_meta(opb, len(lab_b), np.int8))
-    fn = _tile_fn(prog, k, alpha, beta, backend, needs_exact_epilogue(moduli, alpha, beta, cplx))
+    exact = needs_exact_epilogue(moduli, alpha, beta, cplx)
+    # the epilogue reads the operands for rows / columns holding inf or NaN, and to recompute the entries where a
+    # complex alpha's two float64 terms overflow (the in-memory zgemm does); a real alpha's one rounding cannot
+    with_operands = not (fa.all() and fb.all()) or (two_term_alpha(alpha, cplx) and not exact)
+    fn = _tile_fn(prog, k, alpha, beta, backend, exact, with_operands)
     args = [enc_a, lab_a, enc_b, lab_b, ea_d, "i", eb_d, "j", fa_d, "i", fb_d, "j"]
-    if not (fa.all() and fb.all()):
+    if with_operands:
         args += [opa, "ik", opb, "kj"]
     if beta != 0:
         args += [c.rechunk((opa.chunks[0], opb.chunks[1])), "ij"]

@@ -196,6 +196,18 @@ def test_zgemm_bitwise_for_any_chunking(trans_b):
     assert np.array_equal(got.compute(), ref)
 
 
+def test_zgemm_complex_alpha_terms_past_the_range_as_in_memory():
+    # (ar + i ai)(Re + i Im): the decode's two float64 terms both past the range gave inf - inf = NaN in a Dask
+    # tile where the real part is exactly -2**999; the one epilogue recomputes them exactly, as in memory:
+    # (1 + i)(2**1024 (1 + i) + 2**999 i) = -2**999 + (2**1025 + 2**999) i
+    a = np.array([[2.0**1001 + 0j, 2.0**1000], [3.0 + 1j, 2.0]])
+    b = np.array([[2.0**23 + 2.0**23 * 1j, 1.0], [0.5j, 1.0]])
+    for chunks in ((1, 1), (2, 1)):
+        y = rd.zgemm(da.from_array(a, chunks=chunks), da.from_array(b, chunks=chunks), alpha=1 + 1j).compute()
+        assert y[0, 0].real == -2.0**999 and y[0, 0].imag == np.inf
+        assert np.array_equal(y, rt.zgemm(a, b, alpha=1 + 1j))
+
+
 def test_matmul_vectors_and_batches():
     A, B = _gemm_case(seed=5)
     S = np.stack([A, -A])

@@ -7,16 +7,16 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array, to_host, to_module
+from ..arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array, to_host
 from ..backends import dispatch
 from ..basis import Basis
 from ..errors import RNSRangeError
 from ..planner.methods import MIN_BITS
-from ..run.epilogue import exact_combination, ieee_rows, needs_exact_epilogue, plus_beta_c, zero_parts
+from ..run.epilogue import gemm_epilogue, needs_exact_epilogue
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
                      blas_operands)
 from .stack import gemm_stack
-from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, exact_entries, row_slices
+from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, row_slices
 from .tiles import _exact_whole, _phase, _run_product, gemm_program
 from .width import gemm_width
 
@@ -110,7 +110,6 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
             mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits, rtol)
-            finite_a, finite_b = bool(fa.all()), bool(fb.all())
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
             if mode == "exact" and xp is not np:  # exact slices, exact sums of their products, one rounding
                 raise RNSRangeError(
@@ -148,19 +147,10 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
                 with np.errstate(invalid="ignore", over="ignore"):
                     by_row = _sum_slices(pairs, own_a, rank_a, m)
                     term[...] = _sum_slices(by_row.T, own_b, rank_b, n).T
-        if mode != "exact" and not combined:
-            # a float64 sum past the range (the split product's pair products, a complex alpha's two terms) gives
-            # inf - inf or an inf where the exact value is finite: those entries exactly, rounded once
-            over = ~xp.isfinite(term) & fa[:, None] & fb[None, :]
-            if bool(over.any()):
-                i, j = (to_host(v) for v in xp.nonzero(over))
-                term[i, j] = to_module(exact_entries(opa, opb, alpha, i, j), xp)
-        if not (finite_a and finite_b):
-            ieee_rows(term, opa, opb, fa, fb, alpha, *((beta, c) if combined else ()))
-    if exact_epilogue and not combined and m and n:  # nothing multiplied (alpha = 0 or k = 0): beta * c, once
-        term = to_module(exact_combination(zero_parts((m, n), cplx), alpha, beta, to_host(c), cplx), xp)
-    elif beta != 0 and not combined:
-        term = plus_beta_c(term, beta, c, xp)
+        term = gemm_epilogue(term, alpha, beta, c, fa, fb, xp, opa=opa, opb=opb, combined=combined,
+                             exact=exact_epilogue, cplx=cplx)
+    else:
+        term = gemm_epilogue(term, alpha, beta, c, None, None, xp, multiplied=False, exact=exact_epilogue, cplx=cplx)
     if out is not None:
         out[...] = term
         return out

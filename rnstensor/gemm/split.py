@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
 from typing import Optional
 
 import numpy as np
@@ -21,7 +19,7 @@ from .scan import _magnitude, frexp_exponent, gemm_scale, group_lsb, group_stats
 from .tiles import _encoded, gemm_program
 from .width import _MAX_MODULI, SplitNeeded, gemm_width, moduli_for_bits
 
-__all__ = ["row_slices", "split_width", "auto_split_width", "exact_split_sums", "exact_entries"]
+__all__ = ["row_slices", "split_width", "auto_split_width", "exact_split_sums"]
 
 
 def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS,
@@ -117,33 +115,6 @@ def _sum_slices(part, owner, rank, rows: int):
         sel = rank == r  # each owner at most once per rank: a plain indexed add
         out[owner[sel]] += part[sel]
     return out
-
-
-def exact_entries(A, Bm, alpha, rows, cols) -> np.ndarray:
-    """``alpha * (A[i] . Bm[:, j])`` rounded once for each pair ``(rows[r], cols[r])`` (complex: each part), exactly
-    (rationals, on the host): where the float64 sum of a split product's slice products overflowed (``inf - inf``,
-    or a finite value past an overflowing partial sum), the value the classical bound promises."""
-    a, b = to_host(A[rows]), to_host(Bm[:, cols]).T
-    cplx = a.dtype.kind == "c" or b.dtype.kind == "c" or isinstance(alpha, complex)
-    out = np.empty(len(rows), np.complex128 if cplx else np.float64)
-    q = lambda v: Fraction(float(v))  # noqa: E731 - every float64 is a rational
-    ar, ai = q(complex(alpha).real), q(complex(alpha).imag)
-    for r in range(len(rows)):
-        if not cplx:
-            out[r] = _rounded(ar * sum((q(x) * q(y) for x, y in zip(a[r], b[r])), Fraction(0)))
-            continue
-        re = sum((q(x.real) * q(y.real) - q(x.imag) * q(y.imag) for x, y in zip(a[r], b[r])), Fraction(0))
-        im = sum((q(x.real) * q(y.imag) + q(x.imag) * q(y.real) for x, y in zip(a[r], b[r])), Fraction(0))
-        out[r] = complex(_rounded(ar * re - ai * im), _rounded(ar * im + ai * re))
-    return out
-
-
-def _rounded(v: Fraction) -> float:
-    """``v`` rounded once to float64 (``±inf`` past the range)."""
-    try:
-        return float(v)
-    except OverflowError:
-        return math.inf if v > 0 else -math.inf
 
 
 def _slice_exponent(x, axis: int):

@@ -1,6 +1,9 @@
-"""The GEMM epilogue ``alpha * P + beta * C`` rounded once, from the exact product ``P`` (``moduli='auto'``).
+"""The one GEMM epilogue (:func:`gemm_epilogue`, in-memory tiles and Dask blocks alike) and its exact forms.
 
-The residue product is an exact integer per entry; ``alpha``, ``beta`` and
+:func:`gemm_epilogue` finishes a tile: ``+ beta * C``, numpy's inf / NaN
+rows and columns, float64 sums past the range recomputed exactly
+(:func:`exact_entries`). With ``moduli='auto'`` it is ``alpha * P + beta * C``
+rounded once, from the exact product ``P``. The residue product is an exact integer per entry; ``alpha``, ``beta`` and
 ``C`` are exact float64 (or complex128) values. Their combination is a sum
 of a few exact terms, integers times powers of two, which Python integers
 add without rounding; the sum is rounded once to nearest-even (subnormals
@@ -12,14 +15,17 @@ expression, whatever ``alpha`` and ``beta``.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..arith import float_parts, round_scaled_int, to_int_ref
-from ..arrays import to_host
+from ..arrays import to_host, to_module
 
-__all__ = ["exact_combination", "exact_parts", "zero_parts", "needs_exact_epilogue", "plus_beta_c", "ieee_rows"]
+__all__ = ["gemm_epilogue", "exact_combination", "exact_parts", "zero_parts", "needs_exact_epilogue", "plus_beta_c",
+           "ieee_rows", "exact_entries", "two_term_alpha"]
 
 
 def needs_exact_epilogue(moduli, alpha, beta, cplx: bool) -> bool:
@@ -156,3 +162,75 @@ def exact_combination(parts: Sequence[tuple[np.ndarray, np.ndarray]], alpha, bet
             im += [(br * gi, kbr + yi), (bi * gr, kbi + yr)]
         out[idx] = complex(_round_terms(re), _round_terms(im))
     return out
+
+
+def exact_entries(A, Bm, alpha, rows, cols) -> np.ndarray:
+    """``alpha * (A[i] . Bm[:, j])`` rounded once for each pair ``(rows[r], cols[r])`` (complex: each part), exactly
+    (rationals, on the host): where a float64 sum past the range (a split product's slice products, a complex
+    ``alpha``'s two terms) gave ``inf - inf`` or an inf where the exact value is finite."""
+    a, b = to_host(A[rows]), to_host(Bm[:, cols]).T
+    cplx = a.dtype.kind == "c" or b.dtype.kind == "c" or isinstance(alpha, complex)
+    out = np.empty(len(rows), np.complex128 if cplx else np.float64)
+    q = lambda v: Fraction(float(v))  # noqa: E731 - every float64 is a rational
+    ar, ai = q(complex(alpha).real), q(complex(alpha).imag)
+    for r in range(len(rows)):
+        if not cplx:
+            out[r] = _rounded(ar * sum((q(x) * q(y) for x, y in zip(a[r], b[r])), Fraction(0)))
+            continue
+        re = sum((q(x.real) * q(y.real) - q(x.imag) * q(y.imag) for x, y in zip(a[r], b[r])), Fraction(0))
+        im = sum((q(x.real) * q(y.imag) + q(x.imag) * q(y.real) for x, y in zip(a[r], b[r])), Fraction(0))
+        out[r] = complex(_rounded(ar * re - ai * im), _rounded(ar * im + ai * re))
+    return out
+
+
+def _rounded(v: Fraction) -> float:
+    """``v`` rounded once to float64 (``±inf`` past the range)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def two_term_alpha(alpha, cplx: bool) -> bool:
+    """Whether the decode forms ``alpha * P`` as two rounded terms (a complex ``alpha`` with both parts nonzero,
+    times a complex product), whose float64 sum may overflow where the exact value is finite."""
+    a = complex(alpha)
+    return cplx and a.real != 0 and a.imag != 0
+
+
+def gemm_epilogue(term, alpha, beta, c, fa, fb, xp, *, opa=None, opb=None, multiplied: bool = True,
+                  combined: bool = False, exact: bool = False, cplx: bool = False):
+    """One GEMM tile finished, in memory and in a Dask block alike: ``term`` (``alpha * op(a) @ op(b)`` decoded)
+    plus ``beta * c``, numpy's inf / NaN rows, float64 sums past the range recomputed exactly.
+
+    Parameters
+    ----------
+    term : array
+        The tile's decoded product (written in place), or the whole expression rounded once where ``combined``
+        (``moduli='auto'``'s exact epilogue, :func:`exact_combination`); zeros where nothing was multiplied
+        (``multiplied=False``: ``alpha = 0`` or ``k = 0``).
+    fa, fb : array of bool
+        The tile's rows of ``op(a)`` and columns of ``op(b)`` free of inf / NaN.
+    opa, opb : array, optional
+        The tile's operands (rows of ``op(a)``, columns of ``op(b)``): read for the rows and columns holding
+        inf / NaN, and to recompute entries whose float64 sum overflowed. A caller may leave them out only where
+        neither can occur (every row and column finite, and no split or :func:`two_term_alpha`).
+    exact : bool
+        ``moduli='auto'``'s promise: ``beta * c`` joins the product before the one rounding.
+    """
+    if multiplied:
+        if not combined and opa is not None:
+            # a float64 sum past the range (a split product's pair products, a complex alpha's two terms) gives
+            # inf - inf or an inf where the exact value is finite: those entries exactly, rounded once
+            over = ~xp.isfinite(term) & fa[:, None] & fb[None, :]
+            if bool(over.any()):
+                i, j = (to_host(v) for v in xp.nonzero(over))
+                term[i, j] = to_module(exact_entries(opa, opb, alpha, i, j), xp)
+        if not (bool(fa.all()) and bool(fb.all())):
+            ieee_rows(term, opa, opb, fa, fb, alpha, *((beta, c) if combined else ()))
+        if combined:
+            return term
+    elif exact and term.size:  # nothing multiplied: beta * c alone, still rounded once
+        return to_module(exact_combination(zero_parts(term.shape, cplx), alpha, beta,
+                                           None if c is None else to_host(c), cplx), xp)
+    return plus_beta_c(term, beta, c, xp) if beta != 0 else term
