@@ -364,13 +364,13 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             i = st.source
             labels = (_C if cplx[i] else "") + _unique(self.terms[i])
             if kinds[i] != "const" and st.out in gemm_slots and not cplx[i]:
-                self._check_exact(i, leaf(st), st)
+                self._check_exact(i, leaf(st), st, widths)
                 return DeferredValue(
                     lambda: value_of(_package_encode_leaf(leaf(st), self.basis, st.bits, st.shared), labels,
                                      st.bound).planes,
                     -group_exponents(leaf(st), st.bits, st.shared), 1, st.bound, labels, leaf(st))
             if kinds[i] != "const":
-                self._check_exact(i, leaf(st), st)
+                self._check_exact(i, leaf(st), st, widths)
                 T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                 v = value_of(T, labels, st.bound)
             else:
@@ -440,7 +440,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 if isinstance(st, ir.Encode) and st.constant:
                     consts[st.source] = self._const_value(st, False, np)
                 elif st in matrices:
-                    self._check_exact(st.source, leaf(st), st)
+                    self._check_exact(st.source, leaf(st), st, widths)
                     T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                     consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
@@ -460,15 +460,17 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         lead = x.shape[:nbatch]
         if be.fuses(prog, math.prod(lead)) is not None:
             return None  # the backend's own measurement: step by step is faster here
-        self._check_exact(enc.source, x, enc)
+        self._check_exact(enc.source, x, enc, widths)
         y = be.chain(prog, x.reshape((math.prod(lead),) + x.shape[nbatch:]), mode).reshape(lead + prog.out_shape)
         last = [st for st in plan.steps if isinstance(st, ir.Contract) and st.out == plan.out][-1]
         y = y.transpose([last.labels.index(c) for c in plan.out_labels])
         return y[()] if y.ndim == 0 and xp is np else xp.ascontiguousarray(y)
 
-    def _check_exact(self, i: int, x, st) -> None:
-        """``decode='exact'``: operand ``i`` must be encoded exactly at the plan's width, or the result is not correctly rounded."""
-        if self.decode != "exact":
+    def _check_exact(self, i: int, x, st, widths: Optional[tuple] = None) -> None:
+        """``decode='exact'``: operand ``i`` must be encoded exactly at the plan's width, or the result is not correctly
+        rounded. ``widths``: the widths at which the caller measured the operands exact (:meth:`_plan`'s, on this
+        plan's slices): an operand within its plan's width is not scanned again."""
+        if self.decode != "exact" or (widths is not None and widths[i] <= st.bits):
             return
         need = exact_bits_needed(x, st.shared)  # one scalar back from the device
         if need > st.bits:
