@@ -413,6 +413,11 @@ def _demo(args) -> int:
     print("rnstensor demo: a chain of mode products on a tensor encoded once and decoded once")
     print(f"  X: {X.shape} U[-1,1), operators {n}x{n} U[-1,1), axes {axes}, {basis!r}\n")
     # the first call compiles numba's kernels (or loads them from its cache): on one tensor, and not in the time below
+    # (compiled even for this small call: the timed chain is to show the compiled kernels, backends/cpu/warm.py)
+    if _backend_name() == "cpu":
+        from .backends.cpu import warm
+
+        warm.enabled(False)
     warm_seconds, warm_compiled = _timed_compiles(lambda: _residue_chain(X[:1], ops, axes, basis, bits))
     print(f"  {_warm_up_line(_backend_name(), warm_seconds, warm_compiled)}\n")
     print(f"  {'step':<46} {'moduli':>6} {'log2 bound':>11} {'log2 range':>11}")

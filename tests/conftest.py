@@ -8,6 +8,9 @@ import sys
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+# every CPU kernel runs, compiled, from the first small call on (rnstensor.backends.cpu.warm routes a cold
+# kernel's small calls to the NumPy reference; tests/test_backend_cpu_warm.py tests that routing itself)
+os.environ.setdefault("RNSTENSOR_COLD_START", "0")
 
 # no deadline (the numpy reference backend is slow by design, numba compiles on first use);
 # every property test sets its own modest max_examples

@@ -11,13 +11,17 @@ import numpy as np
 from ... import arith
 from ...arrays import default_workspace_bytes
 from ...basis import Basis
-from .. import elementwise_shape, matmul_shape, product_layout
+from .. import NumpyBackend, elementwise_shape, matmul_shape, product_layout
 from .common import (_BLAS_CHUNK, _BLOCK, _CHUNK, _DIRECT_MAX_K, _P2, _exponent_runs, _launch, _mod_consts,
                      _nthreads, _ro)
 from .decoding import _decode_exact_kernel, _decode_fp64_kernel, _decode_plan, _factor_limbs
 from .drop_extend import _drop_extend_kernel, _drop_plan
 from .encoding import _encode_kernel, _pow2_tables
 from .products import _elementwise, _product_direct, _product_tasks, _reduce_swap
+from . import wide as wide_engine
+from .warm import warm
+
+_REFERENCE = NumpyBackend()  # the path of a small call on a cold kernel (warm.py): the same bits
 
 __all__ = ["CpuBackend", "FUSED_ALONE_MAX"]
 
@@ -72,6 +76,8 @@ class CpuBackend:
         ev, inner = _exponent_runs(exponent, x.shape)
         if not mods or x.size == 0:
             return out
+        if not warm(_encode_kernel, x.size * len(mods)):
+            return _REFERENCE.encode(x, exponent, mods, bits)
         # k = ef - 1075 + e <= 971 + max(e): size the direct [2^k]_p table for that
         width = 971 + int(ev.max()) + 1
         width = 1 << max(width, 1).bit_length() if width <= 8192 else 256
@@ -99,6 +105,8 @@ class CpuBackend:
         if n_in == 0:
             out[...] = 0
             return out
+        if not warm(_product_direct if n_in <= _DIRECT_MAX_K else _reduce_swap, out.size * n_in):
+            return _REFERENCE.product(op, X, mods, axis)
         X4 = X.reshape(L, pre, n_in, post)
         O4 = out.reshape(L, pre, n_out, post)
         pf32, ip32, h32, pf, ipf, hf = _mod_consts(mods)
@@ -131,6 +139,8 @@ class CpuBackend:
         if K == 0:
             out[...] = 0
             return out
+        if not warm(_reduce_swap, out.size * K):
+            return _REFERENCE.matmul(a, b, mods)
         pf, ipf, hf = _mod_consts(mods)[3:]
         rows = math.prod(batch) * M
         for l in range(L):
@@ -158,6 +168,8 @@ class CpuBackend:
         out = np.empty((L,) + shape, np.int8)
         if out.size == 0:
             return out
+        if not warm(_elementwise, out.size):
+            return (_REFERENCE.hadamard(a, b, mods) if mode == 0 else _REFERENCE.add(a, b, mods, mode == 2))
         nd = len(shape)
         sbp = (1,) * (nd - len(sb)) + sb
         # the longest suffix b shares with the result, everything before it size 1
@@ -194,7 +206,7 @@ class CpuBackend:
         X, shape = _planes_2d(planes, len(active))
         if not order and not extend:
             return X.reshape((len(active),) + shape).copy(), active
-        if len(order) >= len(active) or X.shape[1] == 0:
+        if len(order) >= len(active) or X.shape[1] == 0 or not warm(_drop_extend_kernel, X.size * 4):
             return arith.drop_extend_ref(planes, active, basis, drops, extend)
         tabs, out_active = _drop_plan(active, tuple(basis.moduli), order, bool(extend))
         out = np.empty((len(out_active), X.shape[1]), np.int8)
@@ -262,6 +274,8 @@ class CpuBackend:
 
         if gemm.ENGINE != "wide" and not gemm.prefers_wide(m, n, k, s, bound):
             return None
+        if gemm.ENGINE != "wide" and not warm(wide_engine._wide_decode, m * n * k):
+            return None  # a small product while the engine's kernels are cold: the INT8 product, the same bits
         try:
             mods, chunk = gemm.wide_plan(k, bound)
         except ValueError:
@@ -284,11 +298,16 @@ class CpuBackend:
         """Why :meth:`chain` should not run ``tensors`` tensors of ``program`` (``None``: it should). A tensor is
         one thread's block there: fewer tensors than threads, each of at least :data:`FUSED_ALONE_MAX` entries
         (past the caches), run faster step by step, whose passes thread inside a tensor (measured: one tensor of
-        32**3 entries 1.3x, of 4096 x 8**3 2.3x slower fused on 2 threads; 16**3 2.4x faster fused)."""
+        32**3 entries 1.3x, of 4096 x 8**3 2.3x slower fused on 2 threads; 16**3 2.4x faster fused); and a small
+        call while the interpreter is cold (:mod:`~rnstensor.backends.cpu.warm`)."""
         entries = math.prod(program.in_shape)
         if tensors < _nthreads() and entries >= FUSED_ALONE_MAX:
             return (f"{tensors} tensor(s) of {entries} entries for {_nthreads()} threads: the fused interpreter runs a "
                     f"tensor on one thread, the step-by-step passes on all")
+        from . import fused  # noqa: PLC0415
+
+        if not warm(fused._chain_blocks, tensors * entries):
+            return "a small call while the fused interpreter is not compiled (its first compile takes about 18 s)"
         return None
 
     def chain(self, program, x: np.ndarray, decode: str, field=None, fexp=None) -> np.ndarray:
@@ -311,6 +330,8 @@ class CpuBackend:
             if mode == "fp64":
                 return arith.decode_fp64_ref(planes, active, exponent, factor)
             return arith.decode_exact_ref(planes, active, exponent, factor)
+        if not warm(_decode_fp64_kernel if mode == "fp64" else _decode_exact_kernel, X.size * 4):
+            return _REFERENCE.decode(planes, active, exponent, factor, mode)
         tabs, nl = _decode_plan(active)
         perm, C, qf, qip, qh, qd = tabs
         out = np.empty(X.shape[1], np.float64)

@@ -8,8 +8,9 @@ import numpy as np
 from numba import njit
 
 from .common import _launch
+from .warm import warm
 
-__all__ = ["mode_magnitudes", "encode_magnitudes", "chain_magnitude_stats"]
+__all__ = ["mode_magnitudes", "encode_magnitudes", "chain_magnitude_stats", "chain_stats_warm"]
 
 
 # ----- the classical certification's magnitudes ---------------------------------------------------
@@ -414,6 +415,12 @@ def _chain_magnitude_stats_kernel(X, e, steps, ops, rowsums, shape0, nb, stats, 
             stats[t, s + 1, 2] = m2
             shp[ax] = J
             cur, nxt = nxt, cur
+
+
+def chain_stats_warm(work: int) -> bool:
+    """Whether :func:`chain_magnitude_stats` should run for ``work`` entries (:func:`~rnstensor.backends.cpu.warm.warm`:
+    a small call while its kernel is cold skips the statistics, which only shortcut the full certificate)."""
+    return warm(_chain_magnitude_stats_kernel, work)
 
 
 def chain_magnitude_stats(X: np.ndarray, e: np.ndarray, shape: tuple, steps: list) -> np.ndarray:
