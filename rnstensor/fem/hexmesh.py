@@ -471,7 +471,7 @@ def read_mesh(
     basis: Optional[TensorBasis] = None,
     Q: Optional[int] = None,
     quadrature: str = "gauss",
-    moduli=15,
+    moduli=20,
     reorient: bool = False,
     file_format: Optional[str] = None,
 ) -> HexMesh:

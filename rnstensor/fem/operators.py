@@ -2,7 +2,7 @@
 
 Error bound. ``u`` (one exponent per element), the 1-D matrices (one exponent
 each, so that summed branches share their scales) and the quadrature fields
-(one exponent per element) are encoded with ``b`` bits (53 on 15 moduli);
+(one exponent per element) are encoded with ``b`` bits (72 on the default 20 moduli);
 everything after is exact integer arithmetic except the drops, each of which
 rounds by at most ``floor(q/2)`` units of the tensor it divides, and the final
 decode. :meth:`MassOperator.error_bound` (likewise for Poisson) evaluates the
@@ -394,7 +394,8 @@ class _Operator:
         if not callable(getattr(be, "compile_program", None)):
             prog, why = None, f"the fused operator runs on the 'cpu' and 'cuda' backends, not {be.name!r}"
         else:
-            key = ("fused_program", be.name, decode)  # one per plan: the operator's element slices share it
+            # one per plan (the operator's element slices share it) and method (only 'rescale_be' compiles)
+            key = ("fused_program", be.name, decode, self.method)
             per_plan = _FUSED.setdefault(self.program, {})
             if key not in per_plan:
                 try:
@@ -481,9 +482,11 @@ class MassOperator(_Operator):
         and decode around every product. ``'float64'``: numpy einsum.
     bits : int, optional
         Encoding width of ``u``, the 1-D matrices and ``qdata``; default the
-        widest ``<= 53`` that the basis holds with at least that many bits
-        kept at every drop. Wider (e.g. 64 on ``moduli=20``) encodes the
-        matrices and fields more finely where the basis has the range.
+        widest ``<= 72`` that the basis holds with at least that many bits
+        kept at every drop (:data:`rnstensor.fem.program.DEFAULT_BITS`): 72 on
+        the default 20 moduli, where the result is at least as accurate as
+        numpy's float64 evaluation in practice (BENCHMARKS.md), about 54 on
+        ``moduli=15`` (1.5x faster, a few ulps).
     backend : str, optional
         Residue backend name (default: the current one).
     min_bits : int

@@ -31,7 +31,12 @@ from ..planner.program import Failure, JustEnough, plan_drops
 from .. import ir
 
 __all__ = ["Term", "ProgramPlan", "plan_program", "ProgramWriter", "FloatRunner", "mass_program", "poisson_program",
-           "voigt_index", "ROW"]
+           "voigt_index", "ROW", "DEFAULT_BITS"]
+
+#: the operators' default encoding width (``bits=None``, where the basis holds it): on the default 20 moduli their
+#: result is at least as accurate as numpy's float64 evaluation in practice (53 bits on 15 moduli was 1.4-9x numpy's
+#: normwise error, 70-95 % of entries less accurate: BENCHMARKS.md, 2026-12-06)
+DEFAULT_BITS = 72
 
 Term = tuple  # (input index, operand key, tensor axis or None)
 
@@ -149,7 +154,8 @@ def plan_program(
     program: Callable, dim: int, basis: Basis, growth_at: Callable[[int], dict], bits: Optional[int] = None,
     min_bits: int = MIN_BITS, name: str = "operator",
 ) -> ProgramPlan:
-    """The widest ``b <= 53`` (or the given one) whose program fits with at least ``b`` bits kept after every drop.
+    """The widest ``b <= DEFAULT_BITS`` (or the given one) whose program fits with at least ``b`` bits kept after every
+    drop.
 
     ``growth_at(b)`` gives each operand's bound factor at width ``b`` (an
     operator's exact largest integer row sum, ``2**b`` for a field). The
@@ -165,7 +171,7 @@ def plan_program(
         No width passes (more moduli are needed), or the widest that does
         keeps fewer than ``min_bits`` bits (the rule of einsum and chains).
     """
-    candidates = range(53, 7, -1) if bits is None else [int(bits)]
+    candidates = range(DEFAULT_BITS, 7, -1) if bits is None else [int(bits)]
     failure = None
     for b in candidates:
         if 2 * (1 << b) >= basis.product:
@@ -187,12 +193,12 @@ def plan_program(
         stage_bounds = tuple(([sb[s] for s in ins], [sb[s] for s in outs]) for ins, outs in w.stages)
         drops = tuple(g.dropped for g in planned.groups)
         check_kept_bits(f"{name}: the residue plan on {basis!r}", float(b), min_bits, bits,
-                        "use more moduli (e.g. moduli=20) or method='composed'")
+                        "use more moduli (e.g. moduli=24) or method='composed'")
         return ProgramPlan(basis, b, drops, stage_bounds, sb[out], planned.program, tuple(w.constants))
     tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to {candidates[-1]}"
     raise PlanError(
         f"no feasible residue-domain operator on {basis!r} (2^{basis.log2_product:.1f}): with {tried}, {failure}; "
-        f"use more moduli (e.g. moduli=20) or method='composed'"
+        f"use more moduli (e.g. moduli=24) or method='composed'"
     )
 
 
