@@ -236,7 +236,7 @@ def test_bad_subscripts_follow_numpy(call, exc, match):
     False, True, "greedy", "optimal", ("greedy", 0), ("optimal", 10**6),
     ["einsum_path", (0, 1), (0, 1)], ["einsum_path", (1, 2), (0, 1)], [(0, 2), (0, 1)], ["einsum_path", (0, 1, 2)],
     opt_einsum.DynamicProgramming(),  # opt_einsum's own optimizers pass through
-], ids=str)
+], ids=lambda v: type(v).__name__ if isinstance(v, opt_einsum.paths.PathOptimizer) else str(v))  # (stable ids)
 def test_optimize_takes_numpy_values(optimize):
     """numpy's optimize values; ['einsum_path', ...] raised "TypeError: 'str' object cannot be interpreted as an integer"."""
     ops = [_ints((3, 4), 3), _ints((4, 5), 4), _ints((5, 2), 5)]
