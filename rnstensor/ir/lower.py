@@ -14,7 +14,7 @@ shape, the constants' values), the one door into either interpreter.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 import numpy as np
@@ -124,7 +124,7 @@ class FusionRequest:
     in_shape: tuple
     constants: list
     nbatch: int = 1
-    fields: Mapping = None  # type: ignore[assignment]
+    fields: Mapping = field(default_factory=dict)
     ncomp: int = 0
     nq: int = 0
 
@@ -137,7 +137,7 @@ class FusionRequest:
             Why the program cannot be fused (the same sentence for every front end and backend).
         """
         check_one_input(self.program, tuple(self.in_shape), self.nbatch)
-        return program_stages(self.program, tuple(self.in_shape), self.constants, self.fields or {},
+        return program_stages(self.program, tuple(self.in_shape), self.constants, self.fields,
                               nbatch=self.nbatch, max_terms=max_terms)
 
 
