@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
+from . import demo
 from .results import output_path as _writable
 
 __all__ = ["main"]
@@ -280,124 +280,6 @@ def _gpu_part() -> dict:
                     f"{state}"}
 
 
-def _greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
-    """How many smallest moduli to drop so the bound falls back to about ``2**bits`` ([2610.05059] Alg. 2 rule)."""
-    act, g = sorted(active), 0
-    while len(act) > 1 and bound // act[0] >= (1 << bits):
-        q = act.pop(0)
-        bound = bound // q + 1
-        g += 1
-    return g
-
-
-def _residue_chain(X, ops, axes, basis, bits: int, step: Optional[Callable] = None):
-    """The demo's chain, one primitive at a time: ``(decode 'fp64', decode 'exact')`` of the final tensor.
-
-    Encode once; per operator, fold a revisited axis's pending scale, encode
-    the operator and take the mode product; between products drop as the
-    paper's Alg. 2 does and extend back to the whole basis. ``step(label, T)``
-    sees the tensor after each primitive (the demo's table).
-    """
-    from . import base_extend, decode, drop, encode, fold_pending, mode_product
-
-    step = step or (lambda label, T: None)
-    T = encode(X, basis, bits=bits)
-    step(f"encode (b = {bits}, one exponent)", T)
-    for i, (A, ax) in enumerate(zip(ops, axes)):
-        A_eff, T = fold_pending(T, A, ax)  # a revisited axis: its pending row scales go into A's columns
-        op = encode(A_eff, basis, bits=bits, shared_axes=(1,))
-        T = mode_product(T, op, ax)
-        note = " (pending scale folded)" if A_eff is not A else ""
-        step(f"mode product {i + 1}, axis {ax}{note}", T)
-        if i < len(axes) - 1:
-            g = _greedy_drops(T.bound, T.active, bits)
-            T = drop(T, g)
-            step(f"drop {g} smallest moduli (RnsDrop)", T)
-            T = base_extend(T)
-            step("base extension (MRC digits)", T)
-    return decode(T, mode="fp64"), decode(T, mode="exact")
-
-
-def _timed_compiles(run: Callable[[], object]) -> tuple[float, Optional[int]]:
-    """``(seconds, functions numba compiled)`` of one call of ``run`` (the count is None without numba's events).
-
-    numba announces every compilation as a ``numba:compile`` event and sends
-    none for a function it loads from its on-disk cache: the count tells a
-    cold cache from a warm one where the time alone cannot on a busy machine.
-    """
-    try:
-        from numba.core.event import install_recorder
-    except ImportError:  # no numba (the 'numpy' backend): nothing compiles
-        recorder = contextlib.nullcontext(None)
-    else:
-        recorder = install_recorder("numba:compile")
-    t0 = time.perf_counter()
-    with recorder as events:
-        run()
-    seconds = time.perf_counter() - t0
-    return seconds, None if events is None else sum(1 for _, ev in events.buffer if ev.is_start)
-
-
-def _warm_up_line(backend: str, seconds: float, compiled: Optional[int]) -> str:
-    """What the demo's first (untimed) run of the chain did: compile the CPU kernels, or load them from the cache."""
-    if backend != "cpu":
-        return f"first run on the '{backend}' backend (kernels loaded or built; not in the time below): {seconds:.1f} s"
-    if compiled or (compiled is None and seconds > 2.0):
-        return f"compiling the CPU kernels (first run only, cached afterwards): {seconds:.1f} s"
-    return f"CPU kernels loaded from the cache: {seconds:.1f} s"
-
-
-def _default_plan_errors(result) -> list[dict]:
-    """The default plan's errors on the data of ``result`` (a :func:`rnstensor.accuracy.run_accuracy` run), beside numpy's.
-
-    The same operators and tensors (the same seeds), planned as a user's
-    ``rt.plan_chain(ops, axes)`` is: ``moduli=None``, every result certified
-    to the classical float64 bound. One record per depth and dataset:
-    ``depth``, ``dataset``, ``default`` and ``numpy`` (the error metrics of
-    :func:`rnstensor.reference.error_metrics`) and ``ran_as`` (the plan's
-    ``last_evaluation``).
-    """
-    from .accuracy import dataset_seed, operator_seed
-    from .chain import plan_chain
-    from .reference import chain_operators, cycling_axes, dataset, error_metrics, exact_mode_chain, round_exact
-
-    cfg = result.config
-    n, count, seed = cfg["n"], cfg["count"], cfg["seed"]
-    inputs = {name: dataset(name, count, n, np.random.default_rng(dataset_seed(seed, name))) for name in cfg["datasets"]}
-    rows = []
-    for d in cfg["depths"]:
-        ops = chain_operators(d, n, np.random.default_rng(operator_seed(seed)))
-        axes = cycling_axes(d)
-        plan = plan_chain(ops, axes, ndim=3)  # no moduli=: the default, as a user writes it
-        for name, X in inputs.items():
-            ref = round_exact(*exact_mode_chain(X, ops, axes, ndim=3))
-            errors = error_metrics(plan(X), ref)
-            rows.append({"depth": d, "dataset": name, "default": errors, "ran_as": plan.last_evaluation,
-                         "numpy": dict(result.errors[("einsum", name, d)])})
-    return rows
-
-
-def _format_default_errors(rows: Sequence[dict]) -> str:
-    """The default plan's errors beside numpy's float64 chain, a line per depth and dataset."""
-    lines = [
-        "The default, rt.plan_chain(ops, axes) (moduli=None: every result certified to the classical float64 bound),",
-        "on the same operators and tensors, against the same exact reference:",
-        f"  {'':<16}{'normwise error':^21}   {'max elementwise error':^21}",
-        f"  {'dataset':<9}{'depth':<7}{'default':>10} {'numpy':>10}   {'default':>10} {'numpy':>10}   ran as",
-    ]
-    for r in rows:
-        de, ne = r["default"], r["numpy"]
-        lines.append(
-            f"  {r['dataset']:<9}{'d=' + str(r['depth']):<7}{de['normwise']:>10.2e} {ne['normwise']:>10.2e}   "
-            f"{de['max']:>10.2e} {ne['max']:>10.2e}   {r['ran_as']}"
-        )
-    lines.append(
-        "\n  The default holds every entry within the classical float64 error bound, the bound numpy's float64 chain"
-        "\n  is held to; the greedy drops above are not held to it and lose digits as the chain deepens."
-    )
-    return "\n".join(lines)
-
-
 def _demo(args) -> int:
     from .basis import Basis
     from .reference import exact_mode_chain, round_exact
@@ -412,14 +294,17 @@ def _demo(args) -> int:
 
     print("rnstensor demo: a chain of mode products on a tensor encoded once and decoded once")
     print(f"  X: {X.shape} U[-1,1), operators {n}x{n} U[-1,1), axes {axes}, {basis!r}\n")
-    # the first call compiles numba's kernels (or loads them from its cache): on one tensor, and not in the time below
-    # (compiled even for this small call: the timed chain shows the compiled kernels; backends/cpu/warm.py)
+    # the first call loads numba's kernels from its cache, or runs NumPy's reference paths while they are cold (as a
+    # user's first small call does: backends/cpu/warm.py), or with --compile compiles them: on one tensor, and not in
+    # the time below
     from .backends.cpu import warm
 
     routing = warm.enabled()
-    warm.enabled(False)
-    warm_seconds, warm_compiled = _timed_compiles(lambda: _residue_chain(X[:1], ops, axes, basis, bits))
-    print(f"  {_warm_up_line(_backend_name(), warm_seconds, warm_compiled)}\n")
+    if args.compile:
+        warm.enabled(False)
+    routed = warm.routed()
+    warm_seconds, warm_compiled = demo.timed_compiles(lambda: demo.residue_chain(X[:1], ops, axes, basis, bits))
+    print(f"  {demo.warm_up_line(_backend_name(), warm_seconds, warm_compiled, warm.routed() > routed)}\n")
     print(f"  {'step':<46} {'moduli':>6} {'log2 bound':>11} {'log2 range':>11}")
 
     def row(label, T):
@@ -429,9 +314,11 @@ def _demo(args) -> int:
     decoded = {}
 
     def timed_chain():
-        decoded["fp64"], decoded["exact"] = _residue_chain(X, ops, axes, basis, bits, step=row)
+        decoded["fp64"], decoded["exact"] = demo.residue_chain(X, ops, axes, basis, bits, step=row)
 
-    elapsed, compiled_while_timed = _timed_compiles(timed_chain)
+    routed = warm.routed()
+    elapsed, compiled_while_timed = demo.timed_compiles(timed_chain)
+    on_reference = warm.routed() > routed
     warm.enabled(routing)  # the accuracy runs below compile only what pays, as any first call
     Y, Y_exact_dec = decoded["fp64"], decoded["exact"]
 
@@ -445,7 +332,8 @@ def _demo(args) -> int:
         d = np.abs(Z - Yex)
         return float(np.linalg.norm(Z - Yex) / np.linalg.norm(Yex)), float(np.max(d / np.abs(Yex)))
 
-    print(f"\n  residue chain took {elapsed * 1e3:.1f} ms on the '{_backend_name()}' backend (kernels already loaded)\n")
+    how = "NumPy's reference paths, the kernels not compiled" if on_reference else "kernels already loaded"
+    print(f"\n  residue chain took {elapsed * 1e3:.1f} ms on the '{_backend_name()}' backend ({how})\n")
     print(f"  {'result vs the exact value':<46} {'normwise':>11} {'max elementwise':>16}")
     errors = []
     for label, Z in (
@@ -462,7 +350,7 @@ def _demo(args) -> int:
     )
     record = {"steps": steps, "errors": errors, "seconds": elapsed, "accuracy": None, "default_accuracy": None,
               "warm_up": {"seconds": warm_seconds, "compiled": warm_compiled},
-              "compiled_while_timed": compiled_while_timed}
+              "compiled_while_timed": compiled_while_timed, "reference_paths": on_reference}
     if args.accuracy_count > 0:
         print(
             "\n\nThe paper's setting ([2610.05059] Table 3: greedy drops, 15 moduli), not what the defaults do:\n"
@@ -475,13 +363,13 @@ def _demo(args) -> int:
             # the paper's n = 8, s = 15; then the default plan on the same data
             runs["paper"] = _run_accuracy_with_bar(dict(depths=(3, 8), count=args.accuracy_count, seed=args.seed),
                                                    verbose=False)
-            runs["default"] = _default_plan_errors(runs["paper"])
+            runs["default"] = demo.default_plan_errors(runs["paper"])
 
-        seconds, compiled = _timed_compiles(accuracy_runs)
+        seconds, compiled = demo.timed_compiles(accuracy_runs)
         print(runs["paper"].format())
-        print("\n" + _format_default_errors(runs["default"]))
-        # the fused chain kernels these plans run compile on their first use, as the primitives' did above
-        print(f"\n  ({seconds:.1f} s{', compiling the fused kernels (first run only) included' if compiled else ''})")
+        print("\n" + demo.format_default_errors(runs["default"]))
+        # kernels these runs use compile on their first use where that pays (backends/cpu/warm.py)
+        print(f"\n  ({seconds:.1f} s{', first-use compiles of CPU kernels included' if compiled else ''})")
         record["accuracy"] = runs["paper"].to_dict()
         record["default_accuracy"] = runs["default"]
     _write_json(args, "demo", record)
@@ -711,18 +599,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     info = _command(sub, "info", "moduli pool, basis ranges, backend in use, GPU and kernels, optional parts")
     info.add_argument("--json", metavar="PATH", type=_writable, default=None, help="write the report as JSON to PATH")
-    demo = _command(sub, "demo", "encode -> mode products -> drop -> base extension -> decode, checked")
-    demo.add_argument("--n", type=int, default=8, help="mode size (default 8)")
-    demo.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")
-    demo.add_argument("--moduli", type=int, default=15, help="INT8 moduli in the basis (default 15)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument(
+    demo_parser = _command(sub, "demo", "encode -> mode products -> drop -> base extension -> decode, checked")
+    demo_parser.add_argument("--n", type=int, default=8, help="mode size (default 8)")
+    demo_parser.add_argument("--batch", type=int, default=4, help="number of n^3 tensors (default 4)")
+    demo_parser.add_argument("--moduli", type=int, default=15, help="INT8 moduli in the basis (default 15)")
+    demo_parser.add_argument("--seed", type=int, default=0)
+    demo_parser.add_argument(
         "--accuracy-count",
         type=int,
         default=4,
         help="tensors per dataset in the short accuracy run at d = 3 and 8 (default 4; 0 skips it)",
     )
-    demo.add_argument("--json", metavar="PATH", type=_writable, default=None, help="also write the tables as JSON to PATH")
+    demo_parser.add_argument("--compile", action="store_true",
+                      help="compile the CPU kernels first (once, cached) and time the compiled chain; without it, "
+                           "kernels not yet compiled are not compiled for the demo's small calls")
+    demo_parser.add_argument("--json", metavar="PATH", type=_writable, default=None, help="also write the tables as JSON to PATH")
     acc = _command(
         sub, "accuracy",
         "[2610.05059] Sec. 6.2: Table 2 and the Table 3 / Fig. 6 errors of every method against the exact value",

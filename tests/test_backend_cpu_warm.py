@@ -4,6 +4,7 @@ reference paths, with the same bits, and compile nothing heavy."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,15 +34,24 @@ class _Kernel:
 @pytest.fixture
 def routing(monkeypatch):
     monkeypatch.setitem(warm._state, "enabled", True)
-    monkeypatch.setattr(warm, "_calls", {})
+    monkeypatch.setattr(warm, "_spent", {})
     monkeypatch.setattr(warm, "_cached", {})
 
 
 def test_warm_routes_small_calls_of_cold_kernels_only(routing, tmp_path):
     cold = _Kernel(str(tmp_path / "none.nbi"))
     small = warm.COLD_WORK_MAX
-    assert [warm.warm(cold, small) for _ in range(warm.COLD_CALLS)] == [False] * warm.COLD_CALLS
+    # each routed call is charged its reference time's estimate; the first call past COLD_SECONDS compiles
+    charge = warm.REFERENCE_CALL_S + small * warm.REFERENCE_ENTRY_S
+    rented = math.ceil(warm.COLD_SECONDS / charge)
+    before = warm.routed()
+    assert [warm.warm(cold, small) for _ in range(rented)] == [False] * rented
+    assert warm.routed() == before + rented
     assert warm.warm(cold, small)  # the next small call compiles it: a loop of small calls then runs compiled
+    tiny = _Kernel(str(tmp_path / "none.nbi"))
+    assert [warm.warm(tiny, 1) for _ in range(100)] == [False] * 100  # 100 tiny calls cost less than a compile
+    # a dearer reference (the caller's estimate): 0.1 s so far, then 0.6 s, then 1.1 s charged: the third compiles
+    assert [warm.warm(tiny, 1, call_s=warm.COLD_SECONDS / 2) for _ in range(3)] == [False, False, True]
     assert warm.warm(_Kernel(str(tmp_path / "none.nbi")), small + 1)  # a large call compiles at once
     assert warm.warm(_Kernel(str(tmp_path / "none.nbi"), ["sig"]), 1)  # compiled in this process
     (tmp_path / "on_disk.nbi").write_text("")
@@ -84,7 +94,7 @@ def test_every_reference_path_gives_the_compiled_bits(monkeypatch):
     # each call takes the reference paths, and its bits are the compiled paths'
     want = {name: fn() for name, fn in _cases().items()}
     calls = []
-    monkeypatch.setattr(cpu_backend, "warm", lambda kernel, work: calls.append(kernel) and False)
+    monkeypatch.setattr(cpu_backend, "warm", lambda kernel, work, call_s=None: calls.append(kernel) and False)
     monkeypatch.setattr(magnitudes, "warm", lambda kernel, work: calls.append(kernel) and False)
     for name, fn in _cases().items():
         got = np.asarray(fn())
@@ -113,18 +123,28 @@ out = {"einsum": rt.einsum("ij,jk->ik", a[:8, :8], a[:8, :8]), "dgemm": rt.dgemm
 
 def test_a_cold_process_compiles_nothing_heavy(tmp_path):
     # a fresh process, an empty numba cache: einsum, dgemm and a chain plan's default run without compiling the
-    # products, decodes, the fused interpreter, the wide engine or the chain statistics, with the bits of this process
+    # products, decodes, the fused interpreter, the wide engine or the chain statistics, with the bits of this
+    # process; then the Quickstart's demo (its accuracy runs too) compiles none of them either
     script = "import json, sys\nimport numpy as np, rnstensor as rt\n" + _FIRST_CALLS + textwrap.dedent("""
-        from rnstensor.backends.cpu import decoding, fused, magnitudes, products, wide
+        import contextlib, io
+        from rnstensor.backends.cpu import decoding, drop_extend, fused, magnitudes, products, wide
+        from rnstensor.cli import main
         heavy = [products._product_direct, decoding._decode_fp64_kernel, fused._chain_blocks, wide._wide_decode,
                  magnitudes._chain_magnitude_stats_kernel]
-        json.dump({"bits": {k: v.tobytes().hex() for k, v in out.items()},
-                   "compiled": [k.py_func.__name__ for k in heavy if k.signatures]}, sys.stdout)
+        compiled = [k.py_func.__name__ for k in heavy if k.signatures]
+        demo = io.StringIO()
+        with contextlib.redirect_stdout(demo):
+            main(["demo", "--batch", "2", "--accuracy-count", "1"])
+        heavy += [decoding._decode_exact_kernel, drop_extend._drop_extend_kernel]
+        json.dump({"bits": {k: v.tobytes().hex() for k, v in out.items()}, "compiled": compiled,
+                   "demo": demo.getvalue(), "demo compiled": [k.py_func.__name__ for k in heavy if k.signatures]},
+                  sys.stdout)
     """)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), RNSTENSOR_COLD_START="1", PYTHONPATH=ROOT)
     got = json.loads(subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True,
                                     text=True, timeout=600).stdout)
-    assert got["compiled"] == []
+    assert got["compiled"] == [] and got["demo compiled"] == []
+    assert "residue chain took" in got["demo"] and "(NumPy's reference paths, the kernels not compiled)" in got["demo"]
     here = {"np": np, "rt": rt}
     exec(_FIRST_CALLS, here)  # noqa: S102 - the same source, compiled kernels (routing off in the tests)
     assert got["bits"] == {k: v.tobytes().hex() for k, v in here["out"].items()}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import rnstensor as rt
-from rnstensor import cli
+from rnstensor import cli, demo
 from rnstensor import progress as progress_mod
 from rnstensor.accuracy import DATASETS, METHOD_LABELS, run_accuracy
 from rnstensor.gemm_accuracy import gemm_accuracy, gemm_thresholds
@@ -406,33 +406,14 @@ def test_demo_json_is_its_tables(results):
 def test_demo_times_the_compilation_apart(results):
     record, out, _ = results["demo"]
     warm = record["warm_up"]
-    line = cli._warm_up_line(cli._backend_name(), warm["seconds"], warm["compiled"])
+    line = demo.warm_up_line(cli._backend_name(), warm["seconds"], warm["compiled"])
     assert f"\n  {line}\n" in out and f"{warm['seconds']:.1f} s" in line
     if cli._backend_name() == "cpu":
         assert line.startswith("compiling the CPU kernels (first run only" if warm["compiled"] else
                                "CPU kernels loaded from the cache")
         assert record["compiled_while_timed"] == 0  # the warm-up on one tensor loaded every kernel the chain runs
+        assert record["reference_paths"] is False  # (the tests compile every kernel: RNSTENSOR_COLD_START=0)
     assert f"residue chain took {record['seconds'] * 1e3:.1f} ms" in out
-
-
-def test_warm_up_line_says_compiled_or_loaded():
-    assert cli._warm_up_line("cpu", 10.24, 49) == "compiling the CPU kernels (first run only, cached afterwards): 10.2 s"
-    assert cli._warm_up_line("cpu", 0.31, 0) == "CPU kernels loaded from the cache: 0.3 s"
-    assert cli._warm_up_line("cpu", 0.31, None).startswith("CPU kernels loaded")  # no numba events: by the time
-    assert cli._warm_up_line("cpu", 12.0, None).startswith("compiling the CPU kernels")
-    assert cli._warm_up_line("cuda", 1.5, 0).startswith("first run on the 'cuda' backend")
-
-
-def test_timed_compiles_counts_numba_compilations():
-    import numba
-
-    @numba.njit(cache=False)
-    def fresh(x):
-        return x + 1
-
-    seconds, compiled = cli._timed_compiles(lambda: fresh(1))
-    assert compiled >= 1 and seconds > 0
-    assert cli._timed_compiles(lambda: fresh(2))[1] == 0  # compiled once, then only called
 
 
 def test_demo_labels_the_papers_setting_and_shows_the_default(tmp_path):
