@@ -1,7 +1,8 @@
 """One engine choice (issue 32, item 3): ``rt.matmul`` of a stack against ``rt.einsum`` of it, and a GEMM-shaped
 ``rt.einsum`` against ``rt.dgemm`` of its GEMM, every ratio from one interleaved run.
 
-Cases, each on U[-1, 1) data and on phi = 4 data (``randn * exp(4 randn)``):
+Cases, each on U[-1, 1) data and on phi = 4 data (``randn * exp(4 randn)``), the stack also complex (both
+parts U[-1, 1)):
 
 - a stack of small matrices: ``rt.matmul(A, B)`` with ``A`` (batch, 50, 60) and
   ``B`` (batch, 60, 40), against ``rt.einsum('bij,bjk->bik', A, B)`` (the same
@@ -38,17 +39,27 @@ TARGET = 1.3
 def _data(rng, shape, kind: str):
     if kind == "uniform":
         return rng.uniform(-1, 1, shape)
+    if kind == "complex":
+        return rng.uniform(-1, 1, shape) + 1j * rng.uniform(-1, 1, shape)
     return rng.standard_normal(shape) * np.exp(4 * rng.standard_normal(shape))
 
 
-def cases(batch: int = 64, n: int = 30, kinds=("uniform", "phi=4")) -> list[dict]:
+def cases(batch: int = 64, n: int = 30, kinds=("uniform", "phi=4", "complex")) -> list[dict]:
     """``{'name', 'ours', 'against', 'numpy'}`` per case and policy: two callables to compare, and numpy's."""
     rng = np.random.default_rng(11)
     out = []
     for kind in kinds:
         A, B = _data(rng, (batch, 50, 60), kind), _data(rng, (batch, 60, 40), kind)
-        a, b = _data(rng, (8, 8, n, n), kind), _data(rng, (n, n, n, n), kind)
+        if kind != "complex":
+            a, b = _data(rng, (8, 8, n, n), kind), _data(rng, (n, n, n, n), kind)
         for policy, kw in POLICIES.items():
+            if kind == "complex":  # (a complex stack only: zgemm against the stack's batched complex products)
+                out.append({"name": f"matmul stack {batch} x (50x60)(60x40), complex U[-1, 1), {policy}",
+                            "ratio": "matmul / einsum",
+                            "ours": lambda kw=kw, A=A, B=B: rt.matmul(A, B, **kw),
+                            "against": lambda kw=kw, A=A, B=B: rt.einsum("bij,bjk->bik", A, B, **kw),
+                            "numpy": lambda A=A, B=B: np.matmul(A, B)})
+                continue
             out.append({"name": f"matmul stack {batch} x (50x60)(60x40), {kind}, {policy}",
                         "ratio": "matmul / einsum",
                         "ours": lambda kw=kw, A=A, B=B: rt.matmul(A, B, **kw),
@@ -71,7 +82,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="uniform data only, 2 rounds")
     add_output_options(ap)
     args = parse_args(ap, argv)
-    kinds = ("uniform",) if args.quick else ("uniform", "phi=4")
+    kinds = ("uniform",) if args.quick else ("uniform", "phi=4", "complex")
     rows = []
     print(f"{'case':62s} {'ours ms':>9s} {'against ms':>10s} {'numpy ms':>9s} {'ratio':>16s}")
     for case in cases(args.batch, args.n, kinds):

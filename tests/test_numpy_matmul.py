@@ -261,29 +261,63 @@ def _stack(rng, nb, m, k, n):
     return A, B
 
 
+def _complex_stack(rng, nb, m, k, n):
+    """:func:`_stack`'s kinds in both parts of every matrix (a part of inf times 1j: a NaN part too)."""
+    (Ar, Br), (Ai, Bi) = _stack(rng, nb, m, k, n), _stack(rng, nb, m, k, n)
+    with np.errstate(invalid="ignore"):
+        return Ar + 1j * Ai, Br + 1j * Bi
+
+
+def _same_bits(x, y) -> bool:
+    """Equal entries, NaNs in the same places and the same signs (of each part, complex)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind == "c":
+        x, y = x.view(np.float64), y.view(np.float64)
+    return bool(np.array_equal(x, y, equal_nan=True) and np.array_equal(np.signbit(x), np.signbit(y)))
+
+
+@pytest.mark.parametrize("cplx", [False, True], ids=["real", "complex"])
 @pytest.mark.parametrize("kw", [{}, {"moduli": "fast"}, {"moduli": "auto"}, {"moduli": 19}, {"rtol": 1e-12},
                                 {"workspace_bytes": 40_000}])
-def test_stack_is_each_matrix_dgemm_bit_for_bit(kw):
+def test_stack_is_each_matrix_dgemm_bit_for_bit(kw, cplx):
     rng = np.random.default_rng(21)
-    A, B = _stack(rng, 14, 5, 9, 4)
+    A, B = (_complex_stack if cplx else _stack)(rng, 14, 5, 9, 4)
+    gemm = rt.zgemm if cplx else rt.dgemm
     y = rt.matmul(A, B, **kw)
     for i in range(A.shape[0]):
-        want = rt.dgemm(A[i], B[i], **kw)
-        assert np.array_equal(y[i], want, equal_nan=True) and np.array_equal(np.signbit(y[i]), np.signbit(want)), i
+        assert _same_bits(y[i], gemm(A[i], B[i], **kw)), i
     # and broadcast batch axes: a (2, 1, ...) stack against a (1, 3, ...) one
     y = rt.matmul(A[:2, None], B[None, 2:5], **kw)
     for i, j in itertools.product(range(2), range(3)):
-        assert np.array_equal(y[i, j], rt.dgemm(A[i], B[2 + j], **kw), equal_nan=True)
+        assert _same_bits(y[i, j], gemm(A[i], B[2 + j], **kw))
 
 
-def test_stack_moduli_are_each_matrix_own():
+@pytest.mark.parametrize("cplx", [False, True], ids=["real", "complex"])
+def test_stack_runs_batched(cplx, monkeypatch):
+    # a stack of finite matrices on a few moduli counts is a few batched products, not one GEMM per matrix
+    import rnstensor.gemm.api as gemm_api
+
+    rng = np.random.default_rng(23)
+    A, B = rng.uniform(-1, 1, (12, 5, 9)), rng.uniform(-1, 1, (12, 9, 4))
+    if cplx:
+        A, B = A + 1j * rng.uniform(-1, 1, A.shape), B - 1j * rng.uniform(-1, 1, B.shape)
+    want = [rt.zgemm(A[i], B[i]) if cplx else rt.dgemm(A[i], B[i]) for i in range(12)]
+    alone = []
+    for name in ("dgemm", "zgemm"):
+        monkeypatch.setattr(gemm_api, name, lambda *a, **k: alone.append(1))
+    y = rt.matmul(A, B)
+    assert alone == [] and all(_same_bits(y[i], want[i]) for i in range(12))
+
+
+@pytest.mark.parametrize("cplx", [False, True], ids=["real", "complex"])
+def test_stack_moduli_are_each_matrix_own(cplx):
     # the width choice of a stack (one table of spreads, one batched GEMM of magnitudes) is each matrix's alone
     from rnstensor.gemm.scan import group_stats
     from rnstensor.gemm.split import _choose
     from rnstensor.gemm.stack import _moduli_counts
 
     rng = np.random.default_rng(22)
-    A, B = _stack(rng, 21, 6, 30, 5)
+    A, B = (_complex_stack if cplx else _stack)(rng, 21, 6, 30, 5)
     keep = [i for i in range(A.shape[0]) if np.isfinite(A[i]).all()]
     A, B = A[keep], B[keep]
     nb, m, k = A.shape
@@ -292,9 +326,9 @@ def test_stack_moduli_are_each_matrix_own():
     for moduli, rtol in ((None, None), ("auto", None), (None, 1e-9)):
         sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, moduli == "auto"))
         sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, moduli == "auto"))
-        got = _moduli_counts(moduli, k, sa, sb, A2, BT, rtol)
+        got = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol)
         # dgemm alone: one product on s moduli ('whole'), or rows / columns split (the stack leaves those to dgemm)
-        want = [(lambda c: c[1] if c[0] == "whole" else None)(_choose(moduli, A[i], B[i], k, False, rtol=rtol))
+        want = [(lambda c: c[1] if c[0] == "whole" else None)(_choose(moduli, A[i], B[i], k, cplx, rtol=rtol))
                 for i in range(nb)]
         assert got == want, (moduli, rtol)
         whole = [i for i in range(nb) if want[i] is not None]

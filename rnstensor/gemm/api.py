@@ -418,9 +418,9 @@ def matmul(
     value below ``2**53`` is the exact integer; results beyond that, or
     beyond the integer dtype's range, raise :class:`RNSRangeError` where
     numpy would wrap them. CuPy operands give a CuPy result, computed on
-    the device. A real NumPy stack runs batched: every matrix on the moduli
-    dgemm chooses for it alone, the matrices on equal moduli as one product
-    (the bits of dgemm, matrix by matrix).
+    the device. A NumPy stack, real or complex, runs batched: every matrix
+    on the moduli dgemm (zgemm) chooses for it alone, the matrices on equal
+    moduli as one product (the bits of dgemm or zgemm, matrix by matrix).
 
     Parameters
     ----------
@@ -508,8 +508,8 @@ def matmul(
     gemm = zgemm if cplx else dgemm
     count = math.prod(batch)
     alone = list(range(count))
-    if count > 1 and not cplx and m and n and a2.shape[-1] and xp is np:
-        # a real stack: each matrix on the moduli dgemm gives it alone, the products on equal moduli batched (on
+    if count > 1 and m and n and a2.shape[-1] and xp is np:
+        # a stack: each matrix on the moduli dgemm (zgemm) gives it alone, the products on equal moduli batched (on
         # the host: on a device each matrix's choice would read back numbers that grow with the stack)
         flat = res.reshape(count, m, n)
         alone = gemm_stack(flat, A.reshape(count, m, -1), B.reshape(count, -1, n), moduli, backend, workspace_bytes,

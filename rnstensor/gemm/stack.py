@@ -1,4 +1,4 @@
-"""A stack of real GEMMs (``matmul``'s batch axes) batched: each matrix's own moduli, the products on equal ones together."""
+"""A stack of GEMMs (``matmul``'s batch axes) batched: each matrix's own moduli, the products on equal ones together."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from .width import gemm_width
 __all__ = ["gemm_stack"]
 
 
-def _moduli_counts(moduli, k: int, sa, sb, A, BT, rtol) -> list:
+def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol) -> list:
     """Every matrix's moduli count as :func:`~.scan.gemm_scale` chooses it alone (:func:`~.scan.stack_moduli`;
     ``None``: split, left to :func:`~.api.dgemm`), its lowest bits from one pass, its measured ratio from one
     batched GEMM."""
     nb, m, n = sa[0].shape[0], sa[1].shape[1], sb[1].shape[1]
     return stack_moduli(
-        moduli, k, False, sa, sb,
+        moduli, k, cplx, sa, sb,
         lambda: (group_lsb(A, 1).reshape(nb, m), group_lsb(BT, 1).reshape(nb, n)),
         lambda which: measure_ratios(A.reshape(nb, m, k)[which], sa[1][which],
                                      BT.reshape(nb, n, k)[which].transpose(0, 2, 1), sb[1][which]),
@@ -32,12 +32,13 @@ def _moduli_counts(moduli, k: int, sa, sb, A, BT, rtol) -> list:
 
 
 def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol) -> list:
-    """``res[b] <- A[b] @ B[b]`` for the matrices of a real stack that run batched; returns the others' indices.
+    """``res[b] <- A[b] @ B[b]`` for the matrices of a stack that run batched; returns the others' indices.
 
-    ``A`` ``(nb, m, k)``, ``B`` ``(nb, k, n)`` float64 (``m, n, k > 0``),
-    ``res`` ``(nb, m, n)``. Each matrix gets the moduli
-    :func:`~.api.dgemm` chooses for it alone and the same exact product and
-    decode, so the same bits; the matrices on equal moduli run as one
+    ``A`` ``(nb, m, k)``, ``B`` ``(nb, k, n)`` float64 or complex128 (``m, n,
+    k > 0``), ``res`` ``(nb, m, n)`` of their dtype. Each matrix gets the
+    moduli :func:`~.api.dgemm` (:func:`~.api.zgemm`) chooses for it alone and
+    the same exact product's integers and decode, so the same bits; the
+    matrices on equal moduli run as one
     batched program (:func:`~.tiles.gemm_program` with ``stack=True``), in as many pieces as the
     workspace asks (NumPy stacks: :func:`~.api.matmul` runs device stacks one matrix at a time, as each
     matrix's choice reads its numbers back). Left to ``dgemm`` one by one (returned): matrices with
@@ -53,6 +54,8 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     backend_name = be.name if xp is not np else backend
     nb, m, k = A.shape
     n = B.shape[2]
+    cplx = A.dtype.kind == "c"
+    kind = "complex" if cplx else "real"
     auto = moduli == "auto"
     A3, B3 = xp.ascontiguousarray(A).reshape(nb, m, k), xp.ascontiguousarray(B)  # (the operands, for the encodes)
     A2 = A3.reshape(nb * m, k)
@@ -69,29 +72,32 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
         BT = BT.reshape(nb, n, k)[take].reshape(-1, k)
         sa = tuple(None if v is None else v[take] for v in sa)
         sb = tuple(None if v is None else v[take] for v in sb)
-    counts = _moduli_counts(moduli, k, sa, sb, A2, BT, rtol)
+    counts = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol)
     groups: dict = {}
     for j, s in enumerate(counts):
-        t = None if s is None else gemm_width(s, k)
-        if t is None or t < 1 or (isinstance(moduli, int) and t < min_bits) or _tile_bytes(m, n, k, s, False) > workspace:
+        t = None if s is None else gemm_width(s, k, kind)
+        if t is None or t < 1 or (isinstance(moduli, int) and t < min_bits) or _tile_bytes(m, n, k, s, cplx) > workspace:
             left.append(int(take[j]))
         else:
             groups.setdefault(s, []).append(j)
     (fa, Ea, _, _), (fb, Eb, _, _) = sa, sb
     whole = take.size == nb and len(groups) == 1  # every matrix in one group, in order: no gathered copies
     for s, members in groups.items():
-        t = gemm_width(s, k)
-        prog = gemm_program(Basis.int8(s), t, k, False, 1.0, stack=True)
-        enc_a, enc_b, product, dec = prog.steps
-        per = max(1, workspace // _tile_bytes(m, n, k, s, False))
+        t = gemm_width(s, k, kind)
+        prog = gemm_program(Basis.int8(s), t, k, cplx, 1.0, stack=True)
+        enc_a, enc_b, *between, dec = prog.steps
+        per = max(1, workspace // _tile_bytes(m, n, k, s, cplx))
         for c0 in range(0, len(members), per):
             sel = np.asarray(members[c0:c0 + per])
             ea = xp.where(fa[sel] & (Ea[sel] != _NONE), t - Ea[sel], 0).astype(np.int64)[:, :, None]
             eb = xp.where(fb[sel] & (Eb[sel] != _NONE), t - Eb[sel], 0).astype(np.int64)[:, None, :]
             at = take[sel]
             xa, xb = (A3, B3) if whole and sel.size == nb else (A3[at], B3[at])
+            if cplx:  # the (re, im) parts first, sharing each row's (column's) exponent
+                xa, xb, ea, eb = xp.stack([xa.real, xa.imag]), xp.stack([xb.real, xb.imag]), ea[None], eb[None]
             vals = {0: Value(be.encode(xa, ea, prog.basis.moduli, t), -ea, 1, enc_a.bound, enc_a.labels),
                     1: Value(be.encode(xb, eb, prog.basis.moduli, t), -eb, 1, enc_b.bound, enc_b.labels)}
-            run_step(product, vals, prog.basis, be, backend_name)
+            for st in between:
+                run_step(st, vals, prog.basis, be, backend_name)
             res[at] = run_step(dec, vals, prog.basis, be, backend_name)
     return sorted(left)

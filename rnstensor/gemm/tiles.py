@@ -105,9 +105,13 @@ def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bo
     Complex operands carry their (re, im) parts first (``'cik'``, sharing the
     row exponent) and multiply by the exact 3M form. Bounds: ``2**t`` per
     operand, ``k 4**t`` for the product (``6 k 4**t`` for the 3M parts), which
-    :func:`gemm_width` keeps inside the range. ``stack`` (real): a stack of
+    :func:`gemm_width` keeps inside the range. ``stack``: a stack of
     GEMMs ``A[b] @ B[b]``, a batch index ``b`` first (``'bik'``, ``'bkj'``:
-    one exponent per row of each ``A[b]``, per column of each ``B[b]``).
+    one exponent per row of each ``A[b]``, per column of each ``B[b]``);
+    complex, each operand's (re, im) axis first (``'cbik'``, ``'dbkj'``), one
+    batched product of the parts and their exact 4M combination (bound
+    ``2 k 4**t``, inside the 3M's ``6 k 4**t`` the width is chosen for: the
+    same integers, so the same bits as one 3M product per matrix).
 
     Examples
     --------
@@ -117,7 +121,17 @@ def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bo
     """
     B = 1 << t
     out = "ji" if transposed else "ij"
-    if stack:
+    final = 3
+    if stack and cplx:
+        steps = (
+            ir.Encode(0, 0, t, (0, 3), "cbik", B, complex=True),
+            ir.Encode(1, 1, t, (0, 2), "dbkj", B, complex=True),
+            ir.Contract(2, 0, 1, "cbik", "dbkj", "", "", "k", "b", "ci", "dj", "matmul", "bcidj", 2 * k * B * B),
+            ir.Combine(3, 2, "c", "d", "cbij"),
+            ir.Decode(4, 3, "exact", alpha, complex=True),
+        )
+        out, final = "bij", 4
+    elif stack:
         out = "bij"
         steps = (
             ir.Encode(0, 0, t, (2,), "bik", B),
@@ -141,7 +155,7 @@ def gemm_program(basis: Basis, t: int, k: int, cplx: bool, alpha, transposed: bo
             ir.Contract3M(2, 1, 0, b_labels, "cik", "k", "c" + out, 6 * k * B * B),
             ir.Decode(3, 2, "exact", alpha, complex=True),
         )
-    planned = plan_drops(ir.Program(basis, steps, 3, out, cplx), {}, Given([]))  # the range check of every step
+    planned = plan_drops(ir.Program(basis, steps, final, out, cplx), {}, Given([]))  # the range check of every step
     if isinstance(planned, Failure):
         raise RNSRangeError(f"gemm: width t={t} at k={k} does not fit {len(basis)} moduli ({planned})")
     return planned.program
