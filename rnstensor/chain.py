@@ -19,6 +19,7 @@ from .planner.drops import ROW as _ROW
 from .planner.drops import axis_labels as _axis_labels
 from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
+from .run.fusion import compiled_program, takes_fused
 from . import ir
 from .ir.lower import FusionRequest
 from .program.execute import Value, encode_value, moved, run_step, value_of
@@ -271,21 +272,13 @@ class ChainPlan(ChainPolicies):
             x = self._check_input(X)
         batch = self._check_shape(tuple(x.shape))
         shape = tuple(x.shape[batch:])
-        key = (be.name, shape, decode)
-        if key not in self._fused_programs:  # the backend compiles the program once per tensor shape
-            try:
-                self._fused_programs[key] = be.compile_program(self.fusion_request(shape), decode)
-            except ValueError as exc:
-                self._fused_programs[key] = (None, str(exc))
-        prog, why = self._fused_programs[key]
-        if prog is None:
-            if required:
-                raise ValueError(f"fused=True: this plan cannot run as one kernel: {why}")
-            return None
+        # the backend compiles the program once per tensor shape
+        found = compiled_program(self._fused_programs, (be.name, shape, decode), be,
+                                 lambda: self.fusion_request(shape), decode)
         B = math.prod(x.shape[:batch])
-        slower = be.fuses(prog, B)
-        if slower is not None and not required:  # the backend's own measurement: step by step is faster here
+        if not takes_fused(be, found, B, required, "this plan cannot run as one kernel: "):
             return None
+        prog = found[0]
         out = be.chain(prog, x.reshape((B,) + shape), decode)
         return out.reshape(tuple(x.shape[:batch]) + prog.out_shape)
 

@@ -30,6 +30,8 @@ MODULES = [
     "rnstensor.fem.hexmesh",
     "rnstensor.fem.meshop",
     "rnstensor.planner.drops",
+    "rnstensor.run.fusion",
+    "rnstensor.backends.cpu.warm",
 ]
 
 

@@ -37,6 +37,7 @@ from ..program.errors import FieldErrors, NormErrors, OperatorBounds, decode_fac
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
 from ..program.execute import Value, encode_value, execute, moved, tensor_of, value_of
+from ..run.fusion import compiled_program, takes_fused
 from ..tensor import RNSTensor, Scale
 from .program import (
     FloatRunner,
@@ -391,24 +392,12 @@ class _Operator:
     def _apply_fused(self, x: np.ndarray, decode: str, fused: Optional[bool]):
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``fused``)."""
         be, xp, _ = self._backend_of(x)
-        if not callable(getattr(be, "compile_program", None)):
-            prog, why = None, f"the fused operator runs on the 'cpu' and 'cuda' backends, not {be.name!r}"
-        else:
-            # one per plan (the operator's element slices share it) and method (only 'rescale_be' compiles)
-            key = ("fused_program", be.name, decode, self.method)
-            per_plan = _FUSED.setdefault(self.program, {})
-            if key not in per_plan:
-                try:
-                    per_plan[key] = be.compile_program(self.fusion_request(), decode)
-                except ValueError as exc:
-                    per_plan[key] = (None, str(exc))
-            prog, why = per_plan[key]
-        if prog is None:
-            if fused:
-                raise ValueError(f"fused=True: {why}")
+        # one per plan (the operator's element slices share it) and method (only 'rescale_be' compiles)
+        found = compiled_program(_FUSED.setdefault(self.program, {}), ("fused_program", be.name, decode, self.method),
+                                 be, self.fusion_request, decode, "the fused operator")
+        if not takes_fused(be, found, x.shape[0], bool(fused)):
             return None
-        if be.fuses(prog, x.shape[0]) is not None and not fused:
-            return None  # the backend's own measurement: step by step is faster here
+        prog = found[0]
         field, fexp = self._fused_field_on(be.xp)  # on the device once per operator
         return be.chain(prog, x, decode, field=field, fexp=fexp)
 
