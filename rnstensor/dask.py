@@ -71,8 +71,8 @@ from .magnitude import measure_ratio
 from .run.epilogue import exact_combination, exact_parts, gemm_epilogue, needs_exact_epilogue, two_term_alpha
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
-from . import ir
-from .program.execute import Value, run_step
+from .program.execute import Value
+from .run.tiles import tile_result
 
 __all__ = ["apply", "dgemm", "zgemm", "matmul", "chunk_module"]
 
@@ -366,9 +366,8 @@ def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False, with_opera
     """One output tile's task, finished by the one GEMM epilogue (:func:`rnstensor.run.epilogue.gemm_epilogue`);
     ``exact``: ``moduli='auto'``'s exact epilogue; ``with_operands``: the tile also reads its blocks of ``op(a)``
     and ``op(b)``."""
-    enc_a, enc_b, product, dec = prog.steps
+    enc_a, enc_b = prog.steps[:2]
     cplx = prog.complex
-    total = ir.Add(2, 2, 4, False, product.bound)  # the k-chunk sum: bounds add up to the whole product's
 
     def fn(pa_blocks, pb_blocks, ea, eb, fa, fb, *rest):
         be = get_backend(backend)
@@ -381,20 +380,13 @@ def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False, with_opera
             # the exponents, host vectors, as the encoded values carry them (keepdims)
             exp_a = (-ea)[None, :, None] if cplx else (-ea)[:, None]
             exp_b = (-eb)[None, None, :] if cplx else (-eb)[None, :]
-            vals: dict = {}
-            for n, (pa, pb) in enumerate(zip(pa_blocks, pb_blocks)):
-                vals[0] = Value(pa, exp_a, 1, enc_a.bound, enc_a.labels)
-                vals[1] = Value(pb, exp_b, 1, enc_b.bound, enc_b.labels)
-                run_step(product, vals, prog.basis, be, backend, tables=be.constants)
-                if n:
-                    run_step(total, vals, prog.basis, be, backend)
-                vals[4] = vals[2]
+            pairs = ((Value(pa, exp_a, 1, enc_a.bound, enc_a.labels), Value(pb, exp_b, 1, enc_b.bound, enc_b.labels))
+                     for pa, pb in zip(pa_blocks, pb_blocks))
             c = rest[-1] if beta != 0 else None
-            if exact:  # the tile's exact integers, alpha, beta and c, rounded once (on the host)
-                term[...] = xp.asarray(exact_combination(exact_parts(vals[4], prog.basis, cplx), alpha, beta,
-                                                         None if c is None else _host(c), cplx))
-            else:
-                term[...] = run_step(dec, vals, prog.basis, be, backend)
+            # exact: the tile's exact integers, alpha, beta and c, rounded once (on the host)
+            finish = (lambda v: xp.asarray(exact_combination(exact_parts(v, prog.basis, cplx), alpha, beta,
+                                                              None if c is None else _host(c), cplx))) if exact else None
+            term[...] = tile_result(prog, pairs, be, backend, finish)
             # the operands, where a row / column holds inf or NaN or alpha's two terms may overflow (see _gemm)
             A, B = ((xp.concatenate(_leaves(rest[0]), axis=1), xp.concatenate(_leaves(rest[1]), axis=0))
                     if with_operands else (None, None))

@@ -31,6 +31,7 @@ MODULES = [
     "rnstensor.fem.meshop",
     "rnstensor.planner.drops",
     "rnstensor.run.fusion",
+    "rnstensor.run.tiles",
     "rnstensor.backends.cpu.warm",
 ]
 

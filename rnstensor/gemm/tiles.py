@@ -15,7 +15,8 @@ from ..basis import Basis
 from ..errors import RNSRangeError
 from ..planner.program import Failure, Given, plan_drops
 from .. import ir
-from ..program.execute import Value, run_step
+from ..program.execute import Value
+from ..run.tiles import tile_result
 from ..run.epilogue import exact_combination, exact_parts
 
 __all__ = ["gemm_program"]
@@ -180,7 +181,7 @@ def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, n
 
     ``finish(product value, i0, i1, j0, j1)`` gives the tile's result (in the product's layout) in place of the
     program's decode (the exact epilogue)."""
-    enc_a, enc_b, product, dec = prog.steps
+    enc_a, enc_b = prog.steps[:2]
     cplx = prog.complex
     basis = prog.basis
 
@@ -213,12 +214,8 @@ def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, n
             else:
                 with _phase("encode"):
                     va = encode_a(i0, i1)
-            vals = {0: va, 1: vb}
-            with _phase("products"):
-                run_step(product, vals, basis, be, backend_name)
-            with _phase("decode"):
-                res = (run_step(dec, vals, basis, be, backend_name) if finish is None
-                       else finish(vals[product.out], i0, i1, j0, j1))
+            done = None if finish is None else (lambda v, i0=i0, i1=i1, j0=j0, j1=j1: finish(v, i0, i1, j0, j1))
+            res = tile_result(prog, [(va, vb)], be, backend_name, done, _phase)
             term[i0:i1, j0:j1] = res.T if transposed else res
 
 
