@@ -50,6 +50,8 @@ def test_warm_routes_small_calls_of_cold_kernels_only(routing, tmp_path):
     assert warm.warm(cold, small)  # the next small call compiles it: a loop of small calls then runs compiled
     tiny = _Kernel(str(tmp_path / "none.nbi"))
     assert [warm.warm(tiny, 1) for _ in range(100)] == [False] * 100  # 100 tiny calls cost less than a compile
+    before = dict(warm._spent)
+    assert not warm.warm(tiny, 1, charge=False) and warm._spent == before  # a question ahead of the call: no charge
     # a dearer reference (the caller's estimate): 0.1 s so far, then 0.6 s, then 1.1 s charged: the third compiles
     assert [warm.warm(tiny, 1, call_s=warm.COLD_SECONDS / 2) for _ in range(3)] == [False, False, True]
     assert warm.warm(_Kernel(str(tmp_path / "none.nbi")), small + 1)  # a large call compiles at once
@@ -94,7 +96,7 @@ def test_every_reference_path_gives_the_compiled_bits(monkeypatch):
     # each call takes the reference paths, and its bits are the compiled paths'
     want = {name: fn() for name, fn in _cases().items()}
     calls = []
-    monkeypatch.setattr(cpu_backend, "warm", lambda kernel, work, call_s=None: calls.append(kernel) and False)
+    monkeypatch.setattr(cpu_backend, "warm", lambda kernel, work, call_s=None, charge=True: calls.append(kernel) and False)
     monkeypatch.setattr(magnitudes, "warm", lambda kernel, work: calls.append(kernel) and False)
     for name, fn in _cases().items():
         got = np.asarray(fn())

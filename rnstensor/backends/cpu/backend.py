@@ -255,26 +255,28 @@ class CpuBackend:
     def takes_product(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int] = None) -> bool:
         """Whether :meth:`exact_product` takes a real ``m x k x n`` product on ``s`` INT8 moduli (its operands then
         need no INT8 planes)."""
-        return self._product_plan(m, n, k, s, bound, workspace_bytes) is not None
+        # (a question ahead of exact_product, which asks again: the cold-start charge is its call's)
+        return self._product_plan(m, n, k, s, bound, workspace_bytes, charge=False) is not None
 
-    def _product_plan(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int]):
+    def _product_plan(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int],
+                      charge: bool = True):
         """:meth:`_wide` for :meth:`exact_product` (``None`` where the engine is switched off)."""
         from . import gemm  # noqa: PLC0415
 
         if gemm.ENGINE == "int8":
             return None
         return self._wide(m, n, k, s, bound, False,
-                          default_workspace_bytes() if workspace_bytes is None else workspace_bytes)
+                          default_workspace_bytes() if workspace_bytes is None else workspace_bytes, charge)
 
     @staticmethod
-    def _wide(m: int, n: int, k: int, s: int, bound: int, cplx: bool, workspace_bytes: int):
+    def _wide(m: int, n: int, k: int, s: int, bound: int, cplx: bool, workspace_bytes: int, charge: bool = True):
         """``(wide moduli, chunk)`` where the wide engine takes an ``m x k x n`` product (instead of ``s`` INT8
-        moduli) within the workspace, else ``None``."""
+        moduli) within the workspace, else ``None`` (``charge``: see :func:`~rnstensor.backends.cpu.warm.warm`)."""
         from . import gemm  # noqa: PLC0415
 
         if gemm.ENGINE != "wide" and not gemm.prefers_wide(m, n, k, s, bound):
             return None
-        if gemm.ENGINE != "wide" and not warm(wide_engine._wide_decode, m * n * k):
+        if gemm.ENGINE != "wide" and not warm(wide_engine._wide_decode, m * n * k, charge=charge):
             return None  # a small product while the engine's kernels are cold: the INT8 product, the same bits
         try:
             mods, chunk = gemm.wide_plan(k, bound)

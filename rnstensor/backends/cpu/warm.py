@@ -65,9 +65,10 @@ def routed() -> int:
     return _state["routed"]
 
 
-def warm(kernel, work: int, call_s: float = REFERENCE_CALL_S) -> bool:
+def warm(kernel, work: int, call_s: float = REFERENCE_CALL_S, charge: bool = True) -> bool:
     """Whether to run the numba dispatcher ``kernel`` for a call touching ``work`` entries (``False``: the caller
-    takes its reference path, charged ``call_s`` plus :data:`REFERENCE_ENTRY_S` an entry to ``kernel``).
+    takes its reference path, charged ``call_s`` plus :data:`REFERENCE_ENTRY_S` an entry to ``kernel``; not with
+    ``charge=False``, a question asked ahead of the call that then asks again).
 
     Examples
     --------
@@ -80,6 +81,8 @@ def warm(kernel, work: int, call_s: float = REFERENCE_CALL_S) -> bool:
     spent = _spent.get(kernel, 0.0)
     if spent >= COLD_SECONDS:  # the reference paths have cost about what the compile will: compile it
         return True
+    if not charge:
+        return False
     _spent[kernel] = spent + call_s + work * REFERENCE_ENTRY_S
     _state["routed"] += 1
     return False
