@@ -18,7 +18,8 @@ from .program.classical import ClassicalErrors, certify, gamma
 from .program.errors import inflate
 from .ir import Encode
 from .run.exact import half_spacing
-from .run.groups import evaluation, groups_by_key, put_back
+from .run.escalate import certified_groups
+from .run.groups import evaluation, put_back
 from .run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
 
 __all__ = ["ChainPolicies"]
@@ -80,41 +81,22 @@ class ChainPolicies:
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
             plan, s = self._wider_from(max(2, math.ceil((2 * max(8.0, -math.log2(target) + 8) + 16) / 8)))
         xp = array_module(xb)
-        groups, queue = [], [(plan, s, None)]  # index None: every tensor (the verdicts stay where the data lives)
-        while queue:
-            plan, s, idx = queue.pop(0)
-            if plan is None:
-                groups.append((None, False, idx))
-                continue
+
+        def certify(plan, idx):
             obs = plan._certificate(xb if idx is None else xb[idx], m, target, per_tensor=True)
             ok, excess = obs.verdicts(m, target)
-            exact = obs.exacts() if m <= 1 else xp.zeros(ok.shape, bool)
-            pick = lambda sel: xp.nonzero(sel)[0] if idx is None else idx[sel]  # noqa: E731
-            for flag in (False, True):
-                sel = ok & (exact == flag)
-                if bool(sel.all()):  # (one flag read back)
-                    groups.append((plan, flag, idx))
-                    break
-                if bool(sel.any()):
-                    groups.append((plan, flag, pick(sel)))
-            refused = xp.isnan(excess)
-            if bool(refused.any()):  # refused: wider encodings do not help
-                groups.append((None, False, pick(refused)))
-            # the tensors that failed go to the next rung their own excess asks for, the least first: a modulus per 4
-            # bits past the first 4 (both factors of a product widen; one modulus of range also lets the planner drop
-            # less, which is what a small excess on uniform data needs: 16 moduli where 15 with the widest input fail)
-            failed = ~ok & ~refused
-            if not bool(failed.any()):
-                continue
-            with np.errstate(invalid="ignore", divide="ignore"):
-                step = 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)
-                nxt = xp.where(failed, s + xp.maximum(1, step - 1), math.inf)
-            for n, at in groups_by_key(nxt):
-                queue.append(self._wider_from(n) + (at if idx is None else idx[at],))
-        fallback = [idx for plan, _, idx in groups if plan is None]
-        if len(fallback) > 1:  # the tensors no residue plan certified, however they got there: one fallback call
-            groups = [g for g in groups if g[0] is not None] + [(None, False, xp.concatenate(fallback))]
-        return groups
+            return ok, excess, obs.exacts() if m <= 1 else xp.zeros(ok.shape, bool)
+
+        def next_keys(s, excess, failed):
+            # the tensors that failed go to the next rung their own excess asks for, the least first: a modulus per
+            # 4 bits past the first 4 (both factors of a product widen; one modulus of range also lets the planner
+            # drop less, which is what a small excess on uniform data needs: 16 moduli where 15 with the widest
+            # input fail)
+            step = 2 * xp.ceil((xp.log2(xp.where(failed, excess, 1.0)) + 2) / 8)
+            return xp.where(failed, s + xp.maximum(1, step - 1), math.inf)
+
+        # (the tensors no residue plan certified, however they got there: one fallback call)
+        return certified_groups((plan, s), certify, next_keys, self._wider_from, xb.shape[0], merge_fallback=True)
 
     def _run_certified(self, x, decode: str, backend, fused):
         """The default's run (``moduli=None``, or ``rtol=``) of finite ``x``: each group of

@@ -32,6 +32,7 @@ MODULES = [
     "rnstensor.planner.drops",
     "rnstensor.run.fusion",
     "rnstensor.run.tiles",
+    "rnstensor.run.escalate",
     "rnstensor.backends.cpu.warm",
 ]
 
