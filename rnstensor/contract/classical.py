@@ -15,7 +15,8 @@ from ..encode import as_basis, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
-from ..run.groups import evaluation, groups_by_key, put_back
+from ..run.escalate import certified_groups
+from ..run.groups import evaluation, put_back
 from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
 from ..program.errors import inflate
 from ..tensor import RNSTensor
@@ -77,118 +78,68 @@ class _ClassicalDefault:
         alone = all(b not in t for i, t in enumerate(self.terms) if i != first) and self.terms[first].count(b) == 1
         return b if alone and b in self.output else None
 
-    def _classical(self, arrays, backend, bound: bool, cap: Optional[int] = None):
+    def _classical(self, arrays, backend, bound: bool):
         """The default evaluation: the residue program at the narrowest width whose result is certified to meet the
-        classical float64 bound (:mod:`rnstensor.program.classical`, before it runs), else the composed classical
-        evaluation. Along :meth:`_batch_label`, per element: each element's width is the narrowest certified for it
-        alone (elements that differ run apart, :meth:`_apart`). ``cap``: the width to start from."""
+        classical float64 bound (:mod:`rnstensor.program.classical`, before it runs), else correctly rounded where one
+        exact plan holds the operands, else the composed classical evaluation. Along :meth:`_batch_label`, per
+        element: each element at the narrowest width certified for it alone
+        (:func:`rnstensor.run.escalate.certified_groups`), the elements on one width run as one call."""
         if any(n == 0 for n in self.sizes.values()):  # nothing to certify: the zeros of an empty contraction
             return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
-        parsed = self._operands(arrays)
-        ops, kinds, cplx, _, _ = parsed
-        _, xp, _ = self._backend(ops, kinds, backend)  # where the non-constant operands live
-        leaf = self._leaves(ops, kinds, cplx, xp)
         batch = self._batch_label()
-        per = (batch, self.sizes[batch]) if batch is not None else ()
+        n = self.sizes[batch] if batch is not None else 1
+        # the elements' sub-calls, each parsed and scanned once: by their index array (None: the whole call), kept
+        # alive here so that its id names it (the indices may live on the device: nothing is read back)
+        calls: dict = {}
 
-        def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
-            return -group_exponents(leaf(st), st.bits, st.shared)
+        def call(idx) -> _ElementsCall:
+            if id(idx) not in calls or calls[id(idx)][0] is not idx:
+                calls[id(idx)] = (idx, _ElementsCall(self, arrays, backend, batch, idx))
+            return calls[id(idx)][1]
 
-        widths = None
+        def certify_at(cap: int, idx):
+            c = call(idx)
+            found = c.at(cap)
+            if found is None:  # no plan at this width: the fallback's
+                size = c.sub.sizes[batch] if batch is not None else 1
+                return np.zeros(size, bool), np.full(size, np.nan), np.zeros(size, bool)
+            obs, m, target = found[2:]
+            ok, excess = obs.verdicts(m, target)
+            return ok, excess, obs.exacts() if m <= 1 else array_module(ok).zeros(ok.shape, bool)
+
+        def next_keys(cap: int, excess, failed):  # each element's next width, from its own excess
+            xp = array_module(excess)
+            return xp.where(failed, cap + xp.maximum(8, xp.ceil(xp.log2(xp.where(failed, excess, 1.0))) + 2), math.inf)
+
         # a target starts at the width it asks for (a loose one, narrower and on fewer moduli), the default at 53
-        if cap is None:
-            cap = 53 if self.rtol is None else min(53, max(8, math.ceil(-math.log2(self.rtol)) + 8))
-        while cap <= self._WIDEST:
-            expr = self._rung(cap, kinds, cplx)
-            if expr is None:
-                break
-            plan, used = expr._plan(kinds, cplx, {}), None
-            if _rounds_inside(plan, cap):
-                # operands float64 holds in fewer bits (integers, short mantissas) encoded no wider: exactly, with
-                # their data's bound; where that makes the whole plan exact, the result is the exact integer, as
-                # numpy's float64 is on such data. Otherwise the plan as planned (the explicit basis's, bit for bit).
-                if widths is None:
-                    widths = tuple(_exact_width(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t), self.output))
-                                   for i, t in enumerate(self.terms))
-                if min(widths, default=math.inf) < cap:
-                    exact = expr._plan(kinds, cplx, {}, widths)
-                    if exact.kept_bits == math.inf:
-                        plan, used = exact, widths
-            m = classical_terms(plan, self.sizes)
-            target = default_target(m, self.rtol)  # the default's: (1 + 2**-5) u of the magnitudes (run/policy.py)
-            obs = certify(plan, leaf, exponents, m, target, *per)
-            if per and not obs.certified(m, target):
-                ok, excess = obs.verdicts(m, target)
-                xp = array_module(excess)  # (the data's, or NumPy's where no number is per element)
-                refused = xp.isnan(excess)
-                with np.errstate(invalid="ignore", divide="ignore"):  # each element's next width, from its own excess
-                    nxt = xp.where(ok, cap, xp.where(refused, self._WIDEST + 1,
-                                                     cap + xp.maximum(8, xp.ceil(xp.log2(xp.where(ok | refused, 1.0,
-                                                                                                  excess))) + 2)))
-                if not bool((nxt == nxt.max()).all()):
-                    return self._apart(arrays, backend, bound, batch, nxt)
-                cap = int(nxt.max())  # all alike
-                continue
-            if obs.certified(m, target):
-                mode = "exact" if obs.exact and m <= 1 else "fp64"
-                self.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
-                if bound:
-                    return expr._bound(arrays, backend, mode, parsed, used)
-                y = expr._fused(parsed, backend, used, mode)
-                if y is not None:
-                    return y
-                T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, used)
-                return expr._finish(T, plan, be_name, nonfinite, arrays, mode)
-            if obs.excess is None:  # refused: wider encodings do not help
-                break
-            cap += max(8, math.ceil(math.log2(obs.excess)) + 2)
-        # no residue plan certified: the correctly rounded result (moduli='auto', within any target) where one exact
-        # plan of at most 49 moduli holds it, else the composed classical GEMMs (the bound gamma_m), where they meet
-        # the target
-        try:
-            y = self._auto(arrays, backend, FALLBACK_SPLIT_PRODUCTS)
-        except RNSRangeError:
-            if batch is not None and self.sizes[batch] > 1:
-                # some element needs more than one exact plan holds: each element alone (correctly rounded where one
-                # holds it alone), so that no element's path depends on the others'
-                xp = array_module(*[x for x, k in zip(ops, kinds) if k != "const"])
-                start = xp.arange(self.sizes[batch], dtype=np.float64) + (self._WIDEST + 1)
-                return self._apart(arrays, backend, bound, batch, start)
-            if self.rtol is not None:
-                m = classical_terms(self._plan(kinds, cplx, {}), self.sizes)
-                if self.rtol < (2 * gamma(m + 2 * len(self._info.contraction_list)) if any(cplx) else gamma(m)):
-                    raise RNSRangeError(
-                        f"einsum: rtol={self.rtol:g} cannot be certified for {self.subscripts!r} on these operands "
-                        f"within 49 INT8 moduli and {self._WIDEST}-bit encodings, one exact plan does not hold them, "
-                        f"and the classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly "
-                        f"rounded (within any rtol accepted), or pass a larger rtol") from None
-            self.last_evaluation = "composed classical GEMMs"
-            return self._composed_classical(arrays, bound, parsed)
-        self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
-        return half_spacing(y) if bound else y
+        first = 53 if self.rtol is None else min(53, max(8, math.ceil(-math.log2(self.rtol)) + 8))
+        groups = certified_groups((first, first), certify_at, next_keys,
+                                  lambda cap: (cap if cap <= self._WIDEST else None, cap), n)
+        parts, said = [], {}  # (the evaluations, with their elements)
+        for cap, exact, idx in groups:
+            c = call(idx)
+            parts.append((idx, c.fallback(bound) if cap is None else c.run(cap, exact, bound)))
+            count = n if idx is None else int(idx.shape[0])
+            said[c.sub.last_evaluation] = said.get(c.sub.last_evaluation, 0) + count
+        self.last_evaluation = evaluation(said, n, "elements")
+        return put_back(parts, n, self.output.index(batch) if batch is not None else 0)
 
-    def _apart(self, arrays, backend, bound: bool, batch: str, start):
-        """:meth:`_classical` of the elements along ``batch`` grouped by the width each starts from (``start``, one
-        per element; past :attr:`_WIDEST`: the fallbacks), each group as its own call, the results put back."""
-        xp = array_module(start)
+    def _elements(self, arrays, batch: str, idx) -> tuple:
+        """``(expression, arrays)`` of the elements ``idx`` along ``batch`` (None: this call's)."""
+        if idx is None:
+            return self, arrays
         first = next(i for i in range(len(self.terms)) if i not in self.constants)
-        axis, out_axis = self.terms[first].index(batch), self.output.index(batch)
-        parts = []
-        for w, idx in groups_by_key(start):  # the least width first
-            shape = list(self.shapes[first])
-            shape[axis] = int(idx.shape[0])
-            if tuple(shape) not in self._rungs:  # (cached with the rungs: its own rungs stay planned)
-                self._rungs[tuple(shape)] = self.with_shapes(*[tuple(shape) if i == first else self.shapes[i]
-                                                               for i in range(len(self.terms)) if i not in self.constants])
-            sub = self._rungs[tuple(shape)]
-            args = list(arrays)
-            args[0] = xp.take(xp.asarray(args[0]), idx, axis=axis)
-            parts.append((idx, sub._classical(args, backend, bound, cap=w), sub.last_evaluation))
-        said: dict = {}  # (the evaluations, with their elements)
-        for idx, _, what in parts:
-            said[what] = said.get(what, 0) + int(idx.shape[0])
-        self.last_evaluation = evaluation(said, self.sizes[batch], "elements")
-        return put_back([(idx, part) for idx, part, _ in parts], self.sizes[batch], out_axis)
+        axis = self.terms[first].index(batch)
+        shape = list(self.shapes[first])
+        shape[axis] = int(idx.shape[0])
+        if tuple(shape) not in self._rungs:  # (cached with the rungs: its own rungs stay planned)
+            self._rungs[tuple(shape)] = self.with_shapes(*[tuple(shape) if i == first else self.shapes[i]
+                                                           for i in range(len(self.terms)) if i not in self.constants])
+        args = list(arrays)
+        xp = array_module(idx)
+        args[0] = xp.take(xp.asarray(args[0]), idx, axis=axis)
+        return self._rungs[tuple(shape)], args
+
 
     def _composed_classical(self, arrays, bound: bool, parsed: tuple):
         """Each pairwise step by the classical GEMM (:func:`rnstensor.matmul`), decoded in between.
@@ -229,6 +180,99 @@ class _ClassicalDefault:
         if nonfinite:
             y = self._numpy_where_nonfinite(y, arrays)
         return y[()] if y.ndim == 0 and not is_device_array(y) else y
+
+
+class _ElementsCall:
+    """Some elements of a default call (:meth:`_ClassicalDefault._classical`): their expression and operands, parsed
+    once; the certified plan at each width; their run on a width, or their fallback."""
+
+    def __init__(self, expr, arrays, backend, batch: Optional[str], idx):
+        self.sub, self.args = expr._elements(arrays, batch, idx) if batch is not None else (expr, arrays)
+        self.backend, self.batch = backend, batch
+        self.parsed = self.sub._operands(self.args)
+        ops, kinds, cplx, _, _ = self.parsed
+        _, xp, _ = self.sub._backend(ops, kinds, backend)  # where the non-constant operands live
+        self.leaf = self.sub._leaves(ops, kinds, cplx, xp)
+        self.widths = None
+        self.plans: dict = {}
+
+    def at(self, cap: int) -> Optional[tuple]:
+        """``(expression, widths used, certificate, m, target)`` at ``cap`` bits (cached), None where none plans."""
+        if cap not in self.plans:
+            self.plans[cap] = self._certified(cap)
+        return self.plans[cap]
+
+    def _certified(self, cap: int) -> Optional[tuple]:
+        sub, leaf = self.sub, self.leaf
+        ops, kinds, cplx, _, _ = self.parsed
+        expr = sub._rung(cap, kinds, cplx)
+        if expr is None:
+            return None
+        plan, used = expr._plan(kinds, cplx, {}), None
+        if _rounds_inside(plan, cap):
+            # operands float64 holds in fewer bits (integers, short mantissas) encoded no wider: exactly, with
+            # their data's bound; where that makes the whole plan exact, the result is the exact integer, as
+            # numpy's float64 is on such data. Otherwise the plan as planned (the explicit basis's, bit for bit).
+            if self.widths is None:
+                self.widths = tuple(_exact_width(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t), sub.output))
+                                    for i, t in enumerate(sub.terms))
+            if min(self.widths, default=math.inf) < cap:
+                exact = expr._plan(kinds, cplx, {}, self.widths)
+                if exact.kept_bits == math.inf:
+                    plan, used = exact, self.widths
+        m = classical_terms(plan, sub.sizes)
+        target = default_target(m, sub.rtol)  # the default's: (1 + 2**-5) u of the magnitudes (run/policy.py)
+        per = (self.batch, sub.sizes[self.batch]) if self.batch is not None else ()
+
+        def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
+            return -group_exponents(leaf(st), st.bits, st.shared)
+
+        return expr, used, certify(plan, leaf, exponents, m, target, *per), m, target
+
+    def run(self, cap: int, exact: bool, bound: bool):
+        """The elements' result (``bound``: their error bound) at ``cap`` bits, certified for each of them."""
+        expr, used = self.at(cap)[:2]
+        mode = "exact" if exact else "fp64"
+        self.sub.last_evaluation = f"{len(expr.basis)} moduli, {cap} bits"
+        if bound:
+            return expr._bound(self.args, self.backend, mode, self.parsed, used)
+        y = expr._fused(self.parsed, self.backend, used, mode)
+        if y is not None:
+            return y
+        T, plan, _, be_name, nonfinite = expr._run(self.args, self.backend, False, self.parsed, used)
+        return expr._finish(T, plan, be_name, nonfinite, self.args, mode)
+
+    def fallback(self, bound: bool):
+        """No width certified: the correctly rounded result (moduli='auto', within any target) where one exact plan
+        of at most 49 moduli holds it, else each element alone (so that no element's path depends on the others'),
+        else the composed classical GEMMs (the bound gamma_m), where they meet the target."""
+        sub = self.sub
+        try:
+            y = sub._auto(self.args, self.backend, FALLBACK_SPLIT_PRODUCTS)
+        except RNSRangeError:
+            n = sub.sizes[self.batch] if self.batch is not None else 1
+            if n > 1:
+                xp = array_module(*[x for x, k in zip(self.parsed[0], self.parsed[1]) if k != "const"])
+                parts, said = [], {}
+                for t in range(n):
+                    one = _ElementsCall(sub, self.args, self.backend, self.batch, xp.arange(t, t + 1))
+                    parts.append((xp.arange(t, t + 1), one.fallback(bound)))
+                    said[one.sub.last_evaluation] = said.get(one.sub.last_evaluation, 0) + 1
+                sub.last_evaluation = evaluation(said, n, "elements")
+                return put_back(parts, n, sub.output.index(self.batch))
+            if sub.rtol is not None:
+                ops, kinds, cplx, _, _ = self.parsed
+                m = classical_terms(sub._plan(kinds, cplx, {}), sub.sizes)
+                if sub.rtol < (2 * gamma(m + 2 * len(sub._info.contraction_list)) if any(cplx) else gamma(m)):
+                    raise RNSRangeError(
+                        f"einsum: rtol={sub.rtol:g} cannot be certified for {sub.subscripts!r} on these operands "
+                        f"within 49 INT8 moduli and {sub._WIDEST}-bit encodings, one exact plan does not hold them, "
+                        f"and the classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly "
+                        f"rounded (within any rtol accepted), or pass a larger rtol") from None
+            sub.last_evaluation = "composed classical GEMMs"
+            return sub._composed_classical(self.args, bound, self.parsed)
+        sub.last_evaluation = f"correctly rounded ({sub.last_evaluation})"
+        return half_spacing(y) if bound else y
 
 
 def _arranged(x, labels: str, order: str, sizes: Optional[dict] = None):

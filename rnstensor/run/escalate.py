@@ -47,12 +47,12 @@ def certified_groups(first: tuple, certify: Callable, next_keys: Callable, rung_
             continue
         ok, excess, exact = certify(rung, idx)
         xp = array_module(ok)
-        pick = lambda sel: xp.nonzero(sel)[0] if idx is None else idx[sel]  # noqa: E731
+
+        def pick(sel):  # (one flag read back)
+            return idx if bool(sel.all()) else xp.nonzero(sel)[0] if idx is None else idx[sel]
+
         for flag in (False, True):
             sel = ok & (exact == flag)
-            if bool(sel.all()):  # (one flag read back)
-                groups.append((rung, flag, idx))
-                break
             if bool(sel.any()):
                 groups.append((rung, flag, pick(sel)))
         refused = xp.isnan(excess)
