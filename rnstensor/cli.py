@@ -282,7 +282,6 @@ def _gpu_part() -> dict:
 
 def _demo(args) -> int:
     from .basis import Basis
-    from .reference import exact_mode_chain, round_exact
 
     rng = np.random.default_rng(args.seed)
     s, bits, n = args.moduli, 53, args.n
@@ -290,67 +289,26 @@ def _demo(args) -> int:
     axes = (1, 2, 3, 1)
     X = rng.uniform(-1, 1, size=(args.batch, n, n, n))
     ops = [rng.uniform(-1, 1, size=(n, n)) for _ in axes]
-    steps: list[dict] = []
 
     print("rnstensor demo: a chain of mode products on a tensor encoded once and decoded once")
     print(f"  X: {X.shape} U[-1,1), operators {n}x{n} U[-1,1), axes {axes}, {basis!r}\n")
     # the first call loads numba's kernels from its cache, or runs NumPy's reference paths while they are cold (as a
-    # user's first small call does: backends/cpu/warm.py), or with --compile compiles them: on one tensor, and not in
-    # the time below
+    # user's first call does: backends/cpu/warm.py; on the whole batch, so that a call large enough to compile does
+    # it here), or with --compile compiles them (on one tensor): not in the time below
     from .backends.cpu import warm
 
     routing = warm.enabled()
-    if args.compile:
-        warm.enabled(False)
-    routed = warm.routed()
-    warm_seconds, warm_compiled = demo.timed_compiles(lambda: demo.residue_chain(X[:1], ops, axes, basis, bits))
-    print(f"  {demo.warm_up_line(_backend_name(), warm_seconds, warm_compiled, warm.routed() > routed)}\n")
-    print(f"  {'step':<46} {'moduli':>6} {'log2 bound':>11} {'log2 range':>11}")
-
-    def row(label, T):
-        steps.append({"step": label, "moduli": len(T.active), "log2_bound": T.log2_bound, "log2_range": T.log2_range})
-        print(f"  {label:<46} {len(T.active):>6} {T.log2_bound:>11.1f} {T.log2_range:>11.1f}")
-
-    decoded = {}
-
-    def timed_chain():
-        decoded["fp64"], decoded["exact"] = demo.residue_chain(X, ops, axes, basis, bits, step=row)
-
-    routed = warm.routed()
-    elapsed, compiled_while_timed = demo.timed_compiles(timed_chain)
-    on_reference = warm.routed() > routed
-    warm.enabled(routing)  # the accuracy runs below compile only what pays, as any first call
-    Y, Y_exact_dec = decoded["fp64"], decoded["exact"]
-
-    Y64 = X
-    for A, ax in zip(ops, axes):
-        Y64 = np.moveaxis(np.tensordot(A, Y64, axes=([1], [ax])), 0, ax)
-    ints, k = exact_mode_chain(X, ops, axes)
-    Yex = round_exact(ints, k)
-
-    def errs(Z):
-        d = np.abs(Z - Yex)
-        return float(np.linalg.norm(Z - Yex) / np.linalg.norm(Yex)), float(np.max(d / np.abs(Yex)))
-
-    how = "NumPy's reference paths, the kernels not compiled" if on_reference else "kernels already loaded"
-    print(f"\n  residue chain took {elapsed * 1e3:.1f} ms on the '{_backend_name()}' backend ({how})\n")
-    print(f"  {'result vs the exact value':<46} {'normwise':>11} {'max elementwise':>16}")
-    errors = []
-    for label, Z in (
-        ("rnstensor, decode='fp64'", Y),
-        ("rnstensor, decode='exact'", Y_exact_dec),
-        ("numpy float64 tensordot chain", Y64),
-    ):
-        nw, mx = errs(Z)
-        errors.append({"result": label, "normwise": nw, "max": mx})
-        print(f"  {label:<46} {nw:11.2e} {mx:16.2e}")
-    print(
-        "\n  The residue chain rounds only at the encode, at each drop (by design, ~2^-53 of the bound)"
-        "\n  and at the decode; every product in between is exact integer arithmetic."
-    )
-    record = {"steps": steps, "errors": errors, "seconds": elapsed, "accuracy": None, "default_accuracy": None,
-              "warm_up": {"seconds": warm_seconds, "compiled": warm_compiled},
-              "compiled_while_timed": compiled_while_timed, "reference_paths": on_reference}
+    try:
+        if args.compile:
+            warm.enabled(False)
+        routed = warm.routed()
+        first = X[:1] if args.compile else X
+        warm_seconds, warm_compiled = demo.timed_compiles(lambda: demo.residue_chain(first, ops, axes, basis, bits))
+        print(f"  {demo.warm_up_line(_backend_name(), warm_seconds, warm_compiled, warm.routed() > routed)}\n")
+        record = demo.chain_report(X, ops, axes, basis, bits, _backend_name())
+    finally:
+        warm.enabled(routing)  # the accuracy runs below compile only what pays, as any first call
+    record["warm_up"] = {"seconds": warm_seconds, "compiled": warm_compiled}
     if args.accuracy_count > 0:
         print(
             "\n\nThe paper's setting ([2610.05059] Table 3: greedy drops, 15 moduli), not what the defaults do:\n"

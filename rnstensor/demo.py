@@ -8,8 +8,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["default_plan_errors", "format_default_errors", "greedy_drops", "residue_chain", "timed_compiles",
-           "warm_up_line"]
+__all__ = ["chain_report", "default_plan_errors", "format_default_errors", "greedy_drops", "residue_chain",
+           "timed_compiles", "timed_line", "warm_up_line"]
 
 
 def greedy_drops(bound: int, active: Sequence[int], bits: int) -> int:
@@ -71,16 +71,69 @@ def timed_compiles(run: Callable[[], object]) -> tuple[float, Optional[int]]:
 
 
 def warm_up_line(backend: str, seconds: float, compiled: Optional[int], routed: bool = False) -> str:
-    """What the demo's first (untimed) run of the chain did: compile the CPU kernels, load them from the cache, or
-    (``routed``) run NumPy's reference paths while they are cold (:mod:`rnstensor.backends.cpu.warm`)."""
+    """What the demo's first (untimed) run of the chain did: compile the CPU kernels, load them from the cache,
+    (``routed``) run NumPy's reference paths while they are cold (:mod:`rnstensor.backends.cpu.warm`), or both."""
     if backend != "cpu":
         return f"first run on the '{backend}' backend (kernels loaded or built; not in the time below): {seconds:.1f} s"
-    if routed:
-        return (f"first run on NumPy's reference paths, the same bits (a call this small does not compile the CPU "
-                f"kernels;\n  'rnstensor demo --compile' compiles them, once: about 15 s on 2 cores): {seconds:.1f} s")
+    if routed:  # (a call this small does not compile the kernels; a large one, or small ones adding up, would)
+        also = f", {compiled} numba compilations" if compiled else ""
+        return (f"first run on NumPy's reference paths where the CPU kernels are not compiled (the same bits{also}): "
+                f"{seconds:.1f} s\n  ('rnstensor demo --compile' compiles them all, once: about 15 s on 2 cores)")
     if compiled or (compiled is None and seconds > 2.0):
         return f"compiling the CPU kernels (first run only, cached afterwards): {seconds:.1f} s"
     return f"CPU kernels loaded from the cache: {seconds:.1f} s"
+
+
+def timed_line(backend: str, seconds: float, compiled: Optional[int], routed: bool) -> str:
+    """What the demo's timed run of the chain took, and what ran: loaded kernels, NumPy's reference paths where
+    the kernels are not compiled (``routed``), and any compile that happened inside it (``compiled``)."""
+    how = ["NumPy's reference paths where the kernels are not compiled" if routed else "kernels already loaded"]
+    if compiled:
+        how.append(f"{compiled} numba compilations included")
+    return f"residue chain took {seconds * 1e3:.1f} ms on the '{backend}' backend ({'; '.join(how)})"
+
+
+def chain_report(X, ops, axes, basis, bits: int, backend: str) -> dict:
+    """The demo's timed chain: its steps printed as they run (moduli, log2 bound and range), its time and what ran,
+    and its errors beside numpy's float64 chain against the exact value; returns them as the demo's record."""
+    from .backends.cpu import warm  # noqa: PLC0415
+    from .reference import exact_mode_chain, round_exact  # noqa: PLC0415
+
+    steps: list[dict] = []
+    print(f"  {'step':<46} {'moduli':>6} {'log2 bound':>11} {'log2 range':>11}")
+
+    def row(label, T):
+        steps.append({"step": label, "moduli": len(T.active), "log2_bound": T.log2_bound, "log2_range": T.log2_range})
+        print(f"  {label:<46} {len(T.active):>6} {T.log2_bound:>11.1f} {T.log2_range:>11.1f}")
+
+    decoded = {}
+
+    def timed_chain():
+        decoded["fp64"], decoded["exact"] = residue_chain(X, ops, axes, basis, bits, step=row)
+
+    routed = warm.routed()
+    elapsed, compiled_while_timed = timed_compiles(timed_chain)
+    on_reference = warm.routed() > routed
+    Y64 = X
+    for A, ax in zip(ops, axes):
+        Y64 = np.moveaxis(np.tensordot(A, Y64, axes=([1], [ax])), 0, ax)
+    Yex = round_exact(*exact_mode_chain(X, ops, axes))
+
+    print(f"\n  {timed_line(backend, elapsed, compiled_while_timed, on_reference)}\n")
+    print(f"  {'result vs the exact value':<46} {'normwise':>11} {'max elementwise':>16}")
+    errors = []
+    for label, Z in (("rnstensor, decode='fp64'", decoded["fp64"]), ("rnstensor, decode='exact'", decoded["exact"]),
+                     ("numpy float64 tensordot chain", Y64)):
+        nw = float(np.linalg.norm(Z - Yex) / np.linalg.norm(Yex))
+        mx = float(np.max(np.abs(Z - Yex) / np.abs(Yex)))
+        errors.append({"result": label, "normwise": nw, "max": mx})
+        print(f"  {label:<46} {nw:11.2e} {mx:16.2e}")
+    print(
+        "\n  The residue chain rounds only at the encode, at each drop (by design, ~2^-53 of the bound)"
+        "\n  and at the decode; every product in between is exact integer arithmetic."
+    )
+    return {"steps": steps, "errors": errors, "seconds": elapsed, "accuracy": None, "default_accuracy": None,
+            "compiled_while_timed": compiled_while_timed, "reference_paths": on_reference}
 
 
 def default_plan_errors(result) -> list[dict]:

@@ -146,7 +146,7 @@ def test_a_cold_process_compiles_nothing_heavy(tmp_path):
     got = json.loads(subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True,
                                     text=True, timeout=600).stdout)
     assert got["compiled"] == [] and got["demo compiled"] == []
-    assert "residue chain took" in got["demo"] and "(NumPy's reference paths, the kernels not compiled)" in got["demo"]
+    assert "residue chain took" in got["demo"] and "(NumPy's reference paths where the kernels are not compiled)" in got["demo"]
     here = {"np": np, "rt": rt}
     exec(_FIRST_CALLS, here)  # noqa: S102 - the same source, compiled kernels (routing off in the tests)
     assert got["bits"] == {k: v.tobytes().hex() for k, v in here["out"].items()}
