@@ -102,7 +102,7 @@ class _ClassicalDefault:
             found = c.at(cap)
             if found is None:  # no plan at this width: the fallback's
                 size = c.sub.sizes[batch] if batch is not None else 1
-                return np.zeros(size, bool), np.full(size, np.nan), np.zeros(size, bool)
+                return c.xp.zeros(size, bool), c.xp.full(size, np.nan), c.xp.zeros(size, bool)
             obs, m, target = found[2:]
             ok, excess = obs.verdicts(m, target)
             return ok, excess, obs.exacts() if m <= 1 else array_module(ok).zeros(ok.shape, bool)
@@ -124,7 +124,7 @@ class _ClassicalDefault:
         self.last_evaluation = evaluation(said, n, "elements")
         return put_back(parts, n, self.output.index(batch) if batch is not None else 0)
 
-    def _elements(self, arrays, batch: str, idx) -> tuple:
+    def _elements(self, arrays, batch: Optional[str], idx) -> tuple:
         """``(expression, arrays)`` of the elements ``idx`` along ``batch`` (None: this call's)."""
         if idx is None:
             return self, arrays
@@ -187,12 +187,12 @@ class _ElementsCall:
     once; the certified plan at each width; their run on a width, or their fallback."""
 
     def __init__(self, expr, arrays, backend, batch: Optional[str], idx):
-        self.sub, self.args = expr._elements(arrays, batch, idx) if batch is not None else (expr, arrays)
+        self.sub, self.args = expr._elements(arrays, batch, idx)
         self.backend, self.batch = backend, batch
         self.parsed = self.sub._operands(self.args)
         ops, kinds, cplx, _, _ = self.parsed
-        _, xp, _ = self.sub._backend(ops, kinds, backend)  # where the non-constant operands live
-        self.leaf = self.sub._leaves(ops, kinds, cplx, xp)
+        _, self.xp, _ = self.sub._backend(ops, kinds, backend)  # where the non-constant operands live
+        self.leaf = self.sub._leaves(ops, kinds, cplx, self.xp)
         self.widths = None
         self.plans: dict = {}
 
@@ -252,11 +252,11 @@ class _ElementsCall:
         except RNSRangeError:
             n = sub.sizes[self.batch] if self.batch is not None else 1
             if n > 1:
-                xp = array_module(*[x for x, k in zip(self.parsed[0], self.parsed[1]) if k != "const"])
                 parts, said = [], {}
                 for t in range(n):
-                    one = _ElementsCall(sub, self.args, self.backend, self.batch, xp.arange(t, t + 1))
-                    parts.append((xp.arange(t, t + 1), one.fallback(bound)))
+                    at = self.xp.arange(t, t + 1)
+                    one = _ElementsCall(sub, self.args, self.backend, self.batch, at)
+                    parts.append((at, one.fallback(bound)))
                     said[one.sub.last_evaluation] = said.get(one.sub.last_evaluation, 0) + 1
                 sub.last_evaluation = evaluation(said, n, "elements")
                 return put_back(parts, n, sub.output.index(self.batch))

@@ -72,4 +72,3 @@ def certified_groups(first: tuple, certify: Callable, next_keys: Callable, rung_
             xp = array_module(*[f for f in fallback if f is not None])
             groups = [g for g in groups if g[0] is not None] + [(None, False, xp.concatenate(fallback))]
     return groups
-
