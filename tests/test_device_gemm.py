@@ -88,9 +88,38 @@ def test_matmul(device):
     S = rng.standard_normal((2, 3, 5, 7))
     v = rng.standard_normal(7)
     Sd, vd = device.put(S), device.put(v)
-    same_bits(device.resident(lambda: rt.matmul(Sd, vd)), rt.matmul(S, v))
-    same_bits(device.resident(lambda: rt.matmul(Sd, Sd.transpose(0, 1, 3, 2))), rt.matmul(S, S.transpose(0, 1, 3, 2)))
+    # a stack of 6 matrices reads back one number per matrix at most (see test_matmul_stack_batched)
+    same_bits(device.resident(lambda: rt.matmul(Sd, vd), limit=8 * 6), rt.matmul(S, v))
+    same_bits(device.resident(lambda: rt.matmul(Sd, Sd.transpose(0, 1, 3, 2)), limit=8 * 6),
+              rt.matmul(S, S.transpose(0, 1, 3, 2)))
     assert rt.gemm_moduli(Sd[0, 0], Sd[0, 0].T, "auto") == rt.gemm_moduli(S[0, 0], S[0, 0].T, "auto")
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+@pytest.mark.parametrize("moduli", [None, "auto", 14])
+def test_matmul_stack_batched(device, cplx, moduli):
+    """A device stack runs batched: the CPU's bits, fewer launches than a dgemm per matrix, and nothing read back
+    beyond one number per matrix (its measured ratio or width: one vector, where a loop reads scalars per matrix)."""
+    rng = np.random.default_rng(7 + cplx)
+    nb, m, k, n = 6, 5, 9, 4
+    a, b = rng.standard_normal((nb, m, k)), rng.standard_normal((nb, k, n))
+    if cplx:
+        a, b = a + 1j * rng.standard_normal(a.shape), b - 1j * rng.standard_normal(b.shape)
+    a, b = a * np.exp2(rng.integers(-30, 30, (nb, 1, 1))), b * np.exp2(rng.integers(-30, 30, (nb, 1, n)))
+    a[3, 1, 2] = np.inf  # a matrix left to its own dgemm (numpy's inf/NaN rule), the others gathered around it
+    ad, bd = device.put(a), device.put(b)
+    got = device.resident(lambda: rt.matmul(ad, bd, moduli=moduli), limit=8 * nb)
+    with np.errstate(invalid="ignore"):
+        same_bits(got, rt.matmul(a, b, moduli=moduli))
+    gemm = rt.zgemm if cplx else rt.dgemm
+    before = len(device.launches)
+    device.cp.transfers.reset()
+    rt.matmul(ad, bd, moduli=moduli)
+    batched, copies = len(device.launches) - before, len(device.cp.transfers.events)
+    for i in range(nb):
+        gemm(ad[i], bd[i], moduli=moduli)
+    assert batched < (len(device.launches) - before - batched) / 2
+    assert copies < len(device.cp.transfers.events) - copies  # (each a wait for the device)
 
 
 def test_device_errors(device):

@@ -418,9 +418,12 @@ def matmul(
     value below ``2**53`` is the exact integer; results beyond that, or
     beyond the integer dtype's range, raise :class:`RNSRangeError` where
     numpy would wrap them. CuPy operands give a CuPy result, computed on
-    the device. A NumPy stack, real or complex, runs batched: every matrix
-    on the moduli dgemm (zgemm) chooses for it alone, the matrices on equal
-    moduli as one product (the bits of dgemm or zgemm, matrix by matrix).
+    the device. A stack, real or complex, on the host or the device, runs
+    batched: every matrix on the moduli dgemm (zgemm) chooses for it alone,
+    the matrices on equal moduli as one product (the bits of dgemm or zgemm,
+    matrix by matrix; a device stack reads back one number per matrix once,
+    its measured ratio or width, where a loop would wait for the device on
+    scalars matrix by matrix).
 
     Parameters
     ----------
@@ -508,9 +511,8 @@ def matmul(
     gemm = zgemm if cplx else dgemm
     count = math.prod(batch)
     alone = list(range(count))
-    if count > 1 and m and n and a2.shape[-1] and xp is np:
-        # a stack: each matrix on the moduli dgemm (zgemm) gives it alone, the products on equal moduli batched (on
-        # the host: on a device each matrix's choice would read back numbers that grow with the stack)
+    if count > 1 and m and n and a2.shape[-1]:
+        # a stack: each matrix on the moduli dgemm (zgemm) gives it alone, the products on equal moduli batched
         flat = res.reshape(count, m, n)
         alone = gemm_stack(flat, A.reshape(count, m, -1), B.reshape(count, -1, n), moduli, backend, workspace_bytes,
                            min_bits, rtol)

@@ -31,6 +31,16 @@ def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol) -> list:
         rtol)
 
 
+def _index(which, xp):
+    """The matrices ``which`` (increasing) as an index of the stack: a slice where they are consecutive (the usual
+    case: a view, nothing copied), else an index array, made on the array's side once (a device array's index
+    crosses the bus once, explicitly)."""
+    which = [int(i) for i in which]
+    if which == list(range(which[0], which[-1] + 1)):
+        return slice(which[0], which[-1] + 1)
+    return xp.asarray(np.asarray(which, np.int64))
+
+
 def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol) -> list:
     """``res[b] <- A[b] @ B[b]`` for the matrices of a stack that run batched; returns the others' indices.
 
@@ -40,8 +50,9 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     the same exact product's integers and decode, so the same bits; the
     matrices on equal moduli run as one
     batched program (:func:`~.tiles.gemm_program` with ``stack=True``), in as many pieces as the
-    workspace asks (NumPy stacks: :func:`~.api.matmul` runs device stacks one matrix at a time, as each
-    matrix's choice reads its numbers back). Left to ``dgemm`` one by one (returned): matrices with
+    workspace asks. On a device the choices read back one scalar (all finite?) and at most one number per
+    matrix (its measured ratio, or its exact width), once for the stack. Left to ``dgemm`` one by one
+    (returned): matrices with
     an inf or NaN, rows or columns wider than 49 moduli hold, an explicit
     ``moduli`` too small for the product (its error names the fix), and
     matrices whose product alone exceeds the workspace (``dgemm`` tiles it).
@@ -62,16 +73,19 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     BT = xp.ascontiguousarray(xp.swapaxes(B, 1, 2)).reshape(nb * n, k)  # the columns of every B[b], as rows
     sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, auto))
     sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, auto))
-    finite = to_host(sa[0].all(axis=1) & sb[0].all(axis=1))
+    finite = sa[0].all(axis=1) & sb[0].all(axis=1)
+    # one scalar read back where every matrix is finite (the usual case), else one flag per matrix
+    finite = np.ones(nb, bool) if bool(finite.all()) else to_host(finite)
     left = [i for i in range(nb) if not finite[i]]
     take = np.nonzero(finite)[0]
     if not take.size:
         return left
     if take.size < nb:
-        A2 = A2.reshape(nb, m, k)[take].reshape(-1, k)
-        BT = BT.reshape(nb, n, k)[take].reshape(-1, k)
-        sa = tuple(None if v is None else v[take] for v in sa)
-        sb = tuple(None if v is None else v[take] for v in sb)
+        finite_ones = _index(take, xp)
+        A2 = A2.reshape(nb, m, k)[finite_ones].reshape(-1, k)
+        BT = BT.reshape(nb, n, k)[finite_ones].reshape(-1, k)
+        sa = tuple(None if v is None else v[finite_ones] for v in sa)
+        sb = tuple(None if v is None else v[finite_ones] for v in sb)
     counts = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol)
     groups: dict = {}
     for j, s in enumerate(counts):
@@ -81,18 +95,17 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
         else:
             groups.setdefault(s, []).append(j)
     (fa, Ea, _, _), (fb, Eb, _, _) = sa, sb
-    whole = take.size == nb and len(groups) == 1  # every matrix in one group, in order: no gathered copies
     for s, members in groups.items():
         t = gemm_width(s, k, kind)
         prog = gemm_program(Basis.int8(s), t, k, cplx, 1.0, stack=True)
         enc_a, enc_b, *between, dec = prog.steps
         per = max(1, workspace // _tile_bytes(m, n, k, s, cplx))
         for c0 in range(0, len(members), per):
-            sel = np.asarray(members[c0:c0 + per])
+            sel = _index(members[c0:c0 + per], xp)
+            at = sel if take.size == nb else _index(take[members[c0:c0 + per]], xp)
             ea = xp.where(fa[sel] & (Ea[sel] != _NONE), t - Ea[sel], 0).astype(np.int64)[:, :, None]
             eb = xp.where(fb[sel] & (Eb[sel] != _NONE), t - Eb[sel], 0).astype(np.int64)[:, None, :]
-            at = take[sel]
-            xa, xb = (A3, B3) if whole and sel.size == nb else (A3[at], B3[at])
+            xa, xb = A3[at], B3[at]  # (consecutive matrices: views, nothing gathered)
             if cplx:  # the (re, im) parts first, sharing each row's (column's) exponent
                 xa, xb, ea, eb = xp.stack([xa.real, xa.imag]), xp.stack([xb.real, xb.imag]), ea[None], eb[None]
             vals = {0: Value(be.encode(xa, ea, prog.basis.moduli, t), -ea, 1, enc_a.bound, enc_a.labels),

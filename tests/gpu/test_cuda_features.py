@@ -55,6 +55,19 @@ def test_dgemm_zgemm(m, k, n):
     same(rt.zgemm(za, zb, backend="cuda"), rt.zgemm(za, zb, backend="cpu"))
 
 
+@pytest.mark.parametrize("moduli", [None, "auto"])
+def test_matmul_stack_on_device(moduli):
+    # a stack of CuPy matrices runs batched on the device: the bits of the host stack, matrix by matrix
+    import cupy as cp
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((12, 33, 40)) * np.exp2(rng.integers(-20, 20, (12, 1, 1)))
+    b = rng.standard_normal((12, 40, 17)) * np.exp2(rng.integers(-20, 20, (12, 1, 17)))
+    same(rt.matmul(cp.asarray(a), cp.asarray(b), moduli=moduli).get(), rt.matmul(a, b, moduli=moduli))
+    za, zb = a + 1j * a[:, ::-1], b - 1j * b[::-1]
+    same(rt.matmul(cp.asarray(za), cp.asarray(zb), moduli=moduli).get(), rt.matmul(za, zb, moduli=moduli))
+
+
 def test_einsum():
     rng = np.random.default_rng(3)
     A, B, C = rng.standard_normal((6, 7)), rng.standard_normal((7, 8)), rng.standard_normal((8, 5))
