@@ -19,10 +19,10 @@ from .planner.drops import ROW as _ROW
 from .planner.drops import axis_labels as _axis_labels
 from .program.errors import composed_bound, fraction_up, operator_norms, persistent_coefficients
 from .primitives import DECODE_MODES, strip_pending
-from .run.fusion import compiled_program, takes_fused
+from .run.fusion import fused_program
 from . import ir
 from .ir.lower import FusionRequest
-from .program.execute import Value, encode_value, moved, run_step, value_of
+from .program.execute import Value, encode_value, execute, moved, run_step, value_of
 from .run.exact import half_spacing
 from .run.policy import accuracy_policy, check_rtol
 from .tensor import RNSTensor, Scale
@@ -213,7 +213,7 @@ class ChainPlan(ChainPolicies):
         xb = x.reshape((math.prod(lead),) + tuple(x.shape[batch:]))
         name = be.name if on_device else backend
         vals = self._execute({}, be, xp, name, xb)
-        y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name)
+        y = run_step(ir.Decode(1, 0, decode), vals, self.basis, be, name, xp)
         return y.reshape(lead + tuple(y.shape[1:]))
 
     # ----- the chain as einsum (moduli='auto' evaluates it, chain_policy.py) -----------------
@@ -256,9 +256,7 @@ class ChainPlan(ChainPolicies):
                 return self._operator_value(st.source, xp)
             return encode_value(x, st, self.basis, backend_name)
 
-        for st in self.program.steps[start:]:
-            run_step(st, vals, self.basis, be, backend_name, encoded=encoded)
-        return vals
+        return execute(self.program, be, backend_name, xp, encoded=encoded, vals=vals, start=start)
 
     def _run_fused(self, X, decode: str, be, on_device: bool, required: bool):
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``required``)."""
@@ -273,12 +271,11 @@ class ChainPlan(ChainPolicies):
         batch = self._check_shape(tuple(x.shape))
         shape = tuple(x.shape[batch:])
         # the backend compiles the program once per tensor shape
-        found = compiled_program(self._fused_programs, (be.name, shape, decode), be,
-                                 lambda: self.fusion_request(shape), decode)
         B = math.prod(x.shape[:batch])
-        if not takes_fused(be, found, B, required, "this plan cannot run as one kernel: "):
+        prog = fused_program(self._fused_programs, (be.name, shape, decode), be, lambda: self.fusion_request(shape),
+                             decode, B, required, refusal="this plan cannot run as one kernel: ")
+        if prog is None:
             return None
-        prog = found[0]
         out = be.chain(prog, x.reshape((B,) + shape), decode)
         return out.reshape(tuple(x.shape[:batch]) + prog.out_shape)
 

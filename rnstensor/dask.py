@@ -386,7 +386,7 @@ def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False, with_opera
             # exact: the tile's exact integers, alpha, beta and c, rounded once (on the host)
             finish = (lambda v: xp.asarray(exact_combination(exact_parts(v, prog.basis, cplx), alpha, beta,
                                                               None if c is None else _host(c), cplx))) if exact else None
-            term[...] = tile_result(prog, pairs, be, backend, finish)
+            term[...] = tile_result(prog, pairs, be, backend, xp, finish)
             # the operands, where a row / column holds inf or NaN or alpha's two terms may overflow (see _gemm)
             A, B = ((xp.concatenate(_leaves(rest[0]), axis=1), xp.concatenate(_leaves(rest[1]), axis=0))
                     if with_operands else (None, None))

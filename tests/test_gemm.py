@@ -706,7 +706,7 @@ def test_3m_residues_equal_4m(k):
     va = G._encoded(np.stack([A.real, A.imag]), ea[None, :, None], prog.steps[0], basis, be)
     vb = G._encoded(np.stack([B.real, B.imag]), eb[None, None, :], prog.steps[1], basis, be)
     vals = {0: va, 1: vb}
-    v3 = run_step(prog.steps[2], vals, basis, be, "cpu")
+    v3 = run_step(prog.steps[2], vals, basis, be, "cpu", np)
     re3, im3 = (tensor_of(type(v3)(v3.planes[:, p], v3.exp[0], v3.factor, v3.bound, "ij"), basis) for p in (0, 1))
     # the 4M form from the primitives, on operands sharing the 3M step's exponents
     Ar, Ai = (_with_exponents(x, -ea[:, None], basis, t) for x in (A.real, A.imag))

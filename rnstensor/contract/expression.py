@@ -24,6 +24,7 @@ from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
 from ..program.execute import DeferredValue, Value, execute, moved, permuted, tensor_of, value_of
 from ..run.exact import half_spacing
+from ..run.fusion import fused_program
 from ..tensor import RNSTensor
 from .auto import _CorrectlyRounded
 from .classical import _ClassicalDefault
@@ -379,7 +380,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             return v
 
         observer = EntrywiseErrors(self.basis, leaf) if track else None
-        vals = execute(plan, be, be_name, encoded=encoded, operand=lambda st: ops[st.source],
+        vals = execute(plan, be, be_name, xp, encoded=encoded, operand=lambda st: ops[st.source],
                        tables=getattr(be, "constants", None), observer=observer)
         Z = vals[plan.out]
         planes, exp = permuted(Z, plan.out_labels)
@@ -419,8 +420,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 or any(n == 0 for n in self.sizes.values())):
             return None
         be, xp, _ = self._backend(ops, kinds, backend)
-        compile_program = getattr(be, "compile_program", None)
-        if compile_program is None:
+        if not callable(getattr(be, "compile_program", None)):
             return None
         plan = self._plan(kinds, cplx, tensors, widths)
         inputs = [st for st in plan.steps if isinstance(st, ir.Encode) and not st.constant]
@@ -432,34 +432,34 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         nbatch = len(enc.labels) - len(enc.shared)
         in_shape = tuple(self.sizes[c] for c in enc.labels[nbatch:])
         leaf = self._leaves(ops, kinds, cplx, xp)
+        for st in matrices:
+            self._check_exact(st.source, leaf(st), st, widths)
 
-        def pack():
-            """The plan packed, its constants (and the matrices, encoded for this call) as operators."""
+        def request():
+            """The plan as a fusion request, its constants (and the matrices, encoded for this call) as operators."""
             consts = [None] * len(self.terms)
             for st in plan.steps:
                 if isinstance(st, ir.Encode) and st.constant:
                     consts[st.source] = self._const_value(st, False, np)
                 elif st in matrices:
-                    self._check_exact(st.source, leaf(st), st, widths)
                     T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
                     consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
-            request = FusionRequest(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch=nbatch)
-            return compile_program(request, mode)[0]
+            return FusionRequest(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch=nbatch)
 
-        if matrices:  # their residues are this call's: packed per call
-            prog = pack()
-        else:
-            key = ("fused", id(plan), be.name, mode)
+        # the backend compiles the plan once (its constants only), or per call (the matrices' residues are this call's)
+        cache = {}
+        if not matrices:
+            key = ("fused", id(plan))
             if key not in self._const_cache or self._const_cache[key][0] is not plan:
-                self._const_cache[key] = (plan, pack())
-            prog = self._const_cache[key][1]
-        if prog is None:
-            return None
+                self._const_cache[key] = (plan, {})
+            cache = self._const_cache[key][1]
         x = leaf(enc)
         lead = x.shape[:nbatch]
-        if be.fuses(prog, math.prod(lead)) is not None:
-            return None  # the backend's own measurement: step by step is faster here
+        # (the backend's own measurement may say step by step is faster here)
+        prog = fused_program(cache, (be.name, mode), be, request, mode, math.prod(lead), required=False)
+        if prog is None:
+            return None
         self._check_exact(enc.source, x, enc, widths)
         y = be.chain(prog, x.reshape((math.prod(lead),) + x.shape[nbatch:]), mode).reshape(lead + prog.out_shape)
         last = [st for st in plan.steps if isinstance(st, ir.Contract) and st.out == plan.out][-1]

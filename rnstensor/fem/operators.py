@@ -37,7 +37,7 @@ from ..program.errors import FieldErrors, NormErrors, OperatorBounds, decode_fac
 from ..primitives import DECODE_MODES, operator_row_sums, to_int
 from ..primitives import decode as _decode
 from ..program.execute import Value, encode_value, execute, moved, tensor_of, value_of
-from ..run.fusion import compiled_program, takes_fused
+from ..run.fusion import fused_program
 from ..tensor import RNSTensor, Scale
 from .program import (
     FloatRunner,
@@ -348,7 +348,7 @@ class _Operator:
                 return consts[st.source]
             return encode_value(x, st, basis, name)
 
-        return execute(self.program, be, name, encoded=encoded, observer=observer)
+        return execute(self.program, be, name, xp, encoded=encoded, observer=observer)
 
     def apply(self, u, decode: str = "fp64", *, fused: Optional[bool] = None) -> np.ndarray:
         """Apply the operator to element-local nodal values ``u`` of shape ``(nelem, P, ..., P)``.
@@ -393,11 +393,10 @@ class _Operator:
         """The fused kernel's result, or ``None`` where it cannot run (an error instead if ``fused``)."""
         be, xp, _ = self._backend_of(x)
         # one per plan (the operator's element slices share it) and method (only 'rescale_be' compiles)
-        found = compiled_program(_FUSED.setdefault(self.program, {}), ("fused_program", be.name, decode, self.method),
-                                 be, self.fusion_request, decode, "the fused operator")
-        if not takes_fused(be, found, x.shape[0], bool(fused)):
+        prog = fused_program(_FUSED.setdefault(self.program, {}), ("fused_program", be.name, decode, self.method),
+                             be, self.fusion_request, decode, x.shape[0], bool(fused), "the fused operator")
+        if prog is None:
             return None
-        prog = found[0]
         field, fexp = self._fused_field_on(be.xp)  # on the device once per operator
         return be.chain(prog, x, decode, field=field, fexp=fexp)
 

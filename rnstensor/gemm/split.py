@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from ..arith import to_int_ref
-from ..arrays import array_module, to_host
+from ..arrays import array_module
 from ..basis import Basis
 from ..encode import _NONE
 from ..errors import RNSRangeError
@@ -173,7 +173,7 @@ def exact_split_sums(A, Bm, s: int, be, backend_name) -> tuple[np.ndarray, np.nd
     enc_a, enc_b, product, _ = gemm_program(basis, t, k, False, 1.0).steps
     Ea, Eb = _slice_exponent(xa, 1), _slice_exponent(xbt, 1)
     vals = {0: _encoded(xa, (t - Ea)[:, None], enc_a, basis, be), 1: _encoded(xbt.T, (t - Eb)[None, :], enc_b, basis, be)}
-    run_step(product, vals, basis, be, backend_name)
+    run_step(product, vals, basis, be, backend_name, np)
     N = to_int_ref(np.asarray(vals[product.out].planes), basis.moduli)
     ex = (Ea[:, None] + Eb[None, :] - 2 * t).astype(np.int64)  # pair (r, c) is N_rc * 2**ex_rc
     m, n = A.shape[0], Bm.shape[1]

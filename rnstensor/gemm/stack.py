@@ -9,7 +9,7 @@ from ..backends import dispatch
 from ..basis import Basis
 from ..encode import _NONE
 from ..magnitude import measure_ratios
-from ..program.execute import Value, run_step
+from ..program.execute import Value, execute
 from .checks import _check_moduli, _check_target, _check_workspace
 from .scan import group_lsb, group_stats, stack_moduli
 from .tiles import _tile_bytes, gemm_program
@@ -98,7 +98,7 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     for s, members in groups.items():
         t = gemm_width(s, k, kind)
         prog = gemm_program(Basis.int8(s), t, k, cplx, 1.0, stack=True)
-        enc_a, enc_b, *between, dec = prog.steps
+        enc_a, enc_b = prog.steps[:2]
         per = max(1, workspace // _tile_bytes(m, n, k, s, cplx))
         for c0 in range(0, len(members), per):
             sel = _index(members[c0:c0 + per], xp)
@@ -108,9 +108,7 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
             xa, xb = A3[at], B3[at]  # (consecutive matrices: views, nothing gathered)
             if cplx:  # the (re, im) parts first, sharing each row's (column's) exponent
                 xa, xb, ea, eb = xp.stack([xa.real, xa.imag]), xp.stack([xb.real, xb.imag]), ea[None], eb[None]
-            vals = {0: Value(be.encode(xa, ea, prog.basis.moduli, t), -ea, 1, enc_a.bound, enc_a.labels),
-                    1: Value(be.encode(xb, eb, prog.basis.moduli, t), -eb, 1, enc_b.bound, enc_b.labels)}
-            for st in between:
-                run_step(st, vals, prog.basis, be, backend_name)
-            res[at] = run_step(dec, vals, prog.basis, be, backend_name)
+            encoded = {enc_a.out: Value(be.encode(xa, ea, prog.basis.moduli, t), -ea, 1, enc_a.bound, enc_a.labels),
+                       enc_b.out: Value(be.encode(xb, eb, prog.basis.moduli, t), -eb, 1, enc_b.bound, enc_b.labels)}
+            res[at] = execute(prog, be, backend_name, xp, vals=encoded, start=2)[prog.out]
     return sorted(left)

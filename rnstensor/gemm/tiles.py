@@ -215,7 +215,7 @@ def _run_tiles(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, mb: int, n
                 with _phase("encode"):
                     va = encode_a(i0, i1)
             done = None if finish is None else (lambda v, i0=i0, i1=i1, j0=j0, j1=j1: finish(v, i0, i1, j0, j1))
-            res = tile_result(prog, [(va, vb)], be, backend_name, done, _phase)
+            res = tile_result(prog, [(va, vb)], be, backend_name, xp, done, _phase)
             term[i0:i1, j0:j1] = res.T if transposed else res
 
 

@@ -1,9 +1,10 @@
 """Running a residue program on a backend: NumPy arrays on the CPU backends, CuPy arrays on the CUDA backend.
 
-The executor walks a :class:`~rnstensor.ir.Program` step by step. A
+The executor walks a :class:`~rnstensor.ir.Program` step by step, in the
+array module its caller found once and hands it (no step asks again). A
 slot's value is a :class:`Value`: planes, exponents, factor, bound and labels,
-all where the data lives (the exponents are small arrays of the planes' array
-module). Nothing data-sized leaves the device between the encodes and the
+all where the data lives (the exponents are small arrays, of the planes' array
+module, or host vectors beside device planes in a Dask tile). Nothing data-sized leaves the device between the encodes and the
 decode; constant operands come from the builder's cache, encoded once per
 device. An *observer* (the running error analysis of :mod:`.errors`) sees
 every step with its operands and result.
@@ -19,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..arith import alpha_parts, drop_spec
-from ..arrays import array_module, to_module
+from ..arrays import to_module
 from ..basis import Basis, centered, pow2_cycle
 from ..errors import RNSRangeError
 from ..encode import encode
@@ -28,7 +29,7 @@ from ..tensor import RNSTensor, Scale
 from ..ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
 __all__ = [
-    "DeferredValue", "Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted", "unit",
+    "DeferredValue", "Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted",
            "alpha_parts", "last_reads"]
 
 
@@ -184,9 +185,8 @@ def _planes_on(planes, have: tuple, active: tuple):
     return planes[[have.index(p) for p in active]]
 
 
-def _sum(v: Value, over: str, bound: int, basis: Basis, be) -> Value:
+def _sum(v: Value, over: str, bound: int, basis: Basis, be, xp) -> Value:
     """The residues of the sum over the labels ``over``: a product with a row of ones (exact, any backend)."""
-    xp = array_module(v.planes)
     axes = [v.labels.index(c) for c in over]
     keep = [a for a in range(len(v.labels)) if a not in axes]
     moved = v.planes.transpose([0] + [a + 1 for a in keep] + [a + 1 for a in axes])
@@ -198,20 +198,19 @@ def _sum(v: Value, over: str, bound: int, basis: Basis, be) -> Value:
     return Value(out.reshape(out.shape[:-1]), _drop_axes(v.exp, axes), v.factor, bound, labels, v.active)
 
 
-def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be) -> Value:
+def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be, xp) -> Value:
     if st.kind == "matmul":
-        planes = _engine_product(X, Y, st, _moduli(X, basis), be)
+        planes = _engine_product(X, Y, st, _moduli(X, basis), be, xp)
         if planes is not None:  # (the operands' planes, where deferred, are never made)
             xs, ys = (tuple(v.source.shape[v.labels.index(c)] for c in keep) for v, keep in
                       ((X, st.x_keep), (Y, st.y_keep)))
             return Value(planes.reshape(planes.shape[:1] + xs + ys), _product_exps(X, Y, st), X.factor * Y.factor,
                          st.bound, st.labels, X.active)
-    xp = array_module(X.planes, Y.planes)
     C, Bt, Kx, Ky, kind = st.contracted, st.batch, st.x_keep, st.y_keep, st.kind
     if st.x_sum:
-        X = _sum(X, st.x_sum, 0, basis, be)
+        X = _sum(X, st.x_sum, 0, basis, be, xp)
     if st.y_sum:
-        Y = _sum(Y, st.y_sum, 0, basis, be)
+        Y = _sum(Y, st.y_sum, 0, basis, be, xp)
     factor = X.factor * Y.factor
     moduli = _moduli(X, basis)
     L = len(moduli)
@@ -255,7 +254,7 @@ def _product_exps(X: Value, Y: Value, st: Contract) -> Exps:
             + _insert_axes(_drop_axes(ye, range(nb, nb + nc)), nb, nx))
 
 
-def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be):
+def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be, xp):
     """The residues of a GEMM-shaped product of two encoded operands by the backend's exact GEMM engine
     (``exact_product``: the CPU's wide moduli in float64 BLAS), from the floats they were encoded from; ``None``
     where the backend has none or declines it, or the step is not one plain GEMM of two fresh encodings (a batch
@@ -265,7 +264,6 @@ def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be):
             or X.active is not None or Y.active is not None or X.factor != 1 or Y.factor != 1
             or X.source.dtype != np.float64 or Y.source.dtype != np.float64):
         return None
-    xp = array_module(X.source, Y.source)
     nc = len(st.contracted)
     xorder, yorder = st.x_keep + st.contracted, st.contracted + st.y_keep
     xs = X.source.transpose([X.labels.index(c) for c in xorder])
@@ -280,9 +278,8 @@ def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be):
     return engine(xs.reshape(M, K), ys.reshape(K, N), ea.astype(np.int64), eb.astype(np.int64), st.bound, moduli)
 
 
-def _contract_3m(X: Value, Y: Value, st: Contract3M, basis: Basis, be) -> Value:
+def _contract_3m(X: Value, Y: Value, st: Contract3M, basis: Basis, be, xp) -> Value:
     """The 3M complex mode product: the backend's fused kernel where it has one, else its composition (same bits)."""
-    xp = array_module(X.planes, Y.planes)
     moduli = _moduli(X, basis)
     ax = X.labels.index(st.contracted) - 1  # within one part (the first axis is (re, im))
     kop = st.y_labels[1:].replace(st.contracted, "")
@@ -319,9 +316,8 @@ def combine_parts(z, i: int, j: int):
     return part
 
 
-def _combine(v: Value, st: Combine, basis: Basis, be) -> Value:
+def _combine(v: Value, st: Combine, basis: Basis, be, xp) -> Value:
     """(re, im) times (re, im): ``Re = P00 - P11``, ``Im = P01 + P10`` (the exact 4M form)."""
-    xp = array_module(v.planes)
     moduli = _moduli(v, basis)
     i, j = v.labels.index(st.re_x), v.labels.index(st.re_y)
     part = combine_parts(v.planes, i + 1, j + 1)
@@ -363,9 +359,8 @@ def pow2_residues(d, moduli: tuple, xp, tables: Optional[Callable] = None):
     return tab[rows, k]
 
 
-def _align(T: RNSTensor, st: Operand, be, tables) -> Value:
+def _align(T: RNSTensor, st: Operand, be, tables, xp) -> Value:
     """An RNSTensor operand on the full basis with exponents constant along ``shared`` (exact shifts)."""
-    xp = array_module(T.residues)
     planes = T.residues
     if T.active != T.basis.moduli:
         planes, _ = be.drop_extend(planes, T.active, T.basis, 0, True)
@@ -381,19 +376,10 @@ def _align(T: RNSTensor, st: Operand, be, tables) -> Value:
     return Value(planes, e, T.scale.factor, st.bound, st.labels)
 
 
-def unit(v: Value):
-    """The value of one integer unit of every entry: ``factor * 2**exponent`` (float64, saturating)."""
-    e = v.exp.total()
-    xp = array_module(e)
-    with np.errstate(over="ignore"):
-        return xp.ldexp(float(v.factor), xp.clip(e, -1100, 1100).astype(np.int32))
-
-
-def _decode_real(T: RNSTensor, mode: str, alpha: float, backend):
+def _decode_real(T: RNSTensor, mode: str, alpha: float, backend, xp):
     """``alpha * value(T)``: ``alpha``'s significand and exponent join the exact scale (correctly rounded for 'exact')."""
     if alpha == 1.0:
         return decode_tensor(T, mode, backend=backend)
-    xp = array_module(T.residues)
     if alpha == 0:
         return xp.zeros(T.shape)
     if not math.isfinite(alpha):
@@ -406,11 +392,10 @@ def _decode_real(T: RNSTensor, mode: str, alpha: float, backend):
     return -out if alpha < 0 else out
 
 
-def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
+def _decode(v: Value, st: Decode, basis: Basis, backend, xp) -> Any:
     """The slot decoded, times ``alpha`` (a complex result from its (re, im) axis when ``st.complex``)."""
     if not st.complex:
-        return _decode_real(tensor_of(v, basis), st.mode, complex(st.alpha).real, backend)
-    xp = array_module(v.planes)
+        return _decode_real(tensor_of(v, basis), st.mode, complex(st.alpha).real, backend, xp)
     parts = [tensor_of(Value(v.planes[:, p], v.exp[0], v.factor, v.bound, v.labels[1:], v.active), basis)
              for p in (0, 1)]
     ar, ai = complex(st.alpha).real, complex(st.alpha).imag
@@ -419,11 +404,11 @@ def _decode(v: Value, st: Decode, basis: Basis, backend) -> Any:
     # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
     if ai:  # (two terms past the range give inf - inf: NaN, which the GEMM front end recomputes exactly)
         with np.errstate(invalid="ignore", over="ignore"):
-            out.real[...] = _decode_real(re, st.mode, ar, backend) - _decode_real(im, st.mode, ai, backend)
-            out.imag[...] = _decode_real(im, st.mode, ar, backend) + _decode_real(re, st.mode, ai, backend)
+            out.real[...] = _decode_real(re, st.mode, ar, backend, xp) - _decode_real(im, st.mode, ai, backend, xp)
+            out.imag[...] = _decode_real(im, st.mode, ar, backend, xp) + _decode_real(re, st.mode, ai, backend, xp)
     else:
-        out.real[...] = _decode_real(re, st.mode, ar, backend)
-        out.imag[...] = _decode_real(im, st.mode, ar, backend)
+        out.real[...] = _decode_real(re, st.mode, ar, backend, xp)
+        out.imag[...] = _decode_real(im, st.mode, ar, backend, xp)
     return out
 
 
@@ -438,18 +423,21 @@ def encode_value(x, st: Encode, basis: Basis, backend_name) -> Value:
     return value_of(T, st.labels, st.bound)
 
 
-def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, operand=None, tables=None):
+def run_step(st, vals: dict, basis: Basis, be, backend_name, xp, *, encoded=None, operand=None, tables=None):
     """Execute one step on the slot values ``vals`` (updated in place); returns the new value.
 
-    ``encoded(step)`` gives an :class:`Encode` step's value (the builder
-    encodes its argument, or takes a constant from its cache: see
-    :func:`encode_value`), ``operand(step)`` an :class:`Operand` step's
-    RNSTensor; ``tables(key, make)`` caches host tables on the backend's device.
+    ``xp`` is the values' array module (``numpy`` or ``cupy``), which the
+    front end found once from its operands (:func:`rnstensor.backends.dispatch`)
+    and carries: no step asks for it again. ``encoded(step)`` gives an
+    :class:`Encode` step's value (the builder encodes its argument, or takes a
+    constant from its cache: see :func:`encode_value`), ``operand(step)`` an
+    :class:`Operand` step's RNSTensor; ``tables(key, make)`` caches host tables
+    on the backend's device.
     """
     if isinstance(st, Encode):
         v = encoded(st)
     elif isinstance(st, Operand):
-        v = _align(operand(st), st, be, tables)
+        v = _align(operand(st), st, be, tables, xp)
     elif isinstance(st, Drop):
         x = vals[st.x]
         active = _moduli(x, basis)
@@ -460,7 +448,6 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
     elif isinstance(st, Reencode):
         x = vals[st.x]
         y = decode_tensor(tensor_of(x, basis), "fp64", backend=backend_name)
-        xp = array_module(y)
         if not bool(xp.isfinite(y).all()):  # one flag back: the intermediate left float64's range, not the input
             raise RNSRangeError(
                 f"the composed method decodes every intermediate to float64, and the one after this product "
@@ -472,19 +459,19 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, *, encoded=None, op
         x = vals[st.x]
         v = Value(x.planes, x.exp.max(x.labels.index(st.label)), x.factor, x.bound, x.labels, x.active)
     elif isinstance(st, Sum):
-        v = _sum(_named(vals[st.x], st.x_labels), st.over, st.bound, basis, be)
+        v = _sum(_named(vals[st.x], st.x_labels), st.over, st.bound, basis, be, xp)
     elif isinstance(st, Contract):
-        v = _contract(_named(vals[st.x], st.x_labels), _named(vals[st.y], st.y_labels), st, basis, be)
+        v = _contract(_named(vals[st.x], st.x_labels), _named(vals[st.y], st.y_labels), st, basis, be, xp)
     elif isinstance(st, Contract3M):
-        v = _contract_3m(_named(vals[st.x], st.x_labels), _named(vals[st.y], st.y_labels), st, basis, be)
+        v = _contract_3m(_named(vals[st.x], st.x_labels), _named(vals[st.y], st.y_labels), st, basis, be, xp)
     elif isinstance(st, Combine):
-        v = _combine(vals[st.x], st, basis, be)
+        v = _combine(vals[st.x], st, basis, be, xp)
     elif isinstance(st, Add):
         x, y = vals[st.x], vals[st.y]
         planes = be.add(x.planes, y.planes, _moduli(x, basis), st.subtract)
         v = Value(planes, x.exp, x.factor, st.bound, x.labels, x.active)
     elif isinstance(st, Decode):
-        v = _decode(vals[st.x], st, basis, backend_name)
+        v = _decode(vals[st.x], st, basis, backend_name, xp)
     else:  # pragma: no cover - a builder's bug
         raise TypeError(f"unknown program step {type(st).__name__}")
     vals[st.out] = v
@@ -504,19 +491,23 @@ def last_reads(program: Program) -> dict:
     return last
 
 
-def execute(program: Program, be, backend_name, *, encoded=None, operand=None, tables=None, observer=None) -> dict:
-    """Run every step of ``program`` on backend ``be``; returns the slot values (the result at ``program.out``).
+def execute(program: Program, be, backend_name, xp, *, encoded=None, operand=None, tables=None, observer=None,
+            vals: Optional[dict] = None, start: int = 0) -> dict:
+    """Run the steps of ``program`` on backend ``be``; returns the slot values (the result at ``program.out``).
 
-    A slot is freed after the last step that reads it (the result is kept).
+    ``xp``: the values' array module (see :func:`run_step`). A slot is
+    freed after the last step that reads it (the result is kept).
     ``observer(step, before, after, vals)`` is called after each step with
-    the operand values it read (``before``) and its result.
+    the operand values it read (``before``) and its result. ``vals`` and
+    ``start``: run from step ``start`` on values the caller has made (its
+    first steps' results, e.g. an input encoded by the caller's own means).
     """
-    vals: dict = {}
+    vals = {} if vals is None else vals
     last = last_reads(program)
-    for i, st in enumerate(program.steps):
+    for i, st in enumerate(program.steps[start:], start):
         reads = _reads(st)
         before = {k: vals[k] for k in reads} if observer is not None else None
-        v = run_step(st, vals, program.basis, be, backend_name, encoded=encoded, operand=operand, tables=tables)
+        v = run_step(st, vals, program.basis, be, backend_name, xp, encoded=encoded, operand=operand, tables=tables)
         if observer is not None:
             observer(st, before, v, vals)
         for k in reads:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable
 
-__all__ = ["compiled_program", "takes_fused"]
+__all__ = ["compiled_program", "takes_fused", "fused_program"]
 
 
 def compiled_program(cache: dict, key: Hashable, be, request: Callable, decode: str,
@@ -42,3 +42,20 @@ def takes_fused(be, found: tuple, tensors: int, required: bool, refusal: str = "
             raise ValueError(f"fused=True: {refusal}{why}")
         return False
     return required or be.fuses(prog, tensors) is None
+
+
+def fused_program(cache: dict, key: Hashable, be, request: Callable, decode: str, tensors: int, required: bool,
+                  what: str = "the fused interpreter", refusal: str = ""):
+    """The backend's compiled program to run fused on ``tensors`` tensors, or ``None`` to run step by step: one
+    :func:`compiled_program` (made once per ``key``) checked by :func:`takes_fused` (``required``: ``fused=True``,
+    a ``ValueError`` saying ``refusal`` and why where it did not compile).
+
+    Examples
+    --------
+    >>> class NoFusion:
+    ...     name = "numpy"
+    >>> fused_program({}, "k", NoFusion(), lambda: None, "fp64", tensors=8, required=False) is None
+    True
+    """
+    found = compiled_program(cache, key, be, request, decode, what)
+    return found[0] if takes_fused(be, found, tensors, required, refusal) else None
