@@ -234,8 +234,9 @@ class ChainPolicies:
         leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
         if m is not None:
             batch = next(st.labels[0] for st in self.program.steps if isinstance(st, Encode) and not st.constant)
-            return certify(self.program, leaf, exponents, m, target, *((batch, xb.shape[0]) if per_tensor else ()))
-        return ClassicalErrors(leaf, exponents).run(self.program)
+            return certify(self.program, leaf, exponents, m, target, *((batch, xb.shape[0]) if per_tensor else ()),
+                           xp=xp)
+        return ClassicalErrors(leaf, exponents, xp=xp).run(self.program)
 
     def _float_operators(self, xp, encoded: bool) -> list:
         """The operators as float64 arrays on ``xp``, copied to a device once: as given, or as encoded

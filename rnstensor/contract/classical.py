@@ -227,7 +227,7 @@ class _ElementsCall:
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
             return -group_exponents(leaf(st), st.bits, st.shared)
 
-        return expr, used, certify(plan, leaf, exponents, m, target, *per), m, target
+        return expr, used, certify(plan, leaf, exponents, m, target, *per, xp=self.xp), m, target
 
     def run(self, cap: int, exact: bool, bound: bool):
         """The elements' result (``bound``: their error bound) at ``cap`` bits, certified for each of them."""

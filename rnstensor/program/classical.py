@@ -49,7 +49,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..arrays import array_module, to_module
+from ..arrays import to_module
 from ..backends.cpu import chain_magnitude_stats, chain_stats_warm, encode_magnitudes, mode_magnitudes
 from .errors import _letters, _result_letters
 from .execute import combine_parts
@@ -76,14 +76,13 @@ def gamma(m: int) -> float:
 def _up(x, ops: int = 4):
     """``x`` (a sum or product of nonnegative numbers; or an array of them, one per tensor) inflated past the rounding
     of ``ops`` float64 operations that made it; an exact 0 stays 0 (every term was 0)."""
-    if _per_tensor(x):
-        return array_module(x).where(x != 0, x * (1 + ops * 2.0**-52) + 2.0**-1070, x)
-    return x * (1 + ops * 2.0**-52) + 2.0**-1070 if x else x
+    # (x != 0) adds the tiny term to the nonzero entries only: an array's own arithmetic, on either side of the bus
+    return x * (1 + ops * 2.0**-52) + (x != 0) * 2.0**-1070
 
 
 def _nonzero(x) -> bool:
     """Whether a number, or any of an array of them (one per tensor), is nonzero."""
-    return bool(array_module(x).any(x)) if _per_tensor(x) else bool(x)
+    return bool(x.any()) if _per_tensor(x) else bool(x)
 
 
 def _per_tensor(x) -> bool:
@@ -124,8 +123,9 @@ class ClassicalErrors:
     """
 
     def __init__(self, leaf: Callable, exponents: Callable, magnitudes: Optional["ChainStatistics"] = None,
-                 batch: Optional[str] = None, size: int = 1):
+                 batch: Optional[str] = None, size: int = 1, xp=np):
         self.leaf, self.exponents = leaf, exponents
+        self.xp = xp  # the operands' array module (the caller's, found once)
         self.batch, self.size = batch, size
         #: per tensor (``batch``): those refused (magnitudes out of the certified range), and why
         self.refused = None  # (an array once one is)
@@ -174,7 +174,7 @@ class ClassicalErrors:
             c, sc, g, r, a, lo = self.state[st.x]
             axes = tuple(st.x_labels.index(ch) for ch in st.over)
             n = math.prod(c.shape[ax] for ax in axes)
-            c = array_module(c).sum(c, axis=axes)
+            c = self.xp.sum(c, axis=axes)
             h = (n + 2) * 2.0**-52
             return c, sc, _up((g + h) / (1 - h)), r, _up(n * a), self._least(c, self._out_labels) * sc * (1 - 2.0**-50)
         if isinstance(st, Contract):
@@ -190,8 +190,7 @@ class ClassicalErrors:
             c, sc, g, r, a, lo = self.state[st.x]
             lab = self.labels[st.x]
             part = combine_parts(c, lab.index(st.re_x), lab.index(st.re_y))
-            xp = array_module(c)
-            c = xp.stack([part(0, 0) + part(1, 1), part(1, 0) + part(0, 1)])
+            c = self.xp.stack([part(0, 0) + part(1, 1), part(1, 0) + part(0, 1)])
             return c, sc, _up(g + 2 * _U, 2), r, _up(2 * a), self._least(c, self._out_labels) * sc * (1 - 2.0**-50)
         raise _Refused(f"no classical rule for step {type(st).__name__}")
 
@@ -201,15 +200,15 @@ class ClassicalErrors:
         if self.magnitudes is not None:
             c, lo, exact = self.magnitudes.encode(st, x, e)
         else:
-            c, lo, exact = _leaf_magnitudes(x, e, self._axis(st.labels))
+            c, lo, exact = _leaf_magnitudes(x, e, self.xp, self._axis(st.labels))
         lo = self._floor(lo, "an operand spans too many binades within one exponent slice")
-        a = array_module(exact).where(exact, 0.0, 0.5) if _per_tensor(exact) else 0.0 if exact else 0.5
+        a = self.xp.where(exact, 0.0, 0.5) if _per_tensor(exact) else 0.0 if exact else 0.5
         return c, 1.0, 0.0, 0.0, a, lo
 
     def _contract(self, st: Contract) -> tuple:
         cx, scx, gx, rx, ax, lox = self.state[st.x]
         cy, scy, gy, ry, ay, loy = self.state[st.y]
-        xp = array_module(cx)
+        xp = self.xp
         size = lambda c, labels, of: math.prod(c.shape[labels.index(ch)] for ch in of)  # noqa: E731
         kx, kc, ky = size(cx, st.x_labels, st.x_sum), size(cx, st.x_labels, st.contracted), size(cy, st.y_labels, st.y_sum)
         k = kx * kc * ky
@@ -257,16 +256,16 @@ class ClassicalErrors:
             lo = self._least(c, out_labels) * sc * (1 - 2.0**-50)
         else:
             lo_c = float(c.min()) if c.size else math.inf
-            lo = (lo_c if lo_c > 0 else _min_positive(c)) * sc * (1 - 2.0**-50)
+            lo = (lo_c if lo_c > 0 else _min_positive(c, xp)) * sc * (1 - 2.0**-50)
         if _nonzero(ax) or _nonzero(ay):
             # the absolute parts, per entry: a_y (1 + r_x) Σ|x| + a_x (1 + r_y) Σ|y| + k a_x a_y, over c (in units)
             spread = lambda v: self._spread(v, c.ndim, bt, xp)  # noqa: E731 - one weight per tensor, where per tensor
             A = spread(k * ax * ay)
             if _nonzero(ay):
-                sx = _summed(cx, st.x_labels, st.x_sum + st.contracted, out_labels) * (ky * (1 + gx) * scx)
+                sx = _summed(cx, st.x_labels, st.x_sum + st.contracted, out_labels, xp) * (ky * (1 + gx) * scx)
                 A = A + spread(_up(ay * (1 + rx))) * sx
             if _nonzero(ax):
-                sy = _summed(cy, st.y_labels, st.y_sum + st.contracted, out_labels) * (kx * (1 + gy) * scy)
+                sy = _summed(cy, st.y_labels, st.y_sum + st.contracted, out_labels, xp) * (kx * (1 + gy) * scy)
                 A = A + spread(_up(ax * (1 + ry))) * sy
             if bt is not None:
                 with np.errstate(divide="ignore", invalid="ignore"):
@@ -308,7 +307,7 @@ class ClassicalErrors:
             if bool(low.any()):
                 self.refused = low if self.refused is None else self.refused | low
                 self.refusal = why
-                return array_module(lo).where(low, 1.0, lo)
+                return self.xp.where(low, 1.0, lo)
             return lo
         if lo < TINY_UNIT:
             raise _Refused(why)
@@ -316,7 +315,7 @@ class ClassicalErrors:
 
     def _reduce(self, v, axis: int, how: str) -> np.ndarray:
         """``v``'s smallest positive (``'min'``) or largest (``'max'``) entry per index of ``axis`` (where ``v`` lives)."""
-        xp = array_module(v)
+        xp = self.xp
         v = xp.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
         if v.shape[1] == 0:
             return xp.full(v.shape[0], math.inf if how == "min" else 0.0)
@@ -326,7 +325,7 @@ class ClassicalErrors:
     def _least(self, c, labels: str):
         """The smallest positive entry of ``c`` (axes ``labels``): per tensor where it carries the batch axis."""
         bt = self._axis(labels)
-        return _min_positive(c) if bt is None else self._reduce(c, bt, "min")
+        return _min_positive(c, self.xp) if bt is None else self._reduce(c, bt, "min")
 
     @staticmethod
     def _spread(v, ndim: int, axis: Optional[int], xp=np):
@@ -362,8 +361,7 @@ class ClassicalErrors:
         ok, excess = self.verdicts(m, target)
         if bool(ok.all()):
             return True
-        xp = array_module(excess)
-        self.excess = None if bool(xp.isnan(excess).any()) else float(excess.max())
+        self.excess = None if bool(self._module().isnan(excess).any()) else float(excess.max())
         if self.reason is None:
             self.reason = (self.refusal or "the residue error bound overflows") if self.excess is None else (
                 f"the residue error bound is {self.excess} x " +
@@ -381,7 +379,7 @@ class ClassicalErrors:
         if self.complex:
             # each part within γ_m |x||y| (complex moduli) makes |err| <= sqrt(2) γ_m |x||y|, and |x||y| is at
             # least either part's magnitude sum (|xr||yr| + |xi||yi|, |xr||yi| + |xi||yr|)
-            lo = self._least(array_module(c).maximum(c[0], c[1]), self.labels[self.out][1:]) * sc * (1 - 2.0**-50)
+            lo = self._least(self.xp.maximum(c[0], c[1]), self.labels[self.out][1:]) * sc * (1 - 2.0**-50)
         rho = (1 + g) / (1 - g)
         goal = gamma(m) if target is None else target
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -399,13 +397,10 @@ class ClassicalErrors:
         return ok & ~self.refused, xp.where(self.refused, np.nan, excess)
 
     def _module(self):
-        """The array module of the per-tensor numbers (the data's; NumPy without a batch)."""
+        """The array module of the per-tensor numbers (the data's; NumPy without a batch, or where they are numbers)."""
         if self.batch is None or self.out is None or self.out not in self.state:
             return np
-        for v in self.state[self.out][3:6]:
-            if _per_tensor(v):
-                return array_module(v)
-        return np
+        return self.xp if any(_per_tensor(v) for v in self.state[self.out][3:6]) else np
 
 
 class ChainStatistics:
@@ -429,24 +424,24 @@ class ChainStatistics:
         self.step = 0
 
     @classmethod
-    def of(cls, program, leaf: Callable, exponents: Callable) -> Optional["ChainStatistics"]:
+    def of(cls, program, leaf: Callable, exponents: Callable, xp=np) -> Optional["ChainStatistics"]:
         """The statistics of a real chain program on the CPU, or None for any other: one tensor with one exponent
         per leading slice, mode products of it by matrices (constants or other operands) of at most
-        :data:`_FUSED_TERMS` columns, drops."""
+        :data:`_FUSED_TERMS` columns, drops. ``xp``: the operands' array module."""
         inputs = [st for st in program.steps if isinstance(st, Encode) and not st.constant]
-        if not inputs or program.complex:
+        if not inputs or program.complex or xp is not np:
             return None
         main = max(inputs, key=lambda st: len(st.labels))
         mats, steps, shape, xin = {}, [], None, None
         for st in program.steps:
             if isinstance(st, Encode):
                 x = leaf(st)
-                if array_module(x) is not np or st.complex or not x.ndim or not x.size:
+                if st.complex or not x.ndim or not x.size:
                     return None
                 if st is not main:
                     if x.ndim != 2:
                         return None
-                    mats[st.out] = _leaf_magnitudes(x, exponents(st))[0]
+                    mats[st.out] = _leaf_magnitudes(x, exponents(st), np)[0]
                     continue
                 if tuple(st.shared) != tuple(range(1, x.ndim)):
                     return None
@@ -474,7 +469,7 @@ class ChainStatistics:
         """``(c, lo, exact)`` of an encode: the tensor's from the statistics (``c``: a stand-in of its shape), a
         matrix's computed."""
         if st.constant or st.source != self.source:
-            return _leaf_magnitudes(x, e)
+            return _leaf_magnitudes(x, e, np)
         return np.broadcast_to(np.float64(0.0), x.shape), float(self.stats[0, 0]), bool(self.stats[0, 1] == 1.0)
 
     def mode(self, shape: tuple, K: int, alpha: float, beta: float, kappa: float) -> tuple:
@@ -493,12 +488,12 @@ class ChainStatistics:
 
 
 def certify(program, leaf: Callable, exponents: Callable, m: int, target: Optional[float] = None,
-            batch: Optional[str] = None, size: int = 1) -> ClassicalErrors:
+            batch: Optional[str] = None, size: int = 1, xp=np) -> ClassicalErrors:
     """The certification of ``program`` against ``γ_m`` (or ``target``): from its statistics where it is a plain chain
     on the CPU and that certificate holds (:class:`ChainStatistics`), else the full one, so that the verdict is always
     the full certificate's. ``exponents`` is read once per step. ``batch`` (a label of ``size`` tensors): verdicts per
     tensor (:meth:`ClassicalErrors.verdicts`); the statistics' certificate, where it holds, holds for each of them
-    (every rule is monotone, and a tensor's entries are among the batch's)."""
+    (every rule is monotone, and a tensor's entries are among the batch's). ``xp``: the operands' array module."""
     seen: dict = {}
 
     def once(st):
@@ -506,30 +501,29 @@ def certify(program, leaf: Callable, exponents: Callable, m: int, target: Option
             seen[st] = exponents(st)
         return seen[st]
 
-    stats = ChainStatistics.of(program, leaf, once) if batch is None or m > 1 else None
+    stats = ChainStatistics.of(program, leaf, once, xp) if batch is None or m > 1 else None
     if stats is not None:
         quick = ClassicalErrors(leaf, once, magnitudes=stats, size=size).run(program)
         if quick.certified(m, target):
             return quick
-    return ClassicalErrors(leaf, once, batch=batch, size=size).run(program)
+    return ClassicalErrors(leaf, once, batch=batch, size=size, xp=xp).run(program)
 
 
-def _leaf_magnitudes(x, e, batch: Optional[int] = None) -> tuple:
+def _leaf_magnitudes(x, e, xp, batch: Optional[int] = None) -> tuple:
     """``(|x| 2**-e, its smallest entry over the nonzero x, whether all are integers)`` of an encoded operand; the two
     statistics per index of axis ``batch`` (arrays) where one is given."""
-    if array_module(x) is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1) \
+    if xp is np and x.ndim and x.size and e.shape == (x.shape[0],) + (1,) * (x.ndim - 1) \
             and batch in (None, 0):
         # one exponent per leading slice (a chain's tensors, an operator's rows): one pass on the CPU
         c, lo, exact = encode_magnitudes(x.reshape(x.shape[0], -1), e.reshape(-1), per_row=batch is not None)
         return c.reshape(x.shape), lo, exact
-    return _magnitudes(x, e, batch)
+    return _magnitudes(x, e, xp, batch)
 
 
-def _magnitudes(x, e, batch: Optional[int] = None) -> tuple:
+def _magnitudes(x, e, xp, batch: Optional[int] = None) -> tuple:
     """``(|x| 2**-e, its smallest entry over the nonzero x (0 where one underflows), whether all are integers)``
-    on ``x``'s array module (:func:`~rnstensor.backends.cpu.encode_magnitudes` is the CPU's one-pass form); the two
-    statistics per index of axis ``batch`` where one is given."""
-    xp = array_module(x)
+    on ``x``'s array module ``xp`` (:func:`~rnstensor.backends.cpu.encode_magnitudes` is the CPU's one-pass form); the
+    two statistics per index of axis ``batch`` where one is given."""
     with np.errstate(under="ignore", over="ignore"):
         if e.size and -1000 < int(e.min()) and int(e.max()) < 1000:
             c = xp.abs(x) * xp.ldexp(1.0, -e)  # a power of two per slice: exact while normal
@@ -587,19 +581,17 @@ def _normalized(c, sc: float, bound: int) -> tuple:
     return c, sc
 
 
-def _min_positive(c) -> float:
-    """The smallest positive entry of ``c`` (``inf`` if none)."""
-    xp = array_module(c)
+def _min_positive(c, xp) -> float:
+    """The smallest positive entry of ``c`` (``inf`` if none; ``xp``: its array module)."""
     if c.size == 0:
         return math.inf
     least = float(c.min())
     return least if least > 0 else float(xp.min(xp.where(c > 0, c, np.inf)))
 
 
-def _summed(c, labels: str, over: str, out_labels: str):
+def _summed(c, labels: str, over: str, out_labels: str, xp):
     """``c`` summed over the labels ``over`` (rounded up), its other axes placed as in ``out_labels`` (size 1 where
-    absent), so that it broadcasts against the result."""
-    xp = array_module(c)
+    absent), so that it broadcasts against the result (``xp``: its array module)."""
     axes = tuple(labels.index(ch) for ch in over)
     s = xp.sum(c, axis=axes) if axes else c
     n = math.prod(c.shape[ax] for ax in axes) if axes else 1
