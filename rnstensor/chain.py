@@ -191,12 +191,12 @@ class ChainPlan(ChainPolicies):
             ref = self.float64_chain(original)
             xp = array_module(ref)
             return xp.where(xp.isfinite(ref), y, ref)
-        be, _ = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
+        be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
         if fused and not callable(getattr(be, "chain", None)):  # a backend with a fused chain interpreter
             raise ValueError(f"fused=True runs on the 'cpu' and 'cuda' backends (their fused chain kernels); backend is "
                              f"{be.name!r}")
         if self._certifies(decode):  # the default: per tensor, the narrowest plan certified on it, else the fallbacks
-            return self._run_certified(self._check_input(X), decode, backend, fused)
+            return self._run_certified(self._check_input(X), decode, backend, fused, xp)
         return self._run_planned(X, decode, backend, fused)
 
     def _run_planned(self, X, decode: str, backend: Optional[str], fused: Optional[bool]):

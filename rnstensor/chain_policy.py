@@ -66,7 +66,7 @@ class ChainPolicies:
         exact decode rounds this plan's integers once, as planned)."""
         return self.classical and decode == "fp64" and self.method == "rescale_be"
 
-    def _classical_groups(self, xb) -> list:
+    def _classical_groups(self, xb, xp) -> list:
         """``[(plan, exact, index)]``: the tensors of ``xb`` (``(B, *tensor)``) grouped by the plan each runs on,
         the narrowest plan (from the moduli the target asks for, the widest input encoding) whose run on that tensor is
         certified to meet the default's target (or ``rtol``); ``plan`` None for tensors no residue plan certifies.
@@ -74,16 +74,15 @@ class ChainPolicies:
 
         Each tensor's verdicts are its own (:class:`~rnstensor.program.classical.ClassicalErrors` per tensor), and so
         is its path of rungs, so a tensor's result does not depend on the batch it comes in
-        (``rnstensor.dask.apply`` gives the in-memory bits for every chunking)."""
+        (``rnstensor.dask.apply`` gives the in-memory bits for every chunking). ``xp``: ``xb``'s array module."""
         m = self.classical_terms
         target = default_target(m, self.rtol)  # the default's: (1 + 2**-5) u of the magnitudes (run/policy.py)
         plan, s = self, len(self.basis)
         if self.rtol is not None:  # a target starts on the moduli its width asks for (a loose one, fewer than 15)
             plan, s = self._wider_from(max(2, math.ceil((2 * max(8.0, -math.log2(target) + 8) + 16) / 8)))
-        xp = array_module(xb)
 
         def certify(plan, idx):
-            obs = plan._certificate(xb if idx is None else xb[idx], m, target, per_tensor=True)
+            obs = plan._certificate(xb if idx is None else xb[idx], m, target, per_tensor=True, xp=xp)
             ok, excess = obs.verdicts(m, target)
             return ok, excess, obs.exacts() if m <= 1 else xp.zeros(ok.shape, bool)
 
@@ -98,13 +97,13 @@ class ChainPolicies:
         # (the tensors no residue plan certified, however they got there: one fallback call)
         return certified_groups((plan, s), certify, next_keys, self._wider_from, xb.shape[0], merge_fallback=True)
 
-    def _run_certified(self, x, decode: str, backend, fused):
+    def _run_certified(self, x, decode: str, backend, fused, xp):
         """The default's run (``moduli=None``, or ``rtol=``) of finite ``x``: each group of
         :meth:`_classical_groups` on its plan, or correctly rounded, or by the classical GEMMs; the results put
-        back in the tensors' order."""
+        back in the tensors' order (``xp``: ``x``'s array module)."""
         lead = tuple(x.shape[:x.ndim - self.ndim])
         xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
-        groups = self._classical_groups(xb)
+        groups = self._classical_groups(xb, xp)
         parts, said = [], {}  # (the evaluations, with their tensors)
         for plan, exact, idx in groups:
             sub = xb if idx is None else xb[idx]
@@ -120,7 +119,7 @@ class ChainPolicies:
             for what, n in counts.items():
                 said[what] = said.get(what, 0) + n
             parts.append((idx, y))
-        y = put_back(parts, xb.shape[0])
+        y = put_back(parts, xb.shape[0], xp)
         self.last_evaluation = evaluation(said, xb.shape[0], "tensors")
         return y.reshape(lead + tuple(y.shape[1:]))
 
@@ -128,7 +127,7 @@ class ChainPolicies:
         """:meth:`~rnstensor.ChainPlan.error_bound` of the default's result on finite ``x``: the largest of its
         groups' bounds (:meth:`_classical_groups`)."""
         xb = x.reshape((-1,) + tuple(x.shape[x.ndim - self.ndim:]))
-        groups = self._classical_groups(xb)
+        groups = self._classical_groups(xb, array_module(xb))
         worst = 0.0
         for plan, exact, idx in groups:
             sub = xb if idx is None else xb[idx]
@@ -213,7 +212,7 @@ class ChainPolicies:
         return self._rungs[s]
 
     def _certificate(self, xb, m: Optional[int] = None, target: Optional[float] = None,
-                     per_tensor: bool = False) -> ClassicalErrors:
+                     per_tensor: bool = False, xp=None) -> ClassicalErrors:
         """The classical certification of this plan's run on ``xb`` (``(B, *tensor)``), before it runs.
 
         With ``m`` (the terms of the bound) a plain chain on the CPU is first
@@ -221,9 +220,9 @@ class ChainPolicies:
         (:class:`~rnstensor.program.classical.ChainStatistics`); that
         certificate is returned where it holds, and the full one otherwise,
         so the verdict is always the full certificate's. ``target``: the
-        relative error it must meet (None: ``gamma_m``).
+        relative error it must meet (None: ``gamma_m``). ``xp``: ``xb``'s array module, where the caller has it.
         """
-        xp = array_module(xb)
+        xp = array_module(xb) if xp is None else xp
         ops = self._float_operators(xp, encoded=True)
 
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them

@@ -107,7 +107,7 @@ class _ClassicalDefault:
             ok, excess = obs.verdicts(m, target)
             return ok, excess, obs.exacts() if m <= 1 else array_module(ok).zeros(ok.shape, bool)
 
-        def next_keys(cap: int, excess, failed):  # each element's next width, from its own excess
+        def next_keys(cap: int, excess, failed):  # each element's next width, from its own excess (its verdicts')
             xp = array_module(excess)
             return xp.where(failed, cap + xp.maximum(8, xp.ceil(xp.log2(xp.where(failed, excess, 1.0))) + 2), math.inf)
 
@@ -122,7 +122,7 @@ class _ClassicalDefault:
             count = n if idx is None else int(idx.shape[0])
             said[c.sub.last_evaluation] = said.get(c.sub.last_evaluation, 0) + count
         self.last_evaluation = evaluation(said, n, "elements")
-        return put_back(parts, n, self.output.index(batch) if batch is not None else 0)
+        return put_back(parts, n, call(None).xp, self.output.index(batch) if batch is not None else 0)
 
     def _elements(self, arrays, batch: Optional[str], idx) -> tuple:
         """``(expression, arrays)`` of the elements ``idx`` along ``batch`` (None: this call's)."""
@@ -259,7 +259,7 @@ class _ElementsCall:
                     parts.append((at, one.fallback(bound)))
                     said[one.sub.last_evaluation] = said.get(one.sub.last_evaluation, 0) + 1
                 sub.last_evaluation = evaluation(said, n, "elements")
-                return put_back(parts, n, sub.output.index(self.batch))
+                return put_back(parts, n, self.xp, sub.output.index(self.batch))
             if sub.rtol is not None:
                 ops, kinds, cplx, _, _ = self.parsed
                 m = classical_terms(sub._plan(kinds, cplx, {}), sub.sizes)

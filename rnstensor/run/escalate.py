@@ -46,6 +46,7 @@ def certified_groups(first: tuple, certify: Callable, next_keys: Callable, rung_
             groups.append((None, False, idx))
             continue
         ok, excess, exact = certify(rung, idx)
+        # (the verdicts' own module: the data's per element, host numbers for a call without elements)
         xp = array_module(ok)
 
         def pick(sel):  # (one flag read back)
@@ -63,12 +64,11 @@ def certified_groups(first: tuple, certify: Callable, next_keys: Callable, rung_
             continue
         with np.errstate(invalid="ignore", divide="ignore"):  # (the excess of the elements that did not fail)
             nxt = next_keys(key, excess, failed)
-        for k, at in groups_by_key(nxt):
+        for k, at in groups_by_key(nxt, xp):
             whole = idx is None and int(at.shape[0]) == n  # every element, one rung: the call as it is
             queue.append(rung_of(k) + (None if whole else at if idx is None else idx[at],))
     if merge_fallback:
         fallback = [idx for rung, _, idx in groups if rung is None]
         if len(fallback) > 1:  # the elements no rung certified, however they got there: one fallback call
-            xp = array_module(*[f for f in fallback if f is not None])
             groups = [g for g in groups if g[0] is not None] + [(None, False, xp.concatenate(fallback))]
     return groups

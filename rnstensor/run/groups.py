@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import math
 
-from ..arrays import array_module
-
 __all__ = ["groups_by_key", "put_back", "evaluation"]
 
 
-def groups_by_key(keys) -> list:
-    """``[(key, indices)]``: the elements grouped by their ``keys`` (one number each, where the data lives), the
-    least key first; elements keyed ``inf`` are left out. One number read back per group.
+def groups_by_key(keys, xp) -> list:
+    """``[(key, indices)]``: the elements grouped by their ``keys`` (one number each, where the data lives: ``xp``),
+    the least key first; elements keyed ``inf`` are left out. One number read back per group.
 
     Examples
     --------
     >>> import numpy as np
-    >>> [(k, i.tolist()) for k, i in groups_by_key(np.array([16.0, 15.0, np.inf, 16.0]))]
+    >>> [(k, i.tolist()) for k, i in groups_by_key(np.array([16.0, 15.0, np.inf, 16.0]), np)]
     [(15, [1]), (16, [0, 3])]
     """
-    xp = array_module(keys)
     out, left = [], keys
     while True:
         least = float(left.min()) if left.size else math.inf
@@ -29,13 +26,13 @@ def groups_by_key(keys) -> list:
         left = xp.where(left == least, math.inf, left)
 
 
-def put_back(parts: list, n: int, axis: int = 0):
-    """The results ``[(indices, part)]`` of groups of ``n`` elements as one array, element ``i`` of the call at
-    position ``i`` of ``axis`` (the parts' own shape elsewhere); ``indices`` None: the part is the whole call's."""
+def put_back(parts: list, n: int, xp, axis: int = 0):
+    """The results ``[(indices, part)]`` of groups of ``n`` elements as one array on ``xp``, element ``i`` of the
+    call at position ``i`` of ``axis`` (the parts' own shape elsewhere); ``indices`` None: the part is the whole
+    call's."""
     if parts[0][0] is None:
         return parts[0][1]
     first = parts[0][1]
-    xp = array_module(first)
     shape = list(first.shape)
     shape[axis] = n
     y = xp.empty(tuple(shape), dtype=first.dtype)
