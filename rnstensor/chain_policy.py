@@ -228,7 +228,7 @@ class ChainPolicies:
         def exponents(st):  # the encoded operators' row exponents; the input's, as encode_value gives them
             if st.constant:
                 return self._operator_value(st.source, xp).exp.total()
-            return -group_exponents(xb, st.bits, st.shared)
+            return -group_exponents(xb, st.bits, st.shared, xp)
 
         leaf = lambda st: ops[st.source] if st.constant else xb  # noqa: E731
         if m is not None:

@@ -68,16 +68,16 @@ def finite_part(x) -> tuple:
     return xp.where(ok, x, 0.0), True
 
 
-def check_float_array(x, name: str = "x", allow_empty: bool = False):
+def check_float_array(x, name: str = "x", allow_empty: bool = False, xp=None):
     """``x`` as a float64 array where it lives (NumPy, or CuPy for a device array); errors for what cannot be encoded.
 
     Real floating dtypes (float16, float32, float64) are widened exactly.
     Integer, bool, complex and object inputs are refused: integers above 2^53
     would round on the way to float64, complex values need their real and
     imaginary parts encoded separately. On the device the finiteness check
-    reads back one flag.
+    reads back one flag. ``xp``: ``x``'s array module, where the caller has it.
     """
-    xp = array_module(x)
+    xp = array_module(x) if xp is None else xp
     arr = x if xp is not np else np.asarray(x)
     if arr.dtype.kind != "f" or arr.dtype.itemsize > 8:
         hint = {
@@ -101,9 +101,10 @@ def check_float_array(x, name: str = "x", allow_empty: bool = False):
     return arr
 
 
-def group_exponents(x, bits: int, shared: tuple[int, ...]):
-    """``e = bits - E`` per group (``2**(E-1) <= max|G| < 2**E``), 0 for all-zero groups; keepdims int64, where ``x`` lives."""
-    xp = array_module(x)
+def group_exponents(x, bits: int, shared: tuple[int, ...], xp=None):
+    """``e = bits - E`` per group (``2**(E-1) <= max|G| < 2**E``), 0 for all-zero groups; keepdims int64, where ``x``
+    lives (``xp``: its array module, where the caller has it)."""
+    xp = array_module(x) if xp is None else xp
     lead = x.ndim - len(shared)
     if xp is np and x.dtype == np.float64 and x.size and 0 < len(shared) and tuple(shared) == tuple(range(lead, x.ndim)):
         # one exponent per tensor (the trailing axes shared): one threaded pass over the IEEE bits on the CPU
@@ -218,7 +219,7 @@ def encode(
     """
     basis = as_basis(basis)
     be, xp = dispatch(x, backend=backend, names=("x",), fn="encode")
-    arr = check_float_array(x)
+    arr = check_float_array(x, xp=xp)
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1:
         raise ValueError(f"bits must be an integer >= 1; got {bits!r}")
     bits = int(bits)
@@ -230,7 +231,7 @@ def encode(
         )
     ndim = arr.ndim
     shared = _shared(shared_axes, ndim)
-    e = group_exponents(arr, bits, shared)
+    e = group_exponents(arr, bits, shared, xp)
     planes = be.encode(arr, e, basis.moduli, bits)
     scale = _scale_from_exponents(-e, ndim, shared)
     negz = None

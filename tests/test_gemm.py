@@ -420,12 +420,12 @@ def test_default_moduli_follow_the_data():
     assert rt.gemm_moduli(U, U.T) == s0
     N = rng(4).standard_normal((8, k))
     sa, sb = G.group_stats(N, 1, False), G.group_stats(N.T, 0, False)
-    ga, gb = G._groups(sa[0], sa[1], sa[3], None), G._groups(sb[0], sb[1], sb[3], None)
+    ga, gb = G._groups(sa[0], sa[1], sa[3], None, np), G._groups(sb[0], sb[1], sb[3], None, np)
     t0 = G.gemm_width(s0, k)
     budget = G.encoding_budget(k, False, default_target(k))  # the default's (1 + 2**-5) u, tighter than gamma_k
     assert budget < G.encoding_budget(k, False)
     # the spreads alone ask for more than the 53-bit width; the measured magnitudes do not, for gamma_k
-    assert not G.classical_fits(k, G._inexact_rho(ga, t0, False), G._inexact_rho(gb, t0, False))
+    assert not G.classical_fits(k, G._inexact_rho(ga, t0, False, np), G._inexact_rho(gb, t0, False, np))
     ratio = G.magnitude_ratio(N, sa[1], N.T, sb[1])
     assert G._measured_fits(k, t0, False, ratio)
     # the default's target takes the least count whose width the measured magnitudes certify

@@ -326,7 +326,7 @@ def test_stack_moduli_are_each_matrix_own(cplx):
     for moduli, rtol in ((None, None), ("auto", None), (None, 1e-9)):
         sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, moduli == "auto"))
         sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, moduli == "auto"))
-        got = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol)
+        got = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol, np)
         # dgemm alone: one product on s moduli ('whole'), or rows / columns split (the stack leaves those to dgemm)
         want = [(lambda c: c[1] if c[0] == "whole" else None)(_choose(moduli, A[i], B[i], k, cplx, rtol=rtol))
                 for i in range(nb)]

@@ -225,7 +225,7 @@ class _ElementsCall:
         per = (self.batch, sub.sizes[self.batch]) if self.batch is not None else ()
 
         def exponents(st):  # what the encode gives each slice (encode: e = bits - E, the value 2**-e times the integer)
-            return -group_exponents(leaf(st), st.bits, st.shared)
+            return -group_exponents(leaf(st), st.bits, st.shared, self.xp)
 
         return expr, used, certify(plan, leaf, exponents, m, target, *per, xp=self.xp), m, target
 

@@ -166,7 +166,8 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         """Constant ``i`` as encoded (diagonal, broadcast, parts stacked), in the array module ``xp`` (cached)."""
         key = ("array", i)
         if key not in self._const_cache:
-            self._const_cache[key] = _leaf_array(self.terms[i], self.sizes, self.constants[i], cplx)
+            const = self.constants[i]
+            self._const_cache[key] = _leaf_array(self.terms[i], self.sizes, const, cplx, array_module(const))
         host_or_dev = self._const_cache[key]
         if array_module(host_or_dev) is xp:
             return host_or_dev
@@ -330,7 +331,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             i = st if isinstance(st, int) else st.source
             if i not in leaves:
                 leaves[i] = (self._const_array(i, cplx[i], xp) if kinds[i] == "const"
-                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i]))
+                             else _leaf_array(self.terms[i], self.sizes, ops[i], cplx[i], xp))
             return leaves[i]
 
         return leaf
@@ -369,7 +370,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 return DeferredValue(
                     lambda: value_of(_package_encode_leaf(leaf(st), self.basis, st.bits, st.shared), labels,
                                      st.bound).planes,
-                    -group_exponents(leaf(st), st.bits, st.shared), 1, st.bound, labels, leaf(st))
+                    -group_exponents(leaf(st), st.bits, st.shared, xp), 1, st.bound, labels, leaf(st))
             if kinds[i] != "const":
                 self._check_exact(i, leaf(st), st, widths)
                 T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)

@@ -71,9 +71,9 @@ def _tensor_broadcast(T: RNSTensor, labels: str, sizes: dict) -> RNSTensor:
     return RNSTensor(planes, T.basis, T.active, T.bound, Scale(0, T.scale.factor, (None,) * len(full), exp))
 
 
-def _leaf_array(term: str, sizes: dict, x, cplx: bool):
-    """An operand as encoded: diagonals taken, broadcast to the full sizes, complex parts stacked first (where it lives)."""
-    xp = array_module(x)
+def _leaf_array(term: str, sizes: dict, x, cplx: bool, xp):
+    """An operand as encoded: diagonals taken, broadcast to the full sizes, complex parts stacked first (where it
+    lives: ``xp``)."""
     x = xp.asarray(x)
     labels = _unique(term)
     if labels != term:

@@ -36,15 +36,16 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
     """
     xp = array_module(opa, opb)
     auto = moduli == "auto"
-    sa, sb = group_stats(opa, 1, auto), group_stats(opb, 0, auto)
+    sa, sb = group_stats(opa, 1, auto, xp), group_stats(opb, 0, auto, xp)
     fa, fb = sa[0], sb[0]
     A = opa if bool(fa.all()) else xp.where(fa[:, None], opa, 0)
     Bm = opb if bool(fb.all()) else xp.where(fb[None, :], opb, 0)
     try:
         # (the rows and columns zeroed for their inf / NaN have no encoding error: exponent NONE, as zero ones)
-        s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits, lambda: (group_lsb(A, 1), group_lsb(Bm, 0)),
-                                  lambda: measure_ratio(A, xp.where(fa, sa[1], _NONE), Bm, xp.where(fb, sb[1], _NONE)),
-                                  rtol)
+        s, t, ea, eb = gemm_scale(moduli, k, cplx, sa, sb, fn, min_bits,
+                                  lambda: (group_lsb(A, 1, xp), group_lsb(Bm, 0, xp)),
+                                  lambda: measure_ratio(A, xp.where(fa, sa[1], _NONE), Bm, xp.where(fb, sb[1], _NONE),
+                                                        xp), rtol, xp)
         return "whole", s, t, ea, eb, A, Bm, fa, fb
     except SplitNeeded as exc:
         if rtol is not None:  # the split product meets the classical bound, not an arbitrary target
@@ -98,7 +99,7 @@ def _slice_keys(x, t: int):
     """``(q, keys, span)``: every entry's slice (``-1`` for zeros) and the sorted ``row * span + slice`` in use."""
     xp = array_module(x)
     m, k = x.shape
-    E = frexp_exponent(_magnitude(x))
+    E = frexp_exponent(_magnitude(x, xp), xp)
     nz = E != _NONE
     Emax = xp.max(xp.where(nz, E, _NONE), axis=1) if k else xp.full(m, _NONE, np.int64)
     q = xp.where(nz, (Emax[:, None] - E) // (t - 52), -1)
@@ -119,7 +120,8 @@ def _sum_slices(part, owner, rank, rows: int):
 
 def _slice_exponent(x, axis: int):
     """frexp exponent of each slice's largest magnitude (every slice is nonempty)."""
-    return frexp_exponent(_magnitude(x).max(axis=axis))
+    xp = array_module(x)
+    return frexp_exponent(_magnitude(x, xp).max(axis=axis), xp)
 
 
 def split_width(k: int, cplx: bool, A, Bm) -> int:

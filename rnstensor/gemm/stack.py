@@ -18,17 +18,17 @@ from .width import gemm_width
 __all__ = ["gemm_stack"]
 
 
-def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol) -> list:
+def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol, xp) -> list:
     """Every matrix's moduli count as :func:`~.scan.gemm_scale` chooses it alone (:func:`~.scan.stack_moduli`;
     ``None``: split, left to :func:`~.api.dgemm`), its lowest bits from one pass, its measured ratio from one
     batched GEMM."""
     nb, m, n = sa[0].shape[0], sa[1].shape[1], sb[1].shape[1]
     return stack_moduli(
         moduli, k, cplx, sa, sb,
-        lambda: (group_lsb(A, 1).reshape(nb, m), group_lsb(BT, 1).reshape(nb, n)),
+        lambda: (group_lsb(A, 1, xp).reshape(nb, m), group_lsb(BT, 1, xp).reshape(nb, n)),
         lambda which: measure_ratios(A.reshape(nb, m, k)[which], sa[1][which],
-                                     BT.reshape(nb, n, k)[which].transpose(0, 2, 1), sb[1][which]),
-        rtol)
+                                     BT.reshape(nb, n, k)[which].transpose(0, 2, 1), sb[1][which], xp),
+        rtol, xp)
 
 
 def _index(which, xp):
@@ -71,8 +71,8 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     A3, B3 = xp.ascontiguousarray(A).reshape(nb, m, k), xp.ascontiguousarray(B)  # (the operands, for the encodes)
     A2 = A3.reshape(nb * m, k)
     BT = xp.ascontiguousarray(xp.swapaxes(B, 1, 2)).reshape(nb * n, k)  # the columns of every B[b], as rows
-    sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, auto))
-    sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, auto))
+    sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, auto, xp))
+    sb = tuple(None if v is None else v.reshape(nb, n) for v in group_stats(BT, 1, auto, xp))
     finite = sa[0].all(axis=1) & sb[0].all(axis=1)
     # one scalar read back where every matrix is finite (the usual case), else one flag per matrix
     finite = np.ones(nb, bool) if bool(finite.all()) else to_host(finite)
@@ -86,7 +86,7 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
         BT = BT.reshape(nb, n, k)[finite_ones].reshape(-1, k)
         sa = tuple(None if v is None else v[finite_ones] for v in sa)
         sb = tuple(None if v is None else v[finite_ones] for v in sb)
-    counts = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol)
+    counts = _moduli_counts(moduli, k, cplx, sa, sb, A2, BT, rtol, xp)
     groups: dict = {}
     for j, s in enumerate(counts):
         t = None if s is None else gemm_width(s, k, kind)

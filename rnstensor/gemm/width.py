@@ -137,7 +137,7 @@ class SplitNeeded(RNSRangeError):
     """No width of at most 49 moduli meets the classical bound for some row / column: split it (internal)."""
 
 
-def _inexact_rho(group, t: int, cplx: bool) -> Optional[int]:
+def _inexact_rho(group, t: int, cplx: bool, xp) -> Optional[int]:
     """``log2`` of the largest relative encoding error of a group at width ``t`` (``None``: all groups exact).
 
     ``group = (ok, spread, need)`` per row / column (:func:`_groups`): a
@@ -145,18 +145,18 @@ def _inexact_rho(group, t: int, cplx: bool) -> Optional[int]:
     round to nearest moves an entry by at most ``2**(Emax - t - 1)``, which is
     ``2**(spread - t)`` times any nonzero entry of the group (``spread = Emax
     - Emin``; complex: twice that for the modulus of both parts). The group is
-    exact from ``t >= need``. One scalar read back, where the vectors live.
+    exact from ``t >= need``. One scalar read back, where the vectors live (``xp``).
     """
     if not group[1].size:
         return None
-    return _rho_of(int(_worst_spreads(group, t)[0]), t, cplx)
+    return _rho_of(int(_worst_spreads(group, t, xp)[0]), t, cplx)
 
 
-def _worst_spreads(group, ts):
+def _worst_spreads(group, ts, xp):
     """The largest spread of the groups still inexact at each width of ``ts`` (an int, or an array of them: a last
     axis per width), over the groups' axis (the last of ``group``'s arrays); ``NONE`` where every group is exact."""
     ok, spread, need = group
-    return array_module(spread).where(ok[..., None] & (need[..., None] > ts), spread[..., None], _NONE).max(axis=-2)
+    return xp.where(ok[..., None] & (need[..., None] > ts), spread[..., None], _NONE).max(axis=-2)
 
 
 def _rho_of(worst: int, t: int, cplx: bool) -> Optional[int]:
@@ -164,13 +164,13 @@ def _rho_of(worst: int, t: int, cplx: bool) -> Optional[int]:
     return None if worst == _NONE else worst - t + (1 if cplx else 0)
 
 
-def _groups(fin, Emax, Emin, lsb):
+def _groups(fin, Emax, Emin, lsb, xp):
     """``(ok, spread, need)``: nonzero finite groups, their binade spread, and the width that encodes them exactly.
 
     Every float64 has 53 significant bits, so ``spread + 53`` is always
-    enough; with the lowest set bits known, ``Emax - lsb``.
+    enough; with the lowest set bits known, ``Emax - lsb``. Where the
+    statistics live (``xp``).
     """
-    xp = array_module(Emax)
     spread = Emax - Emin
     need = spread + 53 if lsb is None else xp.minimum(spread + 53, Emax - lsb)
     return fin & (Emax != _NONE), spread, need
@@ -270,7 +270,7 @@ def _agreed_ratio(measured: MeasuredRatio, choice: Callable[[float], Optional[in
 
 
 def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
-                     magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> int:
+                     magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None, xp=None) -> int:
     """The fewest moduli (at least ``moduli_for_bits(k, 53)``) whose width keeps the default's target: ``moduli=None``.
 
     The target is :func:`~rnstensor.run.policy.default_target` (``(1 +
@@ -299,6 +299,7 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     ``rtol``: the target ``|C~ - C| <= rtol |A||B|`` in place of the
     classical bound (:func:`encoding_budget`), from the fewest moduli that
     hold any width (a loose target takes fewer than the 53-bit count).
+    ``xp``: the statistics' array module, where the caller has it.
 
     Raises
     ------
@@ -309,7 +310,7 @@ def classical_moduli(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Call
     s = classical_moduli_stack(
         k, cplx, one_matrix(a_stats), one_matrix(b_stats),
         None if lsb_of is None else (lambda: one_matrix(lsb_of())),
-        None if magnitudes_of is None else (lambda which: [magnitudes_of()]), rtol)[0]
+        None if magnitudes_of is None else (lambda which: [magnitudes_of()]), rtol, xp)[0]
     if s is None:
         raise SplitNeeded(
             f"a row of op(a) or column of op(b) spans more binades than {_MAX_MODULI} INT8 moduli hold at the "
@@ -328,25 +329,25 @@ class _Spreads:
     (:func:`_inexact_rho` of every matrix of a stack at every width). Host statistics: one table of every matrix and
     width. Device ones: each entry on demand, one scalar read back (no copy that grows with the data or the stack)."""
 
-    def __init__(self, group, widths: dict, cplx: bool):
-        self.group, self.widths, self.cplx = group, widths, cplx  # (matrices, rows)
+    def __init__(self, group, widths: dict, cplx: bool, xp):
+        self.group, self.widths, self.cplx, self.xp = group, widths, cplx, xp  # (matrices, rows)
         self.column = {s: j for j, s in enumerate(widths)}
         self.worst = None
         self.found: dict = {}
-        if group[1].size and array_module(group[1]) is np:
-            self.worst = _worst_spreads(group, np.asarray(list(widths.values()), dtype=np.int64)).tolist()
+        if group[1].size and xp is np:
+            self.worst = _worst_spreads(group, np.asarray(list(widths.values()), dtype=np.int64), np).tolist()
 
     def rho(self, i: int, s: int) -> Optional[int]:
         """Matrix ``i``'s ``rho`` at ``s`` moduli (``None``: every group exact)."""
         if self.worst is None:
             if (i, s) not in self.found:
-                self.found[(i, s)] = _inexact_rho(tuple(v[i] for v in self.group), self.widths[s], self.cplx)
+                self.found[(i, s)] = _inexact_rho(tuple(v[i] for v in self.group), self.widths[s], self.cplx, self.xp)
             return self.found[(i, s)]
         return _rho_of(self.worst[i][self.column[s]], self.widths[s], self.cplx)
 
 
 def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
-                           magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None) -> list:
+                           magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None, xp=None) -> list:
     """:func:`classical_moduli` of every matrix of a stack (``None`` where no ``s <= 49`` fits), each as alone.
 
     The statistics carry a leading matrix axis (``(matrices, rows)``);
@@ -376,7 +377,9 @@ def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optiona
     def least(i, spreads, ratio):  # galloping from s0 (the usual answer is near it), then a bisection
         return least_moduli(lambda s: fits(i, s, spreads, ratio), s0)
 
-    plain = (_Spreads(_groups(fa, Ea, Na, la), widths, cplx), _Spreads(_groups(fb, Eb, Nb, lb), widths, cplx))
+    xp = array_module(Ea, Eb) if xp is None else xp  # (the statistics' module, where the caller did not say)
+    plain = (_Spreads(_groups(fa, Ea, Na, la, xp), widths, cplx, xp),
+             _Spreads(_groups(fb, Eb, Nb, lb, xp), widths, cplx, xp))
     chosen = [least(i, plain, None) for i in range(fa.shape[0])]
     # the lowest bits cost a pass over every significand (O(mk + kn)), the magnitudes one float32 GEMM (O(mnk)):
     # the bits first, and where they alone give the 53-bit count (random() data, small integers: exact at 53 bits)
@@ -386,8 +389,8 @@ def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optiona
     refined = None
     if left and lsb_of is not None and (la is None or lb is None):
         got_a, got_b = lsb_of()
-        refined = (_Spreads(_groups(fa, Ea, Na, la if la is not None else got_a), widths, cplx),
-                   _Spreads(_groups(fb, Eb, Nb, lb if lb is not None else got_b), widths, cplx))
+        refined = (_Spreads(_groups(fa, Ea, Na, la if la is not None else got_a, xp), widths, cplx, xp),
+                   _Spreads(_groups(fb, Eb, Nb, lb if lb is not None else got_b, xp), widths, cplx, xp))
         for i in left:
             if least(i, refined, None) == s0:
                 chosen[i] = s0

@@ -49,7 +49,7 @@ def _fem_operator(kind, P, dim, backend):
 def _certified_plans(plan, X) -> list:
     """The plans the default (``moduli=None``) runs ``X``'s tensors on (each tensor on the narrowest certified)."""
     shape = X.shape[1:]
-    return [(p, shape) for p, _, _ in plan._classical_groups(np.asarray(X, np.float64).reshape((-1,) + shape))
+    return [(p, shape) for p, _, _ in plan._classical_groups(np.asarray(X, np.float64).reshape((-1,) + shape), np)
             if p is not None]
 
 
