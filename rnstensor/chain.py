@@ -254,7 +254,7 @@ class ChainPlan(ChainPolicies):
         def encoded(st):
             if st.constant:  # read by products only, which name its axes themselves
                 return self._operator_value(st.source, xp)
-            return encode_value(x, st, self.basis, backend_name)
+            return encode_value(x, st, self.basis, be, xp)
 
         return execute(self.program, be, backend_name, xp, encoded=encoded, vals=vals, start=start)
 

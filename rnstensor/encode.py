@@ -16,7 +16,7 @@ from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
 __all__ = ["encode", "exact_bits_needed", "entry_stats", "encode_integers", "as_basis", "check_float_array", "check_nonfinite", "finite_part", "NONFINITE", "normalize_axis",
-           "group_exponents"]
+           "group_exponents", "encode_checked"]
 
 
 def as_basis(basis: Union[Basis, int, Sequence[int]], name: str = "basis") -> Basis:
@@ -229,11 +229,19 @@ def encode(
             f"encode: bits={bits} needs a basis product above 2^{bits + 1}, but {basis!r} gives "
             f"2^{basis.log2_product:.1f}; use at most bits={basis.product.bit_length() - 3} or more moduli"
         )
-    ndim = arr.ndim
-    shared = _shared(shared_axes, ndim)
+    return encode_checked(arr, basis, bits, _shared(shared_axes, arr.ndim), be, xp)
+
+
+def encode_checked(arr, basis: Basis, bits: int, shared: tuple[int, ...], be, xp) -> RNSTensor:
+    """:func:`encode` of an array its caller has checked and placed: the runtime's encode, nothing asked again.
+
+    ``arr`` is a finite, nonempty float64 array on ``xp``, ``bits`` fits
+    ``basis`` (a program's :class:`~rnstensor.ir.Encode` step, planned),
+    ``shared`` the normalized shared axes, ``be`` the backend that encodes.
+    """
     e = group_exponents(arr, bits, shared, xp)
     planes = be.encode(arr, e, basis.moduli, bits)
-    scale = _scale_from_exponents(-e, ndim, shared)
+    scale = _scale_from_exponents(-e, arr.ndim, shared)
     negz = None
     if bool((arr == 0).any()):
         mask = (arr == 0) & xp.signbit(arr)

@@ -35,10 +35,10 @@ from .planner import _Planner
 __all__ = ["ContractExpression"]
 
 
-def _package_encode_leaf(x, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTensor:
+def _package_encode_leaf(x, basis: Basis, bits: int, shared: tuple[int, ...], be=None, xp=None) -> RNSTensor:
     """:func:`~rnstensor.contract.operands._encode_leaf` looked up in the package ``rnstensor.contract`` at each call:
     tests replace it there to count the encodings (``monkeypatch.setattr(rnstensor.contract, "_encode_leaf", f)``)."""
-    return sys.modules[__package__]._encode_leaf(x, basis, bits, shared)
+    return sys.modules[__package__]._encode_leaf(x, basis, bits, shared, be, xp)
 
 
 # ----- the expression -----------------------------------------------------------------------
@@ -368,12 +368,12 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             if kinds[i] != "const" and st.out in gemm_slots and not cplx[i]:
                 self._check_exact(i, leaf(st), st, widths)
                 return DeferredValue(
-                    lambda: value_of(_package_encode_leaf(leaf(st), self.basis, st.bits, st.shared), labels,
+                    lambda: value_of(_package_encode_leaf(leaf(st), self.basis, st.bits, st.shared, be, xp), labels,
                                      st.bound).planes,
                     -group_exponents(leaf(st), st.bits, st.shared, xp), 1, st.bound, labels, leaf(st))
             if kinds[i] != "const":
                 self._check_exact(i, leaf(st), st, widths)
-                T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
+                T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared, be, xp)
                 v = value_of(T, labels, st.bound)
             else:
                 v = self._const_value(st, cplx[i], xp)
@@ -443,7 +443,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 if isinstance(st, ir.Encode) and st.constant:
                     consts[st.source] = self._const_value(st, False, np)
                 elif st in matrices:
-                    T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared)
+                    T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared, be, np)
                     consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
             return FusionRequest(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch=nbatch)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..arrays import array_module, exact_float
 from ..basis import Basis
-from ..encode import encode
+from ..encode import encode, encode_checked
 from ..tensor import RNSTensor, Scale
 from .parse import _unique
 
@@ -44,9 +44,13 @@ def _check_finite(x, i: int, what: str = "operand") -> None:
                          + (" (nonfinite='propagate' follows numpy for operands, not constants)" if what == "constant" else ""))
 
 
-def _encode_leaf(x, basis: Basis, bits: int, shared: tuple[int, ...]) -> RNSTensor:
-    """One operand's encoding: module level so that tests can count how often constants are encoded."""
-    return encode(x, basis, bits=bits, shared_axes=shared)
+def _encode_leaf(x, basis: Basis, bits: int, shared: tuple[int, ...], be=None, xp=None) -> RNSTensor:
+    """One operand's encoding: module level so that tests can count how often constants are encoded. ``be`` and
+    ``xp``: the call's backend and array module, where the caller has them (the leaf is then encoded as it is:
+    a finite, nonempty float64 array, checked by the front end); else :func:`rnstensor.encode`'s checks."""
+    if be is None:
+        return encode(x, basis, bits=bits, shared_axes=shared)
+    return encode_checked(x, basis, bits, tuple(shared), be, xp)
 
 
 def _tensor_diagonal(T: RNSTensor, term: str) -> RNSTensor:

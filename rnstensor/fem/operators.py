@@ -346,7 +346,7 @@ class _Operator:
         def encoded(st):
             if st.constant:  # read by products only, which name its axes themselves
                 return consts[st.source]
-            return encode_value(x, st, basis, name)
+            return encode_value(x, st, basis, be, xp)
 
         return execute(self.program, be, name, xp, encoded=encoded, observer=observer)
 

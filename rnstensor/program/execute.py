@@ -23,7 +23,7 @@ from ..arith import alpha_parts, drop_spec
 from ..arrays import to_module
 from ..basis import Basis, centered, pow2_cycle
 from ..errors import RNSRangeError
-from ..encode import encode
+from ..encode import as_basis, encode, encode_checked
 from ..primitives import decode as decode_tensor
 from ..tensor import RNSTensor, Scale
 from ..ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
@@ -417,9 +417,10 @@ def _named(v: Value, labels: str) -> Value:
     return v if v.labels == labels else Value(v.planes, v.exp, v.factor, v.bound, labels, v.active)
 
 
-def encode_value(x, st: Encode, basis: Basis, backend_name) -> Value:
-    """The value of an :class:`Encode` step for the float array ``x`` (as the builder prepared it)."""
-    T = encode(x, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name)
+def encode_value(x, st: Encode, basis: Basis, be, xp) -> Value:
+    """The value of an :class:`Encode` step for the float array ``x`` (as the builder prepared and checked it:
+    finite, nonempty float64 on ``xp``), encoded by the backend ``be``."""
+    T = encode_checked(x, as_basis(basis), st.bits, tuple(st.shared), be, xp)
     return value_of(T, st.labels, st.bound)
 
 
