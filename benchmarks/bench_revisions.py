@@ -3,7 +3,8 @@
 Every case runs in a fresh child process per checkout (``PYTHONPATH=<checkout>``),
 the two checkouts alternating ``--rounds`` times so that drift in the
 machine's load falls on both; each child reports the best of ``--repeat``
-calls after a warm-up (numba's compilation excluded), keeping each result
+calls after a warm-up (numba's compilation excluded: the children run with
+``RNSTENSOR_COLD_START=0`` unless it is set), keeping each result
 until the next call returns (as an application keeps its results).
 ``--pinned-malloc`` fixes glibc's adaptive mmap / trim thresholds in the
 children: the page faults of a call otherwise follow the order of its
@@ -100,7 +101,10 @@ PINNED = False
 
 
 def _time(checkout: str, setup: str, expr: str, repeat: int) -> float:
+    # the kernels compile in the warm-up call (RNSTENSOR_COLD_START=0): with the first-call routing on, a checkout
+    # whose numba cache is empty would time the reference paths its few calls never pay to leave
     env = dict(os.environ, PYTHONPATH=checkout, **(_PINNED if PINNED else {}))
+    env.setdefault("RNSTENSOR_COLD_START", "0")
     out = subprocess.run([sys.executable, "-c", _CHILD.format(setup=setup, expr=expr, repeat=repeat)], env=env,
                          cwd=checkout, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
