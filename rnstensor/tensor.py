@@ -225,9 +225,10 @@ class RNSTensor:
         """``log2(P_active / 2)``: the centered range limit of the active moduli."""
         return log2_int(self.active_product) - 1.0
 
-    def exponent(self):
-        """The power-of-two exponent of every entry (:meth:`Scale.exponent`), where the residues live."""
-        return self.scale.exponent(array_module(self.residues))
+    def exponent(self, xp=None):
+        """The power-of-two exponent of every entry (:meth:`Scale.exponent`), where the residues live (``xp``: their
+        array module, where the caller has it)."""
+        return self.scale.exponent(array_module(self.residues) if xp is None else xp)
 
     def plane(self, p: int) -> np.ndarray:
         """The residue plane of active modulus ``p``."""

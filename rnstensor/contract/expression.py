@@ -369,12 +369,12 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 self._check_exact(i, leaf(st), st, widths)
                 return DeferredValue(
                     lambda: value_of(_package_encode_leaf(leaf(st), self.basis, st.bits, st.shared, be, xp), labels,
-                                     st.bound).planes,
+                                     st.bound, xp).planes,
                     -group_exponents(leaf(st), st.bits, st.shared, xp), 1, st.bound, labels, leaf(st))
             if kinds[i] != "const":
                 self._check_exact(i, leaf(st), st, widths)
                 T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared, be, xp)
-                v = value_of(T, labels, st.bound)
+                v = value_of(T, labels, st.bound, xp)
             else:
                 v = self._const_value(st, cplx[i], xp)
             v.source = leaf(st)  # (an exact GEMM engine may take the product from the floats)
@@ -444,7 +444,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                     consts[st.source] = self._const_value(st, False, np)
                 elif st in matrices:
                     T = _package_encode_leaf(leaf(st), self.basis, st.bits, st.shared, be, np)
-                    consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound)
+                    consts[st.source] = value_of(T, _unique(self.terms[st.source]), st.bound, np)
             steps = tuple(dataclasses.replace(st, constant=True) if st in matrices else st for st in plan.steps)
             return FusionRequest(dataclasses.replace(plan, steps=steps), in_shape, consts, nbatch=nbatch)
 

@@ -151,9 +151,10 @@ def tensor_of(v: Value, basis: Basis) -> RNSTensor:
     return RNSTensor(v.planes, basis, active, v.bound, Scale(0, v.factor, (None,) * len(v.labels), exp))
 
 
-def value_of(T: RNSTensor, labels: str, bound: int) -> Value:
-    """An encoded tensor as a value: its exponents with one dim per axis."""
-    e = T.exponent().astype(np.int64, copy=False)
+def value_of(T: RNSTensor, labels: str, bound: int, xp=None) -> Value:
+    """An encoded tensor as a value: its exponents with one dim per axis (``xp``: its residues' array module, where
+    the caller has it)."""
+    e = T.exponent(xp).astype(np.int64, copy=False)
     e = e.reshape(tuple(e.shape) + (1,) * (T.ndim - e.ndim))
     return Value(T.residues, e, T.scale.factor, bound, labels, None if T.active == T.basis.moduli else T.active)
 
@@ -421,7 +422,7 @@ def encode_value(x, st: Encode, basis: Basis, be, xp) -> Value:
     """The value of an :class:`Encode` step for the float array ``x`` (as the builder prepared and checked it:
     finite, nonempty float64 on ``xp``), encoded by the backend ``be``."""
     T = encode_checked(x, as_basis(basis), st.bits, tuple(st.shared), be, xp)
-    return value_of(T, st.labels, st.bound)
+    return value_of(T, st.labels, st.bound, xp)
 
 
 def run_step(st, vals: dict, basis: Basis, be, backend_name, xp, *, encoded=None, operand=None, tables=None):
@@ -455,7 +456,8 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, xp, *, encoded=None
                 f"overflows it ({int((~xp.isfinite(y)).sum())} entries beyond 1.8e308) although the final result may "
                 f"be finite; method='rescale_be' keeps the intermediates in residues (moduli=None certifies the "
                 f"default's plan instead)")
-        v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound)
+        v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound,
+                     xp)
     elif isinstance(st, Fold):
         x = vals[st.x]
         v = Value(x.planes, x.exp.max(x.labels.index(st.label)), x.factor, x.bound, x.labels, x.active)
