@@ -412,3 +412,18 @@ def test_error_bound_with_huge_fields_and_tiny_fields_of_u():
         with np.errstate(over="ignore"):
             big = np.ones(mesh.dofs.shape) * 2.0**100
             assert np.isinf(op.apply(big)).any() and (op.error_bound(big) == np.inf).all()
+
+
+def test_run_program_checks_its_input():
+    """``run_program`` (public: a benchmark's step timer) checks the values as ``apply`` does: the runtime encodes
+    what it is handed as it is."""
+    b = TensorBasis(3)
+    mesh = box_mesh(b, shape=(1, 1, 2), curved=0.1)
+    M = MassOperator(b, mesh.qdata)
+    u = np.random.default_rng(4).uniform(-1, 1, mesh.dofs.shape)
+    assert M.run_program(u)[M.program.out].planes.shape[1:] == u.shape
+    u[0, 1, 1, 1] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        M.run_program(u)
+    with pytest.raises(ValueError, match="non-finite"):
+        M.apply(u)

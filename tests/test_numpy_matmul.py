@@ -309,6 +309,22 @@ def test_stack_runs_batched(cplx, monkeypatch):
     assert alone == [] and all(_same_bits(y[i], want[i]) for i in range(12))
 
 
+def test_stack_past_the_workspace_runs_matrix_by_matrix(monkeypatch):
+    # the batched stack copies its operands contiguously (a broadcast one once per matrix): where that passes the
+    # workspace, every matrix goes to dgemm on its views instead, with the same bits
+    import rnstensor.gemm.api as gemm_api
+
+    rng = np.random.default_rng(29)
+    A, b = rng.standard_normal((16, 6, 40)), rng.standard_normal((40, 30))
+    staged = (A.size + 2 * 16 * b.size) * 8  # a, and b's 16 copies with their transposes
+    left, real = [], gemm_api.gemm_stack
+    monkeypatch.setattr(gemm_api, "gemm_stack", lambda *a: left.append(real(*a)) or left[-1])
+    for workspace, alone in ((staged - 8, list(range(16))), (staged, [])):
+        y = rt.matmul(A, b, workspace_bytes=workspace)
+        assert left.pop() == alone
+        assert all(_same_bits(y[i], rt.dgemm(A[i], b, workspace_bytes=workspace)) for i in range(16))
+
+
 @pytest.mark.parametrize("cplx", [False, True], ids=["real", "complex"])
 def test_stack_moduli_are_each_matrix_own(cplx):
     # the width choice of a stack (one table of spreads, one batched GEMM of magnitudes) is each matrix's alone

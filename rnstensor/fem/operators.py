@@ -331,14 +331,19 @@ class _Operator:
         if self.method != "rescale_be":
             raise ValueError(f"apply_rns needs method='rescale_be' (this operator uses {self.method!r})")
         x, _ = self._check_u(u)
-        vals = self.run_program(x)
+        vals = self._run_program(x)
         return tensor_of(vals[self.program.out], self.basis.moduli)
 
     def run_program(self, x, observer=None) -> dict:
-        """Execute :attr:`program` on checked element values ``x`` (NumPy or CuPy): every slot's value.
+        """Execute :attr:`program` on element values ``x`` (NumPy or CuPy, of :meth:`apply`'s shape; checked as
+        :meth:`apply` checks them: a ``ValueError`` for inf or NaN): every slot's value.
 
         ``observer`` is handed to :func:`rnstensor.program.execute.execute` (a benchmark's step timer).
         """
+        return self._run_program(self._check_u(x)[0], observer)
+
+    def _run_program(self, x, observer=None) -> dict:
+        """:meth:`run_program` on values already checked (the runtime encodes them as they are)."""
         be, xp, name = self._backend_of(x)
         consts = self._constants(xp)
         basis = self.basis.moduli

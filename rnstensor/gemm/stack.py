@@ -52,7 +52,8 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     batched program (:func:`~.tiles.gemm_program` with ``stack=True``), in as many pieces as the
     workspace asks. On a device the choices read back one scalar (all finite?) and at most one number per
     matrix (its measured ratio, or its exact width), once for the stack. Left to ``dgemm`` one by one
-    (returned): matrices with
+    (returned): every matrix where the stack's contiguous copies of ``A`` and ``B`` (a broadcast operand's once per
+    matrix) would pass the workspace, and matrices with
     an inf or NaN, rows or columns wider than 49 moduli hold, an explicit
     ``moduli`` too small for the product (its error names the fix), and
     matrices whose product alone exceeds the workspace (``dgemm`` tiles it).
@@ -65,6 +66,10 @@ def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol)
     backend_name = be.name if xp is not np else backend
     nb, m, k = A.shape
     n = B.shape[2]
+    if (A.size + 2 * B.size) * A.itemsize > workspace:
+        # the stack's contiguous copies (of a broadcast operand too, once per matrix) would pass the workspace:
+        # every matrix to dgemm on its views, as a broadcast operand is
+        return list(range(nb))
     cplx = A.dtype.kind == "c"
     kind = "complex" if cplx else "real"
     auto = moduli == "auto"
