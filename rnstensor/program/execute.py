@@ -4,9 +4,9 @@ The executor walks a :class:`~rnstensor.ir.Program` step by step, in the
 array module its caller found once and hands it (no step asks again). A
 slot's value is a :class:`Value`: planes, exponents, factor, bound and labels,
 all where the data lives (the exponents are small arrays, of the planes' array
-module, or host vectors beside device planes in a Dask tile). Nothing data-sized leaves the device between the encodes and the
-decode; constant operands come from the builder's cache, encoded once per
-device. An *observer* (the running error analysis of :mod:`.errors`) sees
+module, or host vectors beside device planes in a Dask tile). Nothing
+data-sized leaves the device between the encodes and the decode; constant
+operands come from the builder's cache, encoded once per device. An *observer* (the running error analysis of :mod:`.errors`) sees
 every step with its operands and result.
 """
 
