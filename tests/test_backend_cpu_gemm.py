@@ -402,7 +402,8 @@ def test_einsum_products_on_the_wide_engine_give_the_int8_bits(subscripts, shape
     ops = [_data(rng, kind if i == 0 else "uniform", s) for i, s in enumerate(shapes)]
     old = cpu_gemm.ENGINE
     try:
-        for kw in ({}, {"moduli": "fast"}, {"moduli": 19}, {"moduli": "auto"}):
+        exact = [{"moduli": 40, "decode": "exact"}] if kind in ("uniform", "ints") else []  # (wide data: 'auto')
+        for kw in [{}, {"moduli": "fast"}, {"moduli": 19}, {"moduli": "auto"}] + exact:
             got = []
             for engine in ("int8", "wide"):
                 cpu_gemm.ENGINE = engine
@@ -412,3 +413,27 @@ def test_einsum_products_on_the_wide_engine_give_the_int8_bits(subscripts, shape
                 np.testing.assert_array_equal(x.view(np.int64), y.view(np.int64), err_msg=str(kw))
     finally:
         cpu_gemm.ENGINE = old
+
+
+def test_an_exact_decode_takes_the_engine_values_without_planes(monkeypatch):
+    # a GEMM-shaped einsum decoded exactly ('auto', decode='exact') asks the engine for its values (its decode), not
+    # for residues decoded again; a chain whose product feeds another step asks for residues
+    from rnstensor.backends.cpu.backend import ExactProduct
+
+    monkeypatch.setattr(cpu_gemm, "ENGINE", "wide")
+    asked = []
+    for name in ("residues", "decoded"):
+        real = getattr(ExactProduct, name)
+        monkeypatch.setattr(ExactProduct, name, lambda self, real=real, name=name: asked.append(name) or real(self))
+    rng = np.random.default_rng(5)
+    # (products of two tensors, not a tensor by a matrix: those are mode products, fused or not)
+    a, b, c = (rng.standard_normal(s) for s in ((3, 2, 4, 5), (4, 5, 3, 2), (3, 2, 2, 2)))
+    rt.einsum("ijab,abcd->ijcd", a, b, moduli="auto")
+    rt.einsum("ijab,abcd->dcji", a, b, moduli=40, decode="exact")
+    assert asked == ["decoded", "decoded"]
+    asked.clear()
+    y = rt.einsum("ijab,abcd->ijcd", a, b, moduli=40, decode=None)  # an RNSTensor: the planes
+    assert asked == ["residues"] and isinstance(y, rt.RNSTensor)
+    asked.clear()
+    rt.einsum("ijab,abcd,cdkl->ijkl", a, b, c, moduli="auto", optimize=[(0, 1), (0, 1)])
+    assert asked[:1] == ["residues"]  # the first product feeds the second

@@ -46,7 +46,7 @@ class _CorrectlyRounded:
         y = expr._fused(parsed, backend, widths, "exact")
         if y is not None:
             return y
-        T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, widths)
+        T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, widths, "exact")
         return expr._finish(T, plan, be_name, nonfinite, arrays, "exact")
 
     #: the most exact part products ``moduli='auto'`` evaluates for one call before it gives up

@@ -239,7 +239,7 @@ class _ElementsCall:
         y = expr._fused(self.parsed, self.backend, used, mode)
         if y is not None:
             return y
-        T, plan, _, be_name, nonfinite = expr._run(self.args, self.backend, False, self.parsed, used)
+        T, plan, _, be_name, nonfinite = expr._run(self.args, self.backend, False, self.parsed, used, mode)
         return expr._finish(T, plan, be_name, nonfinite, self.args, mode)
 
     def fallback(self, bound: bool):

@@ -22,7 +22,7 @@ from .. import ir
 from ..ir.lower import FusionRequest
 from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
-from ..program.execute import DeferredValue, Value, execute, moved, permuted, tensor_of, value_of
+from ..program.execute import DeferredValue, ProductValue, Value, execute, moved, permuted, tensor_of, value_of
 from ..run.exact import half_spacing
 from ..run.fusion import fused_program
 from ..tensor import RNSTensor
@@ -237,7 +237,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             y = self._fused(parsed, backend, None, self.decode)
             if y is not None:
                 return y
-        out = self._run(arrays, backend, track=False, parsed=parsed)
+        out = self._run(arrays, backend, track=False, parsed=parsed, mode=self.decode)
         if not isinstance(out, tuple):
             return out
         T, plan, _, be_name, nonfinite = out
@@ -248,7 +248,9 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         return self._finish(T, plan, be_name, nonfinite, arrays, self.decode)
 
     def _finish(self, T, plan, be_name, nonfinite, arrays, mode: str):
-        y = decode_tensor(T, mode, backend=be_name)
+        """The result of :meth:`_run`'s ``T`` decoded by ``mode`` (``T`` already decoded where ``_run`` was told
+        ``mode`` and its engine decoded it), numpy's inf and NaN where they enter."""
+        y = decode_tensor(T, mode, backend=be_name) if isinstance(T, RNSTensor) else T
         if plan.complex:
             y = y[0] + 1j * y[1]
         if nonfinite:
@@ -336,9 +338,12 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
 
         return leaf
 
-    def _run(self, arrays, backend, track: bool, parsed: Optional[tuple] = None, widths: Optional[tuple] = None):
+    def _run(self, arrays, backend, track: bool, parsed: Optional[tuple] = None, widths: Optional[tuple] = None,
+             mode: Optional[str] = None):
         """Execute on ``arrays`` (``parsed``: their :meth:`_operands`, where the caller has them; ``widths``: see
-        :meth:`_plan`)."""
+        :meth:`_plan`); ``(T, plan, magnitudes and errors where tracked, backend name, nonfinite)``. ``mode``: the
+        decode :meth:`_finish` gives ``T`` next; with ``'exact'``, a last product the backend's exact GEMM engine
+        took comes decoded by it in place of ``T`` (the bits of ``T`` decoded exactly, its planes never made)."""
         ops, kinds, cplx, tensors, nonfinite = parsed or self._operands(arrays)
         out_cplx = any(cplx)
         if tensors and out_cplx:
@@ -384,6 +389,9 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         vals = execute(plan, be, be_name, xp, encoded=encoded, operand=lambda st: ops[st.source],
                        tables=getattr(be, "constants", None), observer=observer)
         Z = vals[plan.out]
+        if mode == "exact" and not track and isinstance(Z, ProductValue) and Z.factor == 1:
+            y = Z.exact().transpose([Z.labels.index(c) for c in plan.out_labels])
+            return xp.ascontiguousarray(y), plan, None, be_name, nonfinite
         planes, exp = permuted(Z, plan.out_labels)
         W = Value(xp.ascontiguousarray(planes), exp.total().astype(np.int64, order="C", copy=False), Z.factor, Z.bound,
                   plan.out_labels)

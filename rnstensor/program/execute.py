@@ -28,9 +28,8 @@ from ..primitives import decode as decode_tensor
 from ..tensor import RNSTensor, Scale
 from ..ir import Add, Combine, Contract, Contract3M, Decode, Drop, Encode, Fold, Operand, Program, Reencode, Sum
 
-__all__ = [
-    "DeferredValue", "Value", "Exps", "execute", "run_step", "encode_value", "value_of", "tensor_of", "moved", "permuted",
-           "alpha_parts", "last_reads"]
+__all__ = ["DeferredValue", "ProductValue", "Value", "Exps", "execute", "run_step", "encode_value", "value_of",
+           "tensor_of", "moved", "permuted", "alpha_parts", "last_reads"]
 
 
 class Exps:
@@ -137,6 +136,22 @@ class DeferredValue(Value):
         self._planes = value
 
 
+class ProductValue(DeferredValue):
+    """A product step's result taken by the backend's exact GEMM engine (:func:`_engine_product`): its planes made
+    on first use, or, where nothing reads them, :meth:`exact` (its values correctly rounded, straight from the
+    engine: the bits of the planes decoded exactly, without the planes, for a front end whose exact decode reads
+    this value alone)."""
+
+    def __init__(self, make, exact, exp, factor: int, bound: int, labels: str):
+        super().__init__(make, exp, factor, bound, labels, None)
+        self._exact = exact
+
+    def exact(self):
+        """The values ``2**exp`` times the product's integers (the dropped-moduli ``factor`` aside), correctly
+        rounded, axes as :attr:`labels`."""
+        return self._exact()
+
+
 def moved(v: Value, xp) -> Value:
     """``v`` in the array module ``xp``: an explicit copy across the bus where it lives on the other side (once)."""
     return Value(to_module(v.planes, xp), v.exp.map(lambda t: to_module(t, xp)), v.factor, v.bound, v.labels, v.active)
@@ -201,12 +216,14 @@ def _sum(v: Value, over: str, bound: int, basis: Basis, be, xp) -> Value:
 
 def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be, xp) -> Value:
     if st.kind == "matmul":
-        planes = _engine_product(X, Y, st, _moduli(X, basis), be, xp)
-        if planes is not None:  # (the operands' planes, where deferred, are never made)
+        product = _engine_product(X, Y, st, _moduli(X, basis), be, xp)
+        if product is not None:  # (the operands' planes, where deferred, are never made)
             xs, ys = (tuple(v.source.shape[v.labels.index(c)] for c in keep) for v, keep in
                       ((X, st.x_keep), (Y, st.y_keep)))
-            return Value(planes.reshape(planes.shape[:1] + xs + ys), _product_exps(X, Y, st), X.factor * Y.factor,
-                         st.bound, st.labels, X.active)
+            L = len(_moduli(X, basis))
+            return ProductValue(lambda: product.residues().reshape((L,) + xs + ys),
+                                lambda: product.decoded().reshape(xs + ys), _product_exps(X, Y, st),
+                                X.factor * Y.factor, st.bound, st.labels)
     C, Bt, Kx, Ky, kind = st.contracted, st.batch, st.x_keep, st.y_keep, st.kind
     if st.x_sum:
         X = _sum(X, st.x_sum, 0, basis, be, xp)
@@ -256,10 +273,10 @@ def _product_exps(X: Value, Y: Value, st: Contract) -> Exps:
 
 
 def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be, xp):
-    """The residues of a GEMM-shaped product of two encoded operands by the backend's exact GEMM engine
-    (``exact_product``: the CPU's wide moduli in float64 BLAS), from the floats they were encoded from; ``None``
-    where the backend has none or declines it, or the step is not one plain GEMM of two fresh encodings (a batch
-    index, sums first, drops). The residues of the same integers: the INT8 product's bits."""
+    """A GEMM-shaped product of two encoded operands taken by the backend's exact GEMM engine (``exact_product``:
+    the CPU's wide moduli in float64 BLAS), from the floats they were encoded from: its residues (the INT8
+    product's bits) or its exact decode, made when asked; ``None`` where the backend has none or declines it, or
+    the step is not one plain GEMM of two fresh encodings (a batch index, sums first, drops)."""
     engine = getattr(be, "exact_product", None)
     if (engine is None or X.source is None or Y.source is None or st.batch or st.x_sum or st.y_sum
             or X.active is not None or Y.active is not None or X.factor != 1 or Y.factor != 1

@@ -23,7 +23,7 @@ from .warm import warm
 
 _REFERENCE = NumpyBackend()  # the path of a small call on a cold kernel (warm.py): the same bits
 
-__all__ = ["CpuBackend", "FUSED_ALONE_MAX"]
+__all__ = ["CpuBackend", "ExactProduct", "FUSED_ALONE_MAX"]
 
 #: entries of a tensor from which the fused interpreter, given fewer tensors than threads, runs slower than the
 #: step-by-step passes (between 16**3, faster fused alone, and 32**3, slower: CpuBackend.fuses)
@@ -239,18 +239,14 @@ class CpuBackend:
         return None if wide is None else gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, *wide)
 
     def exact_product(self, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, bound: int,
-                      moduli: Sequence[int], workspace_bytes: Optional[int] = None):
-        """The residues ``(len(moduli), m, n)`` int8 of the exact product of the integers ``round_half_even(a_ik
-        2**ea_i)`` and ``round_half_even(b_kj 2**eb_j)`` (real, ``|c| <= bound``) by the wide engine, or ``None``
-        where it should not beat the INT8 product (:meth:`exact_gemm`'s rule) or does not fit the workspace (default
-        :func:`~rnstensor.arrays.default_workspace_bytes`). The residues of the same integers, so the INT8
-        product's bits."""
-        from . import gemm  # noqa: PLC0415 - the engine's kernels compile on first use
-
+                      moduli: Sequence[int], workspace_bytes: Optional[int] = None) -> Optional["ExactProduct"]:
+        """The exact product of the integers ``round_half_even(a_ik 2**ea_i)`` and ``round_half_even(b_kj 2**eb_j)``
+        (real, ``|c| <= bound``) taken by the wide engine, made when its residues on the INT8 ``moduli`` or its
+        values are asked for (:class:`ExactProduct`); ``None`` where it should not beat the INT8 product
+        (:meth:`exact_gemm`'s rule) or does not fit the workspace (default
+        :func:`~rnstensor.arrays.default_workspace_bytes`). The same integers, so the INT8 product's bits."""
         wide = self._product_plan(a.shape[0], b.shape[1], a.shape[1], len(moduli), bound, workspace_bytes)
-        if wide is None:
-            return None
-        return gemm.exact_gemm(a, b, ea, eb, bound, 1.0, *wide, onto=tuple(int(p) for p in moduli))
+        return None if wide is None else ExactProduct(a, b, ea, eb, bound, tuple(int(p) for p in moduli), wide)
 
     def takes_product(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int] = None) -> bool:
         """Whether :meth:`exact_product` takes a real ``m x k x n`` product on ``s`` INT8 moduli (its operands then
@@ -351,3 +347,28 @@ class CpuBackend:
             args = (X, perm, C, qf, qip, qh, qd, ev, inner, int(t2), flimbs, nl, fsign, _P2, out)
             _launch(_decode_exact_kernel, -(-X.shape[1] // _BLOCK), X.size * 16, *args)
         return out.reshape(shape)
+
+
+class ExactProduct:
+    """A real product the wide engine has taken (:meth:`CpuBackend.exact_product`), computed once asked for: its
+    integers as residues on the INT8 moduli (:meth:`residues`: the INT8 product's planes, for the steps and decode
+    that follow), or their values correctly rounded (:meth:`decoded`: the bits of those planes decoded exactly,
+    made without them: a program whose last step it is and whose decode is exact)."""
+
+    __slots__ = ("a", "b", "ea", "eb", "bound", "moduli", "wide")
+
+    def __init__(self, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, bound: int, moduli: tuple,
+                 wide: tuple):
+        self.a, self.b, self.ea, self.eb, self.bound, self.moduli, self.wide = a, b, ea, eb, bound, moduli, wide
+
+    def residues(self) -> np.ndarray:
+        """``(len(moduli), m, n)`` int8: the product's residues on the INT8 moduli."""
+        from . import gemm  # noqa: PLC0415 - the engine's kernels compile on first use
+
+        return gemm.exact_gemm(self.a, self.b, self.ea, self.eb, self.bound, 1.0, *self.wide, onto=self.moduli)
+
+    def decoded(self) -> np.ndarray:
+        """``(m, n)`` float64: ``2**(-ea_i - eb_j)`` times the product's integers, correctly rounded."""
+        from . import gemm  # noqa: PLC0415
+
+        return gemm.exact_gemm(self.a, self.b, self.ea, self.eb, self.bound, 1.0, *self.wide)
