@@ -122,6 +122,23 @@ def test_matmul_stack_batched(device, cplx, moduli):
     assert copies < len(device.cp.transfers.events) - copies  # (each a wait for the device)
 
 
+@pytest.mark.parametrize("moduli", [None, "fast", "auto"])
+def test_stack_copies_do_not_grow_with_the_stack(device, moduli):
+    """The choices of a device stack wait for the device a number of times that does not grow with its matrices: the
+    spreads a search asks for come back a width at a time for every matrix (one number each), not entry by entry."""
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((1, 20, 30)), rng.standard_normal((1, 30, 10)) * np.exp2(rng.integers(-9, 9, (1, 1, 10)))
+    copies = []
+    for nb in (3, 12):
+        ad, bd = device.put(np.repeat(a, nb, axis=0)), device.put(np.repeat(b, nb, axis=0))
+        got = device.resident(lambda: rt.matmul(ad, bd, moduli=moduli), limit=8 * nb)
+        same_bits(got, rt.matmul(np.repeat(a, nb, axis=0), np.repeat(b, nb, axis=0), moduli=moduli))
+        device.cp.transfers.reset()
+        rt.matmul(ad, bd, moduli=moduli)
+        copies.append(len(device.cp.transfers.events))
+    assert copies[0] == copies[1], copies
+
+
 def test_device_errors(device):
     a = np.ones((3, 4))
     with pytest.raises(MixedDevicesError, match="b"):

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..arrays import array_module
+from ..arrays import array_module, to_host
 from ..basis import Basis, int8_pool
 from ..encode import _NONE
 from ..errors import RNSRangeError
@@ -327,22 +327,26 @@ def one_matrix(stats) -> tuple:
 class _Spreads:
     """``log2`` of the largest relative encoding error of each matrix's rows (or columns) at each moduli count's width
     (:func:`_inexact_rho` of every matrix of a stack at every width). Host statistics: one table of every matrix and
-    width. Device ones: each entry on demand, one scalar read back (no copy that grows with the data or the stack)."""
+    width. Device ones: a width's column for every matrix of the stack when a search first asks for it, one copy
+    of one number per matrix (the searches of a stack's matrices visit mostly the same widths: a few copies for
+    the stack, where an entry at a time was a wait for the device each)."""
 
     def __init__(self, group, widths: dict, cplx: bool, xp):
         self.group, self.widths, self.cplx, self.xp = group, widths, cplx, xp  # (matrices, rows)
         self.column = {s: j for j, s in enumerate(widths)}
         self.worst = None
-        self.found: dict = {}
+        self.found: dict = {}  # (device) the columns read so far, by moduli count
         if group[1].size and xp is np:
             self.worst = _worst_spreads(group, np.asarray(list(widths.values()), dtype=np.int64), np).tolist()
 
     def rho(self, i: int, s: int) -> Optional[int]:
         """Matrix ``i``'s ``rho`` at ``s`` moduli (``None``: every group exact)."""
         if self.worst is None:
-            if (i, s) not in self.found:
-                self.found[(i, s)] = _inexact_rho(tuple(v[i] for v in self.group), self.widths[s], self.cplx, self.xp)
-            return self.found[(i, s)]
+            if not self.group[1].size:
+                return None
+            if s not in self.found:
+                self.found[s] = to_host(_worst_spreads(self.group, self.widths[s], self.xp)).reshape(-1).tolist()
+            return _rho_of(self.found[s][i], self.widths[s], self.cplx)
         return _rho_of(self.worst[i][self.column[s]], self.widths[s], self.cplx)
 
 
