@@ -182,6 +182,7 @@ class ChainPlan(ChainPolicies):
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        self._check_target_decode(decode, "ChainPlan.run")
         if self.policy == "auto":
             return self._exact_chain(X, backend, nonfinite)
         Xz, original = self._finite_part(X, nonfinite)
@@ -393,6 +394,7 @@ class ChainPlan(ChainPolicies):
         """
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}; got {decode!r}")
+        self._check_target_decode(decode, "ChainPlan.error_bound")
         said = self.last_evaluation  # the bound replays the call's paths: last_evaluation stays the call's
         try:
             return self._error_bound(X, decode)

@@ -61,6 +61,15 @@ class ChainPolicies:
         """``m`` of the classical bound ``γ_m |A_n| ... |A_1| |X|``: the columns of every operator, added up."""
         return sum(int(A.shape[1]) for A in self.operators)
 
+    def _check_target_decode(self, decode: str, fn: str) -> None:
+        """A plan with a target (``rtol``) is certified with the fp64 decode only: the exact decode of its planned
+        integers (drops round) is not held to it, so it is refused rather than returned uncertified."""
+        if self.rtol is not None and decode != "fp64":
+            raise ValueError(f"{fn}: this plan's rtol={self.rtol:g} is certified with decode='fp64' (decode="
+                             f"{decode!r} would return the planned chain's integers, not held to the target); call "
+                             f"it with decode='fp64', or plan_chain(..., moduli='auto') without rtol for the "
+                             f"correctly rounded chain")
+
     def _certifies(self, decode: str) -> bool:
         """Whether a call is held to the default's target (or ``rtol``): the default plan with the fp64 decode (the
         exact decode rounds this plan's integers once, as planned)."""
@@ -196,8 +205,8 @@ class ChainPolicies:
         if self.rtol is not None and self.rtol < gamma(m):
             raise RNSRangeError(
                 f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, and the "
-                f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly rounded (within any "
-                f"rtol accepted), or pass a larger rtol")
+                f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; drop rtol and pass moduli='auto' (correctly "
+                f"rounded, so within any rtol accepted), or pass a larger rtol")
 
     def _wider(self, s: int) -> Optional["ChainPolicies"]:
         """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""

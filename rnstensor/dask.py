@@ -66,9 +66,9 @@ from .errors import RNSRangeError
 from .chain import ChainPlan
 from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_target, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
-from .gemm import SplitNeeded, gemm_program, gemm_scale
+from .gemm import SplitNeeded, gemm_program, gemm_scale, gemm_targets
 from .magnitude import measure_ratio
-from .run.epilogue import exact_combination, exact_parts, gemm_epilogue, needs_exact_epilogue, two_term_alpha
+from .run.epilogue import exact_combination, exact_parts, gemm_epilogue, two_term_alpha
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program.execute import Value
@@ -460,14 +460,17 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
         return measure_ratio(A, da.from_array(xp.asarray(np.where(fa, Ea, _NONE)), chunks=rows), Bm,
                                da.from_array(xp.asarray(np.where(fb, Eb, _NONE)), chunks=cols), xp=da)
 
+    # (the product's target and the epilogue as the in-memory call has them: gemm_targets)
+    rtol, exact = gemm_targets(moduli, rtol, alpha, beta, cplx)
     try:
         s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),
                                   f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of, rtol)
     except SplitNeeded as exc:
+        said = str(exc).removeprefix(f"rnstensor.dask.{fn_name}: ")
         raise RNSRangeError(
-            f"rnstensor.dask.{fn_name}: {exc}; the in-memory {fn_name} splits such rows and columns exactly, the Dask "
-            f"one does not yet: compute this product in memory, or pass moduli='fast' (float64-level accuracy on "
-            f"well-scaled data) or an explicit moduli"
+            f"rnstensor.dask.{fn_name}: {said}; the in-memory {fn_name} splits such rows and columns exactly, the "
+            f"Dask one does not yet: compute this product in memory (rnstensor.{fn_name} on the arrays), or pass "
+            f"moduli='fast' (float64-level accuracy on well-scaled data) or an explicit moduli, without rtol"
         ) from None
     prog = gemm_program(Basis.int8(s), t, max(k, 1), cplx, alpha)
     # the vectors go back to the operands' array type (once per call): each task finds its slice there
@@ -481,7 +484,6 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
                          new_axes=axes, dtype=np.int8, meta=_meta(opa, len(lab_a), np.int8))
     enc_b = da.blockwise(_encoder(prog, 1, backend), lab_b, opb, "kj", eb_d, "j", fb_d, "j",
                          new_axes=axes, dtype=np.int8, meta=_meta(opb, len(lab_b), np.int8))
-    exact = needs_exact_epilogue(moduli, alpha, beta, cplx)
     # the epilogue reads the operands for rows / columns holding inf or NaN, and to recompute the entries where a
     # complex alpha's two float64 terms overflow (the in-memory zgemm does); a real alpha's one rounding cannot
     with_operands = not (fa.all() and fb.all()) or (two_term_alpha(alpha, cplx) and not exact)

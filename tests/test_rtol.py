@@ -160,3 +160,115 @@ def test_the_tightest_target_is_met_exactly_and_below_it_the_fix_is_named():
         rt.einsum(sub, g, C, C, C, C, rtol=below)
     y = rt.einsum(sub, g, C, C, C, C, moduli="auto")  # the fix it names: correctly rounded
     assert [float(e) for e in exact.ravel()] == list(y.ravel())
+
+
+def _exact_gemm(alpha, A, B, beta=0, C=None):
+    """``alpha A B + beta C`` and ``|alpha| |A||B| + |beta| |C|`` in exact rationals (complex: the parts, and the
+    complex magnitudes' measure rounded up to a float: sqrt has no rational value)."""
+    def F(z):
+        return (Fraction(complex(z).real), Fraction(complex(z).imag))
+
+    m, k = A.shape
+    n = B.shape[1]
+    out, mag = np.empty((m, n), object), np.empty((m, n))
+    for i in range(m):
+        for j in range(n):
+            re = im = Fraction(0)
+            for p in range(k):
+                (ar, ai), (br, bi) = F(A[i, p]), F(B[p, j])
+                re, im = re + ar * br - ai * bi, im + ar * bi + ai * br
+            (xr, xi) = F(alpha)
+            val = (xr * re - xi * im, xr * im + xi * re)
+            m_ij = abs(complex(alpha)) * float(np.abs(A[i]) @ np.abs(B[:, j])) * (1 + 2.0**-40)
+            if C is not None and beta != 0:
+                (yr, yi), (cr, ci) = F(beta), F(C[i, j])
+                val = (val[0] + yr * cr - yi * ci, val[1] + yr * ci + yi * cr)
+                m_ij += abs(complex(beta)) * abs(complex(C[i, j])) * (1 + 2.0**-40)
+            out[i, j], mag[i, j] = val, m_ij
+    return out, mag
+
+
+@pytest.mark.parametrize("rtol", [1.2e-16, 2.5e-16, 1e-12])
+def test_gemm_targets_hold_with_beta_and_a_complex_alpha(rtol):
+    # the epilogue's float64 roundings (beta * c and the sum; a complex alpha's two terms and their sum) count
+    # against the target: |y - (alpha AB + beta C)| <= rtol (|alpha||A||B| + |beta||C|) entry by entry, in exact
+    # rationals (where the target lies within those roundings, the exact epilogue rounds once)
+    rng = np.random.default_rng(21)
+    A, B, C = rng.standard_normal((6, 40)), rng.standard_normal((40, 5)), rng.standard_normal((6, 5))
+    A[0, 0], B[0, 0], C[0, 0] = 1e-20, 1.0, 1.0  # (a product far below beta c: the case that broke)
+    for alpha, beta in ((1.5, -0.3), (1.0, 1.0), (-0.75, 0.5)):
+        y = rt.dgemm(A, B, C, alpha=alpha, beta=beta, rtol=rtol)
+        exact, mag = _exact_gemm(alpha, A, B, beta, C)
+        for (i, j), v in np.ndenumerate(y):
+            assert abs(Fraction(v) - exact[i, j][0]) <= Fraction(rtol) * Fraction(mag[i, j]), (alpha, beta, i, j)
+    # (cases a reviewer found past 1.2e-16 when the epilogue's roundings were not counted: 1.79e-16, 1.80e-16)
+    a1 = np.array([[-0.7296821031412092, -0.18750401247203768]])
+    b1 = np.array([[1.3887974968287569], [0.3345737312368906]])
+    c1 = np.array([[-0.05533309312968861]])
+    y = rt.dgemm(a1, b1, c1, beta=1.0, rtol=rtol)
+    exact, mag = _exact_gemm(1.0, a1, b1, 1.0, c1)
+    assert abs(Fraction(y[0, 0]) - exact[0, 0][0]) <= Fraction(rtol) * Fraction(mag[0, 0])
+    Z = A + 1j * rng.standard_normal(A.shape), B - 1j * rng.standard_normal(B.shape), C + 1j * C[::-1]
+    z1 = (np.array([[-1.9734466967265225 + 3.1912712595277606j]]),
+          np.array([[-0.8026558518166966 + 0.4085878741718514j]]), np.zeros((1, 1), complex))
+    for alpha, beta, (x, w, c) in ((0.5 - 1.25j, 0.0, Z), (0.5 - 1.25j, 0.25 + 2j, Z), (1.0, -1j, Z), (0.5 - 1.25j, 0.0, z1)):
+        y = rt.zgemm(x, w, c, alpha=alpha, beta=beta, rtol=rtol)
+        exact, mag = _exact_gemm(alpha, x, w, beta, c)
+        for (i, j), v in np.ndenumerate(y):
+            err = (Fraction(v.real) - exact[i, j][0], Fraction(v.imag) - exact[i, j][1])
+            assert float(err[0]) ** 2 + float(err[1]) ** 2 <= (rtol * mag[i, j]) ** 2, (alpha, beta, i, j)
+
+
+def test_the_product_target_leaves_room_for_the_epilogue():
+    from rnstensor.gemm import encoding_budget, gemm_targets
+
+    u = Fraction(1, 1 << 53)
+    assert gemm_targets(None, 1e-10, 2.0, 0.0, False) == (1e-10, False)  # one rounding: the target as given
+    assert gemm_targets(None, 1.2e-16, 2.0, 0.5, False) == (1.2e-16, True)  # within the roundings: exact epilogue
+    assert gemm_targets("auto", None, 1.0, 0.5, False) == (None, True)
+    for rtol, beta, cplx, n in ((1e-10, 0.5, False, 2), (1e-13, 0.25 + 1j, True, 3), (3e-16, 1.0, False, 2)):
+        target, exact = gemm_targets(None, rtol, 1.5 + (0.5j if cplx else 0), beta, cplx)
+        gamma = n * u / (1 - n * u)
+        share = Fraction(7, 10) if cplx else 1
+        assert not exact and encoding_budget(64, cplx, target) <= (Fraction(rtol) * share - gamma) / (1 + gamma)
+
+
+def test_chain_targets_are_certified_with_the_fp64_decode_only():
+    # the exact decode of a target's plan would return its planned integers, drops rounded, not held to rtol
+    X = np.array([17179869184.0, -2.197921276092529e-09])
+    A = np.array([[3.259629011154175e-11, 29527900.16], [0.17125, -64596308131.84]])
+    B = np.array([[-1610612736.0, -0.045]])
+    plan = rt.plan_chain([A, B], [0, 0], rtol=1e-14)
+    for call in (lambda: plan(X, decode="exact"), lambda: plan.error_bound(X, decode="exact"),
+                 lambda: rt.mode_chain(X, [A, B], [0, 0], rtol=1e-14, decode="exact")):
+        with pytest.raises(ValueError, match="decode='fp64'") as info:
+            call()
+        assert "rtol=1e-14" in str(info.value) and "moduli='auto'" in str(info.value)
+    exact = sum(Fraction(b) * sum(Fraction(a) * Fraction(x) for a, x in zip(row, X)) for b, row in zip(B[0], A))
+    mag = sum(abs(Fraction(b)) * sum(abs(Fraction(a) * Fraction(x)) for a, x in zip(row, X)) for b, row in zip(B[0], A))
+    y = plan(X)  # the fixes it names: decode='fp64' meets the target, moduli='auto' is correctly rounded
+    assert abs(Fraction(float(y[0])) - exact) <= Fraction(1e-14) * mag
+    assert float(rt.mode_chain(X, [A, B], [0, 0], moduli="auto", decode="exact")[0]) == float(exact)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1e-8, 0.0])
+def test_targets_that_are_not_positive_numbers_say_so(bad):
+    a = np.ones((2, 2))
+    for f in (lambda **k: rt.dgemm(a, a, **k), lambda **k: rt.einsum("ij,jk->ik", a, a, **k),
+              lambda **k: rt.plan_chain([a], [0], **k)):
+        with pytest.raises(ValueError, match="rtol must be a positive finite number") as info:
+            f(rtol=bad)
+        assert "rtol=None" in str(info.value) and "moduli='auto'" in str(info.value)
+
+
+def test_the_hint_below_the_tightest_target_works_as_written():
+    # "drop rtol and pass moduli='auto'": followed literally, the call runs and is correctly rounded
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 7)), rng.standard_normal((7, 2))
+    with pytest.raises(ValueError, match="drop rtol and pass moduli='auto'"):
+        rt.dgemm(a, b, rtol=1e-17)
+    with pytest.raises(ValueError, match="rtol"):
+        rt.dgemm(a, b, rtol=1e-17, moduli="auto")  # (keeping rtol is refused: it chooses the moduli itself)
+    y = rt.dgemm(a, b, moduli="auto")
+    exact, _ = _exact_gemm(1.0, a, b)
+    assert all(float(y[i, j]) == float(exact[i, j][0]) for i in range(3) for j in range(2))

@@ -180,7 +180,7 @@ def contract_expression(
     acc = accuracy_policy(moduli, "contract_expression")
     _check_auto(acc.policy, decode, bits, "contract_expression")
     rtol = _check_rtol(rtol, acc.policy, decode, bits, "contract_expression")
-    basis = _check_options(method, decode, acc.moduli or 15, bits)
+    basis = _check_options(method, decode, acc.moduli if acc.policy == "basis" else (acc.moduli or 15), bits)
     constants = tuple(sorted({int(c) for c in constants}))
     n = len(shapes_or_arrays)
     bad = [c for c in constants if not 0 <= c < n]

@@ -267,8 +267,8 @@ class _ElementsCall:
                     raise RNSRangeError(
                         f"einsum: rtol={sub.rtol:g} cannot be certified for {sub.subscripts!r} on these operands "
                         f"within 49 INT8 moduli and {sub._WIDEST}-bit encodings, one exact plan does not hold them, "
-                        f"and the classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; moduli='auto' is correctly "
-                        f"rounded (within any rtol accepted), or pass a larger rtol") from None
+                        f"and the classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; drop rtol and pass "
+                        f"moduli='auto' (correctly rounded, so within any rtol accepted), or pass a larger rtol") from None
             sub.last_evaluation = "composed classical GEMMs"
             return sub._composed_classical(self.args, bound, self.parsed)
         sub.last_evaluation = f"correctly rounded ({sub.last_evaluation})"

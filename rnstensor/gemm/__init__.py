@@ -27,7 +27,7 @@ from .checks import blas_operands, default_workspace_bytes
 from .scan import _group_stats_array, frexp_exponent, gemm_scale, group_lsb, group_stats  # (the array path: a test compares the scans)
 from .split import auto_split_width, exact_split_sums, row_slices, split_width
 from .tiles import gemm_program
-from .width import SplitNeeded, classical_fits, classical_moduli, encoding_budget, gemm_width, moduli_for_bits
+from .width import SplitNeeded, classical_fits, classical_moduli, encoding_budget, gemm_targets, gemm_width, moduli_for_bits
 
 # private names other modules use from here: rnstensor.dask (the argument checks, the encode of a block) and the tests
 from .checks import _check_moduli, _check_scalar, _check_target, _check_trans

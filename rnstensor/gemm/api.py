@@ -12,13 +12,13 @@ from ..backends import dispatch
 from ..basis import Basis
 from ..errors import RNSRangeError
 from ..planner.methods import MIN_BITS
-from ..run.epilogue import gemm_epilogue, needs_exact_epilogue
+from ..run.epilogue import gemm_epilogue
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
                      blas_operands)
 from .stack import gemm_stack
 from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, row_slices
 from .tiles import _exact_whole, _phase, _run_product, gemm_program
-from .width import gemm_width
+from .width import gemm_targets, gemm_width
 
 __all__ = ["dgemm", "zgemm", "matmul", "gemm_moduli"]
 
@@ -105,7 +105,9 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     # moduli='auto' promises alpha * op(a) @ op(b) + beta * c rounded once: where the decode alone cannot (a beta
     # term, or both parts of a complex alpha), the exact product's integers meet alpha, beta and c in the exact
     # epilogue (Python integers, on the host)
-    exact_epilogue = needs_exact_epilogue(moduli, alpha, beta, cplx)
+    # a target meets the epilogue's float64 roundings too: the product is held to a smaller one, or the exact
+    # epilogue rounds once where the target lies within those roundings
+    rtol, exact_epilogue = gemm_targets(moduli, rtol, alpha, beta, cplx)
     combined = False
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
@@ -218,7 +220,9 @@ def dgemm(
     moduli : None, 'fast', 'auto' or int in 1..49
         ``None``: every entry within ``1.03 u`` of its exact magnitude
         product, ``|C~ - C| <= (1 + 2**-5) u |alpha| (|A||B|)_ij`` (``u = 2**-53``,
-        the final rounding included; complex: of the complex magnitudes),
+        the final rounding included; complex: of the complex magnitudes; a
+        ``beta * c`` term is then added in float64, as BLAS adds it: its
+        roundings come on top, ``rtol`` counts them),
         or the classical bound ``gamma_k |alpha| |A||B|`` where that is
         smaller (``gamma_k = k u / (1 - k u)``), from the fewest moduli
         whose width keeps every entry's encoding error within it
@@ -262,8 +266,11 @@ def dgemm(
         :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
     rtol : float, optional
         A target in place of the default's (with ``moduli=None``):
-        every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
-        of the complex magnitudes), from the fewest moduli whose rigorous
+        every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij + |beta|
+        |C_ij|`` (complex: of the complex magnitudes; the float64 roundings
+        of ``beta * c``, of the sum and of a complex ``alpha``'s two terms
+        counted, :func:`~rnstensor.gemm.width.gemm_targets`, or the sum
+        rounded once where the target lies within them), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
         than the default). At least ``(1 + 2**-5) 2**-53``; a target 49 moduli cannot
         meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
@@ -357,8 +364,11 @@ def zgemm(
         :class:`PlanError`; ``0`` accepts any width (the papers' sweeps over ``s``).
     rtol : float, optional
         A target in place of the default's (with ``moduli=None``):
-        every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij`` (complex:
-        of the complex magnitudes), from the fewest moduli whose rigorous
+        every entry within ``rtol`` times its ``|alpha| (|A||B|)_ij + |beta|
+        |C_ij|`` (complex: of the complex magnitudes; the float64 roundings
+        of ``beta * c``, of the sum and of a complex ``alpha``'s two terms
+        counted, :func:`~rnstensor.gemm.width.gemm_targets`, or the sum
+        rounded once where the target lies within them), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
         than the default). At least ``(1 + 2**-5) 2**-53``; a target 49 moduli cannot
         meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.

@@ -49,9 +49,9 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
         return "whole", s, t, ea, eb, A, Bm, fa, fb
     except SplitNeeded as exc:
         if rtol is not None:  # the split product meets the classical bound, not an arbitrary target
-            raise RNSRangeError(f"{fn}: rtol={rtol:g} cannot be met within 49 INT8 moduli: {exc}; moduli='auto' is "
-                                f"correctly rounded on any data (so within rtol), or pass rtol=None for the classical "
-                                f"float64 bound") from None
+            raise RNSRangeError(f"{fn}: rtol={rtol:g} cannot be met within 49 INT8 moduli: {exc}; drop rtol and "
+                                f"pass moduli='auto' (correctly rounded on any data, so within rtol), or leave rtol=None "
+                                f"for the classical float64 bound") from None
         if auto:
             return "exact", auto_split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
         return "pairs", split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb

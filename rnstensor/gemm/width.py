@@ -14,6 +14,7 @@ from ..basis import Basis, int8_pool
 from ..encode import _NONE
 from ..errors import RNSRangeError
 from ..magnitude import MeasuredRatio
+from ..run.epilogue import epilogue_roundings, needs_exact_epilogue
 from ..run.exact import least_moduli
 from ..run.policy import default_target
 
@@ -22,6 +23,7 @@ __all__ = [
     "moduli_for_bits",
     "SplitNeeded",
     "encoding_budget",
+    "gemm_targets",
     "classical_fits",
     "classical_moduli",
     "classical_moduli_stack",
@@ -189,6 +191,49 @@ def encoding_budget(k: int, cplx: bool, rtol: Optional[float] = None) -> Fractio
         return (max(int(k), 1) - 1) * u
     r = Fraction(rtol) * (Fraction(7, 10) if cplx else 1)
     return max(Fraction(0), (r - u) / (1 + u))
+
+
+def gemm_targets(moduli, rtol: Optional[float], alpha, beta, cplx: bool) -> tuple:
+    """``(product target, exact epilogue?)`` of a GEMM call: the ``rtol`` its product must meet so that the whole
+    ``alpha op(A) op(B) + beta C`` stays within ``rtol (|alpha| |A||B| + |beta| |C|)`` entry by entry, and whether
+    the epilogue must be the exact one (:func:`~rnstensor.run.epilogue.exact_combination`: one rounding).
+
+    ``moduli='auto'`` rounds once where the decode alone cannot
+    (:func:`~rnstensor.run.epilogue.needs_exact_epilogue`). A target meets the
+    float64 epilogue's roundings: ``n`` of them on a term's path
+    (:func:`~rnstensor.run.epilogue.epilogue_roundings`) add at most
+    ``gamma_n (1 + rho) (|alpha| |A||B| + |beta| |C|)`` to the product's own
+    error ``rho |alpha| |A||B|``, so the product is held to the smaller
+    target whose budget (:func:`encoding_budget`) is ``(r - gamma_n) / (1 +
+    gamma_n)`` (``r`` the part's share of ``rtol``); where that is not
+    positive (a target within the roundings themselves), the exact epilogue
+    rounds once and the product keeps ``rtol``. One rounding (``beta = 0``, a
+    real or purely imaginary ``alpha``): ``rtol`` as given.
+
+    Examples
+    --------
+    >>> gemm_targets(None, 1e-10, 1.0, 0.0, False), gemm_targets(None, 1.2e-16, 1.0, 0.5, False)
+    ((1e-10, False), (1.2e-16, True))
+    >>> target, exact = gemm_targets(None, 1e-10, 1.0, 0.5, False); bool(target < 1e-10), exact
+    (True, False)
+    """
+    exact = needs_exact_epilogue(moduli, alpha, beta, cplx)
+    if rtol is None or exact:
+        return rtol, exact
+    n = epilogue_roundings(alpha, beta, cplx)
+    if n == 1:
+        return rtol, False
+    u = Fraction(1, 1 << 53)
+    share = Fraction(7, 10) if cplx else Fraction(1)  # (as encoding_budget reads a complex target)
+    gamma_n = n * u / (1 - n * u)
+    budget = (Fraction(rtol) * share - gamma_n) / (1 + gamma_n)
+    if budget <= 0:
+        return rtol, True
+    exact_target = (u + (1 + u) * budget) / share  # encoding_budget(target) == budget
+    target = float(exact_target)
+    if Fraction(target) > exact_target:  # (rounded down: the budget it gives is never larger)
+        target = math.nextafter(target, 0.0)
+    return target, False
 
 
 def classical_fits(k: int, rho_a: Optional[int], rho_b: Optional[int], budget: Optional[Fraction] = None) -> bool:

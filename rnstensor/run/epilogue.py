@@ -25,7 +25,7 @@ from ..arith import float_parts, round_scaled_int, to_int_ref
 from ..arrays import to_host, to_module
 
 __all__ = ["gemm_epilogue", "exact_combination", "exact_parts", "zero_parts", "needs_exact_epilogue", "plus_beta_c",
-           "ieee_rows", "exact_entries", "two_term_alpha"]
+           "epilogue_roundings", "ieee_rows", "exact_entries", "two_term_alpha"]
 
 
 def needs_exact_epilogue(moduli, alpha, beta, cplx: bool) -> bool:
@@ -35,6 +35,24 @@ def needs_exact_epilogue(moduli, alpha, beta, cplx: bool) -> bool:
         return False
     a = complex(alpha)
     return beta != 0 or (cplx and a.real != 0 and a.imag != 0)
+
+
+def epilogue_roundings(alpha, beta, cplx: bool) -> int:
+    """The most roundings any term of an entry (of each part, complex) meets in the float64 epilogue: the decode of
+    ``alpha * P`` (one; two where a complex ``alpha``'s two terms are rounded and summed), and where ``beta != 0``
+    NumPy's ``beta * c`` (none for ``beta = 1``, one, two for a complex ``beta``'s two terms) and the sum of the two.
+
+    Examples
+    --------
+    >>> epilogue_roundings(1.5, 0.0, False), epilogue_roundings(1.5, -0.3, False), epilogue_roundings(1 + 2j, 1j, True)
+    (1, 2, 3)
+    """
+    a, b = complex(alpha), complex(beta)
+    decode = 2 if cplx and a.real != 0 and a.imag != 0 else 1
+    if beta == 0:
+        return decode
+    times_c = 0 if beta == 1 else 2 if cplx and b.real != 0 and b.imag != 0 else 1
+    return max(decode, times_c) + 1
 
 
 def zero_parts(shape: tuple, cplx: bool) -> list:

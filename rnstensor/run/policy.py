@@ -134,9 +134,13 @@ def check_rtol(rtol, fn: str) -> Optional[float]:
         raise TypeError(f"{fn}: rtol must be a float (the largest error relative to |A||B|..., entry by entry); "
                         f"got {type(rtol).__name__}")
     rtol = float(rtol)
-    if not (rtol >= DEFAULT_RTOL) or not np.isfinite(rtol):
+    if not np.isfinite(rtol) or rtol <= 0:
+        raise ValueError(f"{fn}: rtol must be a positive finite number (the largest error relative to |A||B|..., "
+                         f"entry by entry); got {rtol!r}. For no target leave rtol=None (the default's classical "
+                         f"bound), for the closest float64 drop rtol and pass moduli='auto'")
+    if rtol < DEFAULT_RTOL:
         raise ValueError(
             f"{fn}: rtol={rtol!r} is below what a certified float64 result can meet ((1 + 2**-5) 2**-53 = "
             f"{DEFAULT_RTOL:.4g} relative to |A||B|..., where the final rounding alone may take 2**-53); for the "
-            f"closest float64 use moduli='auto' (correctly rounded)")
+            f"closest float64 drop rtol and pass moduli='auto' (correctly rounded)")
     return rtol
