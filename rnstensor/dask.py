@@ -68,7 +68,7 @@ from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_target, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
 from .gemm import SplitNeeded, gemm_program, gemm_scale, gemm_targets
 from .magnitude import measure_ratio
-from .run.epilogue import exact_combination, exact_parts, gemm_epilogue, two_term_alpha
+from .run.epilogue import exact_epilogue, gemm_epilogue, two_term_alpha
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program.execute import Value
@@ -384,8 +384,8 @@ def _tile_fn(prog, k: int, alpha, beta, backend, exact: bool = False, with_opera
                      for pa, pb in zip(pa_blocks, pb_blocks))
             c = rest[-1] if beta != 0 else None
             # exact: the tile's exact integers, alpha, beta and c, rounded once (on the host)
-            finish = (lambda v: xp.asarray(exact_combination(exact_parts(v, prog.basis, cplx), alpha, beta,
-                                                              None if c is None else _host(c), cplx))) if exact else None
+            finish = (lambda v: xp.asarray(exact_epilogue(v, prog.basis, alpha, beta, None if c is None else _host(c),
+                                                          cplx))) if exact else None
             term[...] = tile_result(prog, pairs, be, backend, xp, finish)
             # the operands, where a row / column holds inf or NaN or alpha's two terms may overflow (see _gemm)
             A, B = ((xp.concatenate(_leaves(rest[0]), axis=1), xp.concatenate(_leaves(rest[1]), axis=0))

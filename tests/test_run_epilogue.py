@@ -157,3 +157,38 @@ def test_auto_alpha_zero_is_beta_c_rounded_once():
     for alpha, kdim in ((0.0, 3), (1.0, 0)):
         got = rt.zgemm(a[:, :kdim], b[:kdim], c, alpha=alpha, beta=beta, moduli="auto")
         _same(got, _oracle(a[:, :kdim] + 0j, b[:kdim] + 0j, c, alpha, beta, True))
+
+
+def test_exact_epilogue_in_residues_gives_the_exact_combinations_bits(monkeypatch):
+    # alpha S 2**e + beta c formed as one integer in residues (base-extended where the product's moduli do not
+    # hold it) and decoded exactly once: the bits of the entry-by-entry Python combination, ties, subnormals,
+    # overflow and signed zeros included; entries whose sum no 49 moduli hold take that combination
+    from rnstensor.basis import Basis
+    from rnstensor.program.execute import Value
+    from rnstensor.run import epilogue
+
+    rng = np.random.default_rng(8)
+    basis = Basis.int8(16)
+    shape = (9, 11)
+    bound = 1 << 120
+    S = np.array([int(v) << int(s) for v, s in zip(rng.integers(-2**62, 2**62, 99), rng.integers(0, 58, 99))],
+                 dtype=object).reshape(shape)
+    S[0, 0], S[0, 1], S[0, 2] = 0, 1 << 119, -(1 << 53)
+    planes = np.stack([np.array([[(int(x) % p) - p if int(x) % p >= (p + 1) // 2 else int(x) % p for x in row]
+                                 for row in S], np.int8) for p in basis.moduli])
+    e = (rng.integers(-90, 40, (shape[0], 1)) + rng.integers(-90, 40, (1, shape[1]))).astype(np.int64)
+    e[0, 2] = -53
+    e[1, 0], e[1, 1] = -1200, 900  # a subnormal product, one past the range
+    c = rng.standard_normal(shape) * np.exp2(rng.integers(-60, 60, shape))
+    c[0, 0], c[0, 1], c[0, 2] = 0.0, 5e-324, 2.0**-53  # (S = 0; a tiny c beside a huge product; a tie: 1 + 2**-53)
+    c[2, 0], c[2, 1] = 1e300, -1e-300  # gaps of thousands of bits: the entry-by-entry path
+    seen = []
+    real = epilogue.exact_combination
+    monkeypatch.setattr(epilogue, "exact_combination", lambda parts, *a: seen.append(parts[0][0].size) or real(parts, *a))
+    for alpha, beta, far in ((1.0, 1.0, 5), (-0.7, 0.3, 5), (1.5, -1.0, 5), (-1.0, 1.0, 5), (1.0, 0.0, 0),
+                             (0.0, -2.5, 0), (2.0**-1000, 3.0, 99)):  # (far: the entries no 49 moduli hold)
+        seen.clear()
+        cc = (-c if alpha == -1.0 else c) if beta != 0 else None
+        got = epilogue.exact_epilogue(Value(planes, e, 1, bound, "ij"), basis, alpha, beta, cc, False)
+        _same(got, real([(S, e)], alpha, beta, cc, False))
+        assert sum(seen) <= far, (alpha, beta, seen)

@@ -17,7 +17,7 @@ from ..planner.program import Failure, Given, plan_drops
 from .. import ir
 from ..program.execute import Value
 from ..run.tiles import tile_result
-from ..run.epilogue import exact_combination, exact_parts
+from ..run.epilogue import exact_epilogue
 
 __all__ = ["gemm_program"]
 
@@ -238,12 +238,12 @@ def _run_product(term, prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, 
 def _exact_whole(prog: ir.Program, A, Bm, ea, eb, m: int, n: int, k: int, s: int, cplx: bool, workspace: int, be, xp,
                  backend_name, transposed: bool, alpha, beta, c):
     """``alpha * A @ Bm + beta * c`` rounded once per entry (part): ``prog``'s exact products, tile by tile, through
-    the exact epilogue (:func:`rnstensor.run.epilogue.exact_combination`; ``c`` on the host, or ``None``)."""
+    the exact epilogue (:func:`rnstensor.run.epilogue.exact_epilogue`; ``c`` on the host, or ``None``)."""
     term = np.zeros((m, n), np.complex128 if cplx else np.float64)
 
     def finish(v: Value, i0: int, i1: int, j0: int, j1: int):
         ct = None if c is None else (c[i0:i1, j0:j1].T if transposed else c[i0:i1, j0:j1])
-        return exact_combination(exact_parts(v, prog.basis, cplx), alpha, beta, ct, cplx)
+        return exact_epilogue(v, prog.basis, alpha, beta, ct, cplx)
 
     _run_product(term, prog, A, Bm, ea, eb, m, n, k, s, cplx, workspace, be, xp, backend_name, transposed, finish)
     return to_module(term, xp)

@@ -23,9 +23,10 @@ import numpy as np
 
 from ..arith import float_parts, round_scaled_int, to_int_ref
 from ..arrays import to_host, to_module
+from ..basis import Basis, int8_pool, pow2_cycle
 
 __all__ = ["gemm_epilogue", "exact_combination", "exact_parts", "zero_parts", "needs_exact_epilogue", "plus_beta_c",
-           "epilogue_roundings", "ieee_rows", "exact_entries", "two_term_alpha"]
+           "epilogue_roundings", "ieee_rows", "exact_entries", "two_term_alpha", "combined_planes", "combination_bits", "exact_epilogue"]
 
 
 def needs_exact_epilogue(moduli, alpha, beta, cplx: bool) -> bool:
@@ -180,6 +181,124 @@ def exact_combination(parts: Sequence[tuple[np.ndarray, np.ndarray]], alpha, bet
             im += [(br * gi, kbr + yi), (bi * gr, kbi + yr)]
         out[idx] = complex(_round_terms(re), _round_terms(im))
     return out
+
+
+def _pow2_mod(s: np.ndarray, p: int) -> np.ndarray:
+    """``[2**s]_p`` of every entry of the int64 array ``s >= 0`` (by the cycle of 2 modulo ``p``)."""
+    a, t = pow2_cycle(p)
+    table = np.array([pow(2, i, p) for i in range(a + t)], np.int64)
+    return table[np.where(s < a, s, a + (s - a) % t)]
+
+
+def _odd_parts(x: float) -> tuple[int, int]:
+    """``x == m * 2**k`` exactly with ``m`` odd (``(0, 0)`` for zero): the fewest bits for the significand."""
+    m, k = _scalar_parts(x)
+    if not m:
+        return 0, 0
+    tz = (m & -m).bit_length() - 1
+    return m >> tz, k + tz
+
+
+def combination_bits(e, bound: int, alpha, beta, c) -> np.ndarray:
+    """The bits of the integer ``W`` with ``alpha * S * 2**e + beta * c = W * 2**f`` (:func:`combined_planes`) for
+    ``|S| <= bound``, per entry: ``2**bits`` bounds ``|W|`` (``e`` an int64 array of the entries' exponents; ``c``
+    finite float64 where ``beta != 0``, else ``None``). A range that holds ``2**(bits + 1)`` holds ``W``."""
+    ma, ka = _odd_parts(float(alpha))
+    mb, kb = _odd_parts(float(beta))
+    e = np.asarray(e, np.int64)
+    g1 = ka + e
+    if c is None or mb == 0:
+        return np.full(e.shape, abs(ma).bit_length() + int(bound).bit_length(), np.int64) if ma else np.zeros(e.shape,
+                                                                                                               np.int64)
+    mc, kc = float_parts(c)
+    g2 = kb + kc
+    one, two = ma != 0, mc != 0
+    f = np.where(two, np.minimum(g1, g2), g1) if one else g2
+    bits1 = np.where(one, abs(ma).bit_length() + int(bound).bit_length() + (g1 - f), 0)
+    bits2 = np.where(two, abs(mb).bit_length() + 53 + (g2 - f), 0)
+    return np.maximum(bits1, bits2) + 1
+
+
+def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c) -> tuple:
+    """``(W, f, ok)``: ``alpha * S * 2**e + beta * c = W * 2**f`` exactly, ``W`` as residues (int8, centered) on
+    ``moduli`` where the range holds it (``ok``), from the residues ``planes`` of the integers ``S`` (``|S| <=
+    bound``), on the host; real ``alpha``, ``beta`` and ``c`` (finite; ``None`` where ``beta = 0``).
+
+    ``alpha = ma 2**ka``, ``beta = mb 2**kb`` and ``c = mc 2**kc`` are integers times powers of two, so the sum
+    is ``(ma S 2**s1 + mb mc 2**s2) 2**f`` with ``f`` the smaller exponent and ``s1, s2 >= 0`` the shifts: every
+    term's residues come from the planes, the significands and powers of two modulo each modulus. Its exact decode
+    is the whole expression rounded once, as :func:`exact_combination` rounds it.
+    """
+    ma, ka = _odd_parts(float(alpha))
+    mb, kb = _odd_parts(float(beta))
+    e = np.asarray(e, np.int64)
+    g1 = ka + e
+    use_c = c is not None and mb != 0
+    if use_c:
+        mc, kc = float_parts(c)
+        g2 = kb + kc
+        two = mc != 0
+        f = np.where(two, np.minimum(g1, g2), g1) if ma else np.where(two, g2, 0)
+    else:
+        f = g1 if ma else np.zeros(e.shape, np.int64)
+    P = math.prod(int(p) for p in moduli)
+    ok = combination_bits(e, bound, alpha, beta, c if use_c else None) + 1 <= P.bit_length() - 1
+    # the shifts take few distinct values (row and column exponents): their powers of two per modulus from those
+    shifts1, at1 = np.unique(np.where(ok, g1 - f, 0), return_inverse=True)
+    if use_c:
+        shifts2, at2 = np.unique(np.where(ok & two, g2 - f, 0), return_inverse=True)
+    W = np.zeros(planes.shape, np.int8)
+    for l, p in enumerate(int(q) for q in moduli):
+        r = np.zeros(e.shape, np.int32)  # (every product below 2**16, every sum below 2**9)
+        if ma:
+            r = (ma % p) * np.asarray(planes[l], np.int32) % p * _pow2_mod(shifts1, p).astype(np.int32)[at1.reshape(
+                e.shape)] % p
+        if use_c:
+            cp = (mb % p) * (mc % p).astype(np.int32) % p
+            r = (r + cp * _pow2_mod(shifts2, p).astype(np.int32)[at2.reshape(e.shape)] % p) % p
+        W[l] = np.where(ok, np.where(r < (p + 1) // 2, r, r - p), 0)
+    return W, f, ok
+
+
+def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -> np.ndarray:
+    """``alpha * P + beta * c`` rounded once per entry (per part) for a product value ``v``
+    (:class:`rnstensor.program.execute.Value`), on the host: :func:`exact_combination`'s result.
+
+    A real result is formed in residues where the basis holds the sum's integer (:func:`combined_planes`) and
+    decoded exactly once (one vectorized pass); the entries it does not hold, a non-finite ``c`` and complex
+    results take :func:`exact_combination` (Python integers, entry by entry).
+    """
+    from ..backends import get_backend  # noqa: PLC0415 - the backends' base extension and exact decode
+    from ..primitives import decode  # noqa: PLC0415
+    from ..tensor import RNSTensor, Scale  # noqa: PLC0415
+
+    use_c = beta != 0 and c is not None
+    if cplx or v.factor != 1 or (use_c and not bool(np.isfinite(c).all())):
+        return exact_combination(exact_parts(v, basis, cplx), alpha, beta, c, cplx)
+    planes = to_host(v.planes)
+    e = np.broadcast_to(to_host(v.exp.total()).astype(np.int64), planes.shape[1:])
+    moduli = tuple(v.active or basis.moduli)
+    cc = np.asarray(c, np.float64) if use_c else None
+    need = int(combination_bits(e, v.bound, alpha, beta, cc).max(initial=0)) + 2  # (the range W asks for, in bits)
+    pool = int8_pool()
+    if need > math.prod(moduli).bit_length() - 1 and moduli == tuple(pool[:len(moduli)]):
+        # more INT8 moduli hold the sum: the product's residues base-extended to them (exact: |S| < P / 2)
+        s = next((n for n in range(len(moduli), len(pool) + 1) if math.prod(pool[:n]).bit_length() - 1 >= need),
+                 len(pool))
+        if s > len(moduli):
+            basis = Basis.int8(s)
+            planes, moduli = get_backend("cpu").drop_extend(planes, moduli, basis, 0, True)
+            moduli = tuple(int(p) for p in moduli)
+    W, f, ok = combined_planes(planes, moduli, e, v.bound, alpha, beta, cc)
+    # (the bound the decode is told: the largest |W| the kept entries may reach, within the range by ok)
+    bits = int(combination_bits(e[ok], v.bound, alpha, beta, cc[ok] if use_c else None).max(initial=0))
+    y = np.asarray(decode(RNSTensor(W, basis, moduli, 1 << bits, Scale(0, 1, (None,) * (W.ndim - 1), f)), "exact"),
+                   np.float64)
+    if not bool(ok.all()):
+        rest = ~ok
+        S = to_int_ref(planes[:, rest], moduli)
+        y[rest] = exact_combination([(S, e[rest])], alpha, beta, cc[rest] if use_c else None, False)
+    return y
 
 
 def exact_entries(A, Bm, alpha, rows, cols) -> np.ndarray:
