@@ -104,6 +104,13 @@ def to_module(x: Any, xp):
     return x if is_device_array(x) else xp.asarray(x)
 
 
+def refuse_rnstensor(x: Any, name: str, fn: str) -> None:
+    """A ``TypeError`` naming the fix where ``x`` is an :class:`~rnstensor.RNSTensor` (a float array is expected)."""
+    if type(x).__name__ == "RNSTensor":  # (rnstensor.tensor imports this module: named, not imported)
+        raise TypeError(f"{fn}: {name} is an RNSTensor; decode it first (rt.decode({name}, 'exact') gives its exact "
+                        f"value as float64), or contract it with rt.einsum, which takes RNSTensor operands")
+
+
 def exact_float(x: Any, name: str, fn: str):
     """``x`` as float64 (or complex128) where that holds every value exactly, else a clear error.
 
@@ -118,6 +125,7 @@ def exact_float(x: Any, name: str, fn: str):
     >>> exact_float(np.array([1, -2], np.int8), "a", "matmul")
     array([ 1., -2.])
     """
+    refuse_rnstensor(x, name, fn)
     xp = array_module(x)
     x = x if xp is not np else np.asarray(x)
     kind, size = x.dtype.kind, x.dtype.itemsize
@@ -142,14 +150,15 @@ def exact_float(x: Any, name: str, fn: str):
     )
 
 
-def exact_result(res: Any, dt: np.dtype, fn: str):
+def exact_result(res: Any, dt: np.dtype, fn: str, wider: str = "cast the operands to a wider integer dtype such as int64"):
     """A float64 / complex128 result ``res`` in the result dtype ``dt``: integer and bool ones only where exact.
 
     Floating ``dt`` narrower than float64 rounds once more; integer and bool
     ``dt`` need ``res`` correctly rounded (so below ``2**53`` each value is
     the exact integer) and raise :class:`~rnstensor.errors.RNSRangeError`
     where it reaches ``2**53`` (it may be a rounded value there) or leaves
-    ``dt``'s range: numpy's integer arithmetic would wrap it.
+    ``dt``'s range: numpy's integer arithmetic would wrap it (``wider``: the
+    fix that message names, the caller's: a wider ``out`` where ``dt`` is its dtype).
 
     Examples
     --------
@@ -172,7 +181,7 @@ def exact_result(res: Any, dt: np.dtype, fn: str):
             if lo < info.min or hi > info.max:
                 raise RNSRangeError(
                     f"{fn}: the exact result spans [{lo:.0f}, {hi:.0f}], outside {dt}'s range (numpy would wrap "
-                    "it); cast the operands to a wider integer dtype such as int64"
+                    f"it); {wider}"
                 )
     return res != 0 if dt.kind == "b" else res.astype(dt)
 

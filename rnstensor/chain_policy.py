@@ -190,11 +190,18 @@ class ChainPolicies:
 
     def _default_exact(self, x, backend):
         """The fallback where no residue plan certifies (the default's and a target's): the exact chain rounded once,
-        where one exact plan of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs)."""
+        where one exact plan of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs). A target
+        the classical GEMMs do not meet takes the exact chain with exact splits too, as ``moduli='auto'`` does (the
+        correctly rounded value meets any target)."""
         try:
             y = self._exact_chain(x, backend, "raise", FALLBACK_SPLIT_PRODUCTS)
         except RNSRangeError:
-            return None
+            if self.rtol is None or self.rtol >= gamma(self.classical_terms):
+                return None
+            try:
+                y = self._exact_chain(x, backend, "raise")
+            except RNSRangeError:
+                return None
         self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
         return y
 
@@ -204,9 +211,10 @@ class ChainPolicies:
         m = self.classical_terms
         if self.rtol is not None and self.rtol < gamma(m):
             raise RNSRangeError(
-                f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, and the "
-                f"classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; drop rtol and pass moduli='auto' (correctly "
-                f"rounded, so within any rtol accepted), or pass a larger rtol")
+                f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, the "
+                f"exact chain needs more exact part products than moduli='auto' takes, and the classical GEMMs meet "
+                f"only gamma_{m} = {gamma(m):.2g}; pass rtol >= {gamma(m):.3g}, or leave rtol unset (the default: "
+                f"those GEMMs)")
 
     def _wider(self, s: int) -> Optional["ChainPolicies"]:
         """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""

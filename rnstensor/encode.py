@@ -11,7 +11,7 @@ import numpy as np
 from .arith import float_parts
 from .arrays import array_module, to_host
 from .backends import dispatch
-from .basis import Basis
+from .basis import Basis, int8_pool
 from .errors import RNSRangeError
 from .tensor import RNSTensor, Scale
 
@@ -24,7 +24,11 @@ def as_basis(basis: Union[Basis, int, Sequence[int]], name: str = "basis") -> Ba
     if isinstance(basis, Basis):
         return basis
     if isinstance(basis, (int, np.integer)) and not isinstance(basis, bool):
-        return Basis.int8(int(basis))
+        try:
+            return Basis.int8(int(basis))
+        except ValueError:  # (the argument's own name, not Basis.int8's)
+            raise ValueError(f"{name} must be a number of INT8 moduli, an integer in 1..{len(int8_pool())}; "
+                             f"got {int(basis)}") from None
     if isinstance(basis, (tuple, list)):
         return Basis(basis)
     raise TypeError(
@@ -225,9 +229,11 @@ def encode(
     bits = int(bits)
     # compare bit lengths first: an absurd ``bits`` must not build a 2**bits integer
     if bits >= basis.product.bit_length() or 2 * (1 << bits) >= basis.product:
+        widest = (basis.product - 1).bit_length() - 2  # the largest b with 2 * 2**b < P
         raise RNSRangeError(
             f"encode: bits={bits} needs a basis product above 2^{bits + 1}, but {basis!r} gives "
-            f"2^{basis.log2_product:.1f}; use at most bits={basis.product.bit_length() - 3} or more moduli"
+            f"2^{basis.log2_product:.1f}; " + (f"use at most bits={widest} or more moduli" if widest >= 1 else
+                                               "use more moduli (this basis holds no width)")
         )
     return encode_checked(arr, basis, bits, _shared(shared_axes, arr.ndim), be, xp)
 

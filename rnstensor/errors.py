@@ -28,7 +28,11 @@ def range_error(what: str, bound: int, active_product: int, advice: str = "") ->
 
     need = log2_int(2 * bound)
     have = log2_int(active_product)
-    advice = advice or "encode with fewer bits, drop moduli first, or use more moduli"
+    # (a drop alone divides the range with the bound; with the extension the range comes back: each INT8 modulus
+    # dropped gains at least 7 bits)
+    count = max(1, -int(-(need - have) // 7))
+    advice = advice or (f"encode with fewer bits, drop moduli with the extension first (rt.drop(T, {count}, "
+                        f"extend=True) gains at least {7 * count} bits), or use more moduli")
     return RNSRangeError(
         f"{what}: the result needs 2*bound < P_active, i.e. 2^{need:.2f} of range, but the active "
         f"moduli give 2^{have:.2f} (short by {max(need - have, 0.0):.2f} bits); {advice}"

@@ -343,9 +343,18 @@ def einsum(
         for i, x in enumerate(arrays):
             dt = None if isinstance(x, RNSTensor) else x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
             if dt is not None and not np.can_cast(dt, want, casting):
-                hint = " or casting='unsafe' (numpy's: the real parts)" if want == np.float64 and dt.kind == "c" else ""
+                # (each fix named holds for every operand)
+                dts = [y.dtype if hasattr(y, "dtype") else np.asarray(y).dtype for y in arrays
+                       if not isinstance(y, RNSTensor)]
+                fixes = ["dtype=None"]
+                if want != np.complex128 and all(np.can_cast(d, np.complex128, casting) for d in dts):
+                    fixes.append("dtype=complex128")
+                if casting in ("no", "equiv") and all(np.can_cast(d, want, "safe") for d in dts):
+                    fixes.append("casting='safe'")
+                if want == np.float64 and dt.kind == "c":
+                    fixes.append("casting='unsafe' (numpy's: the real parts)")
                 raise TypeError(f"einsum: operand {i} ({dt}) cannot be cast to dtype={np.dtype(want)} under "
-                                f"casting={casting!r}; pass dtype=complex128 or None{hint}")
+                                f"casting={casting!r}; pass {', or '.join(fixes)}")
             if dt is not None and want == np.float64 and dt.kind == "c":
                 arrays[i] = np.real(x)  # casting='unsafe' asked for it: numpy's complex -> float cast
     acc = accuracy_policy(moduli, "einsum")

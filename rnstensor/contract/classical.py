@@ -263,12 +263,19 @@ class _ElementsCall:
             if sub.rtol is not None:
                 ops, kinds, cplx, _, _ = self.parsed
                 m = classical_terms(sub._plan(kinds, cplx, {}), sub.sizes)
-                if sub.rtol < (2 * gamma(m + 2 * len(sub._info.contraction_list)) if any(cplx) else gamma(m)):
-                    raise RNSRangeError(
-                        f"einsum: rtol={sub.rtol:g} cannot be certified for {sub.subscripts!r} on these operands "
-                        f"within 49 INT8 moduli and {sub._WIDEST}-bit encodings, one exact plan does not hold them, "
-                        f"and the classical GEMMs meet only gamma_{m} = {gamma(m):.2g}; drop rtol and pass "
-                        f"moduli='auto' (correctly rounded, so within any rtol accepted), or pass a larger rtol") from None
+                meets = 2 * gamma(m + 2 * len(sub._info.contraction_list)) if any(cplx) else gamma(m)
+                if sub.rtol < meets:
+                    try:  # the correctly rounded value meets any target: with exact splits, as moduli='auto' takes it
+                        y = sub._auto(self.args, self.backend)
+                    except RNSRangeError:
+                        raise RNSRangeError(
+                            f"einsum: rtol={sub.rtol:g} cannot be certified for {sub.subscripts!r} on these operands "
+                            f"within 49 INT8 moduli and {sub._WIDEST}-bit encodings, their exact value needs more "
+                            f"exact part products than moduli='auto' takes, and the classical GEMMs meet only "
+                            f"{meets:.3g}; pass rtol >= {meets:.3g}, or leave rtol unset (the default: those GEMMs)"
+                        ) from None
+                    sub.last_evaluation = f"correctly rounded ({sub.last_evaluation})"
+                    return half_spacing(y) if bound else y
             sub.last_evaluation = "composed classical GEMMs"
             return sub._composed_classical(self.args, bound, self.parsed)
         sub.last_evaluation = f"correctly rounded ({sub.last_evaluation})"

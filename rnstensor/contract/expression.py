@@ -12,7 +12,7 @@ import opt_einsum
 
 from ..arrays import array_module, is_device_array, to_module
 from ..backends import dispatch
-from ..basis import Basis
+from ..basis import Basis, int8_pool
 from ..encode import check_nonfinite, exact_bits_needed, finite_part, group_exponents
 from ..errors import PlanError, RNSRangeError
 from ..planner.methods import MIN_BITS, check_kept_bits
@@ -23,7 +23,7 @@ from ..ir.lower import FusionRequest
 from ..program.classical import classical_terms
 from ..program.errors import EntrywiseErrors, decoded
 from ..program.execute import DeferredValue, ProductValue, Value, execute, moved, permuted, tensor_of, value_of
-from ..run.exact import half_spacing
+from ..run.exact import half_spacing, least_moduli
 from ..run.fusion import fused_program
 from ..tensor import RNSTensor
 from .auto import _CorrectlyRounded
@@ -154,13 +154,38 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             if isinstance(checked, Failure):  # pragma: no cover - the expression's planner and the check disagree
                 raise PlanError(f"einsum: the plan for {self.subscripts!r} fails its range check: {checked}")
             check_kept_bits(f"einsum: on {self.basis!r} the plan for {self.subscripts!r}", plan.kept_bits,
-                            self.min_bits, self._cap(), "use more moduli")
+                            self.min_bits, self._cap(), lambda: self._plan_fixes(kinds, cplx, tensors, widths),
+                            lower=self.decode != "exact")
             if tensors:
                 return plan
             if widths is not None and len(self._plans) > 64:  # plans for the data's widths: a bounded cache
                 self._plans.clear()
             self._plans[key] = plan
         return self._plans[key]
+
+    def _plan_fixes(self, kinds: tuple, cplx: tuple, tensors: dict, widths: Optional[tuple]) -> str:
+        """The fixes of a plan that keeps too few bits, each checked to plan when followed: the fewest INT8 moduli
+        that plan it; for an exact decode, ``moduli='auto'`` (which chooses moduli and widths from the data: the
+        moduli an exact decode needs depend on the data's widths, which a plan does not know) or the fp64 decode."""
+        fixes = []
+        if not tensors and self.decode != "exact":  # (RNSTensor operands carry their basis)
+            def plans(s: int) -> bool:
+                other = type(self)(self.terms, self.output, self.shapes, self.constants, Basis.int8(s), self.method,
+                                   [tuple(p) for p in self.path], self.decode, self.bits, self.backend, self.min_bits,
+                                   self.nonfinite, self.policy, self.rtol)
+                try:
+                    other._plan(kinds, cplx, tensors, widths)
+                except PlanError:
+                    return False
+                return True
+
+            s = least_moduli(plans, len(self.basis) + 1) if len(self.basis) < len(int8_pool()) else None
+            if s is not None:
+                fixes.append(f"use more moduli (moduli={s} plans it)")
+        if self.decode == "exact" and self.bits is None and not tensors:
+            fixes.append("moduli='auto' (the correctly rounded result decode='exact' asks for, on the moduli and "
+                         "widths the data needs), or decode='fp64'")
+        return "; or ".join(fixes)
 
     def _const_array(self, i: int, cplx: bool, xp=np):
         """Constant ``i`` as encoded (diagonal, broadcast, parts stacked), in the array module ``xp`` (cached)."""

@@ -131,7 +131,7 @@ class _Planner:
                     raise RNSRangeError(
                         f"einsum: RNSTensor operand {i} has exponents varying by {shift} bits along summed indices; "
                         f"aligning them needs 2^{log2_int(2 * bound):.1f} of range but {basis!r} gives "
-                        f"2^{basis.log2_product:.1f}; encode it sharing exponents along the summed axes, or drop moduli first"
+                        f"2^{basis.log2_product:.1f}; encode it sharing exponents along the summed axes"
                     )
                 n = _Node(labels, bound, "tensor", leaf=i)
             else:

@@ -48,6 +48,7 @@ from .program import (
     voigt_index,
 )
 from .fused import fusion_request, operator_field
+from ..basis import Basis
 from .tensorbasis import TensorBasis
 
 __all__ = ["MassOperator", "PoissonOperator", "METHODS", "InvertedElementError"]
@@ -68,19 +69,20 @@ def _matrices(basis: TensorBasis) -> dict:
 
 
 @lru_cache(maxsize=None)
-def _encoded_ops(basis: TensorBasis, bits: int) -> dict:
-    """``B, D, B^T, D^T`` encoded once with one exponent each (so that summed branches share scales)."""
+def _encoded_ops(basis: TensorBasis, bits: int, on: Optional[Basis] = None) -> dict:
+    """``B, D, B^T, D^T`` encoded once with one exponent each (so that summed branches share scales), on the
+    basis's moduli (or ``on``: another residue basis, e.g. one a hint plans on; the integers are the same)."""
     out = {}
     for key, A in _matrices(basis).items():
-        T = encode(A, basis.moduli, bits, shared_axes=None)
+        T = encode(A, basis.moduli if on is None else on, bits, shared_axes=None)
         operator_row_sums(T)  # computed once, cached on T
         out[key] = T
     return out
 
 
 def _growth(basis: TensorBasis, fields: tuple):
-    def at(b: int) -> dict:
-        g = {k: max(operator_row_sums(T)) for k, T in _encoded_ops(basis, b).items()}
+    def at(b: int, on: Optional[Basis] = None) -> dict:  # (the largest integer row sums: any basis holding them)
+        g = {k: max(operator_row_sums(T)) for k, T in _encoded_ops(basis, b, None if on == basis.moduli else on).items()}
         for f in fields:
             g[f] = 1 << b
         return g

@@ -152,12 +152,12 @@ class ProgramPlan:
 
 def plan_program(
     program: Callable, dim: int, basis: Basis, growth_at: Callable[[int], dict], bits: Optional[int] = None,
-    min_bits: int = MIN_BITS, name: str = "operator",
+    min_bits: int = MIN_BITS, name: str = "operator", *, hints: bool = True,
 ) -> ProgramPlan:
     """The widest ``b <= DEFAULT_BITS`` (or the given one) whose program fits with at least ``b`` bits kept after every
     drop.
 
-    ``growth_at(b)`` gives each operand's bound factor at width ``b`` (an
+    ``growth_at(b, basis)`` gives each operand's bound factor at width ``b`` (an
     operator's exact largest integer row sum, ``2**b`` for a field). The
     program function is written as a residue program with a drop point
     before every stage (:class:`ProgramWriter`) and planned by
@@ -169,8 +169,13 @@ def plan_program(
     ------
     PlanError
         No width passes (more moduli are needed), or the widest that does
-        keeps fewer than ``min_bits`` bits (the rule of einsum and chains).
+        keeps fewer than ``min_bits`` bits (the rule of einsum and chains);
+        the fixes it names plan when followed (``hints=False``: the error
+        alone, for the search of those fixes).
     """
+    def fixes() -> str:  # (each checked: it plans)
+        return _operator_fixes(program, dim, basis, growth_at, bits, min_bits, name) if hints else ""
+
     candidates = range(DEFAULT_BITS, 7, -1) if bits is None else [int(bits)]
     failure = None
     for b in candidates:
@@ -180,7 +185,7 @@ def plan_program(
         w = ProgramWriter(b, dim, basis)
         out = program(w, 0, dim)
         skeleton = ir.Program(basis, tuple(w.steps), out, w.labels)
-        growth = growth_at(b)
+        growth = growth_at(b, basis)
         planned = plan_drops(skeleton, {i: growth[key] for i, key in enumerate(w.constants)},
                              JustEnough(basis, 1 << b))
         if isinstance(planned, Failure):
@@ -192,14 +197,44 @@ def plan_program(
         sb = planned.slot_bounds
         stage_bounds = tuple(([sb[s] for s in ins], [sb[s] for s in outs]) for ins, outs in w.stages)
         drops = tuple(g.dropped for g in planned.groups)
-        check_kept_bits(f"{name}: the residue plan on {basis!r}", float(b), min_bits, bits,
-                        "use more moduli (e.g. moduli=24) or method='composed'")
+        check_kept_bits(f"{name}: the residue plan on {basis!r}", float(b), min_bits, bits, fixes)
         return ProgramPlan(basis, b, drops, stage_bounds, sb[out], planned.program, tuple(w.constants))
     tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to {candidates[-1]}"
+    more = fixes()
     raise PlanError(
-        f"no feasible residue-domain operator on {basis!r} (2^{basis.log2_product:.1f}): with {tried}, {failure}; "
-        f"use more moduli (e.g. moduli=24) or method='composed'"
+        f"no feasible residue-domain operator on {basis!r} (2^{basis.log2_product:.1f}): with {tried}, {failure}"
+        + (f"; {more}" if more else "")
     )
+
+
+def _operator_fixes(program: Callable, dim: int, basis: Basis, growth_at: Callable, bits, min_bits: int,
+                    name: str) -> str:
+    """The fixes of an operator that does not plan, each checked to plan: the fewest INT8 moduli of its
+    :class:`~rnstensor.fem.TensorBasis`, a narrower ``bits``."""
+    from ..basis import int8_pool  # noqa: PLC0415
+    from ..run.exact import least_moduli  # noqa: PLC0415 - the galloping search of the moduli choices
+
+    def plans(on: Basis, b) -> bool:
+        try:
+            plan_program(program, dim, on, growth_at, b, min_bits, name, hints=False)
+        except PlanError:
+            return False
+        return True
+
+    out = []
+    pool = int8_pool()
+    if tuple(basis.moduli) == tuple(pool[:len(basis)]) and len(basis) < len(pool):
+        s = least_moduli(lambda n: plans(Basis.int8(n), bits), len(basis) + 1)
+        if s is not None:
+            out.append(f"use more moduli: the operator's TensorBasis(..., moduli={s}) plans it")
+    if bits is not None:
+        if plans(basis, None):
+            out.append("leave bits unset (the widest that plans)")
+        else:
+            narrower = next((b for b in range(int(bits) - 1, 7, -1) if plans(basis, b)), None)
+            if narrower is not None:
+                out.append(f"bits={narrower}")
+    return "; or ".join(out)
 
 
 # ----- execution ----------------------------------------------------------------------------

@@ -55,7 +55,8 @@ class TensorBasis:
     Parameters
     ----------
     P : int
-        Nodes per direction (polynomial degree ``p = P - 1``), ``2 <= P <= 64``.
+        Nodes per direction (polynomial degree ``p = P - 1``), ``2 <= P <= 64``
+        (63 with the default Gauss ``Q = P + 1``).
     Q : int, optional
         Quadrature points per direction; default ``P + 1`` for ``'gauss'``
         (exact mass and stiffness on affine elements with a margin for curved
@@ -104,7 +105,8 @@ class TensorBasis:
     ):
         if quadrature not in QUADRATURES:
             raise ValueError(f"quadrature must be one of {QUADRATURES}; got {quadrature!r}")
-        self.P = _check_int(P, "P", 2, MAX_POINTS)
+        # (the default Q = P + 1 Gauss points must stay within the quadrature's range too)
+        self.P = _check_int(P, "P", 2, MAX_POINTS - 1 if Q is None and quadrature == "gauss" else MAX_POINTS)
         if Q is None:
             Q = self.P + 1 if quadrature == "gauss" else self.P
         self.Q = _check_int(Q, "Q", 1 if quadrature == "gauss" else 2, MAX_POINTS)

@@ -7,7 +7,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array, to_host
+from ..arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array, refuse_rnstensor, to_host
 from ..backends import dispatch
 from ..basis import Basis
 from ..errors import RNSRangeError
@@ -107,17 +107,19 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
     # epilogue (Python integers, on the host)
     # a target meets the epilogue's float64 roundings too: the product is held to a smaller one, or the exact
     # epilogue rounds once where the target lies within those roundings
-    rtol, exact_epilogue = gemm_targets(moduli, rtol, alpha, beta, cplx)
+    target, exact_epilogue = gemm_targets(moduli, rtol, alpha, beta, cplx)
     combined = False
     if alpha != 0 and k > 0 and m > 0 and n > 0:
         with _phase("other"):
-            mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits, rtol)
+            mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits, target)
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
             if mode == "exact" and xp is not np:  # exact slices, exact sums of their products, one rounding
+                asked = "moduli='auto'" if rtol is None else f"rtol={rtol:g}"
                 raise RNSRangeError(
-                    f"{fn}: moduli='auto' on rows / columns wider than 49 moduli hold sums its slice products "
-                    f"exactly in Python integers, on the host: pass NumPy arrays, or moduli=None (split on the "
-                    f"device, the classical float64 bound)"
+                    f"{fn}: {asked} on rows / columns wider than 49 moduli hold sums exact slice products exactly "
+                    f"in Python integers, on the host: pass NumPy arrays, or "
+                    + ("moduli=None" if rtol is None else "leave rtol unset") +
+                    " (split on the device, the classical float64 bound)"
                 )
             if mode == "pairs":
                 # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
@@ -477,17 +479,44 @@ def matmul(
     >>> rt.matmul(np.array([[1, 2], [3, 4]]), np.array([5, 6]))
     array([17, 39])
     """
+    try:
+        return _matmul(a, b, out, dtype, casting, moduli, backend, workspace_bytes, min_bits, rtol)
+    except (ValueError, TypeError) as exc:  # (its 2-D products are dgemm's and zgemm's: their errors name matmul)
+        raise _named(exc, "matmul") from None
+
+
+def _named(exc: Exception, fn: str) -> Exception:
+    """``exc`` with the message of a dgemm / zgemm call made for ``fn`` prefixed ``fn`` (itself where it is not one
+    of those, or its type takes no message)."""
+    msg = str(exc)
+    for inner in ("dgemm: ", "zgemm: "):
+        if msg.startswith(inner):
+            try:
+                renamed = type(exc)(f"{fn}: " + msg[len(inner):])
+            except TypeError:
+                return exc
+            return renamed.with_traceback(exc.__traceback__)
+    return exc
+
+
+def _matmul(a, b, out, dtype, casting, moduli, backend, workspace_bytes, min_bits, rtol):
+    """:func:`matmul`'s body."""
     if isinstance(out, tuple) and len(out) == 1:
         out = out[0]
     if casting not in CASTINGS:
         raise ValueError(f"matmul: casting must be one of {CASTINGS}; got {casting!r}")
+    refuse_rnstensor(a, "a", "matmul")
+    refuse_rnstensor(b, "b", "matmul")
     xp = array_module(a, b, out, names=("a", "b", "out"), fn="matmul")
     a, b = (x if xp is not np else np.asarray(x) for x in (a, b))
     for name, x in (("a", a), ("b", b)):
         if x.ndim == 0:
             raise ValueError(f"matmul: {name} is 0-d; matmul needs at least 1-D operands (use * for scalars)")
     dt = _matmul_dtype(a, b, dtype)
-    if dt.kind in "biu" and (moduli not in (None, "auto") or rtol is not None):
+    if dt.kind in "biu" and rtol is not None:
+        raise ValueError(f"matmul: integer and bool operands give exact integer results, which no target changes; "
+                         f"drop rtol (got rtol={rtol!r})")
+    if dt.kind in "biu" and moduli not in (None, "auto"):
         raise ValueError(f"matmul: integer and bool operands give exact integer results, which need moduli='auto' "
                          f"(or None, which means it here); got moduli={moduli!r}")
     a, b = exact_float(a, "a", "matmul"), exact_float(b, "b", "matmul")
@@ -533,7 +562,10 @@ def matmul(
     if out is not None:
         narrower_int = dt.kind in "biu" and out.dtype.kind in "biu"
         # res is a fresh array, so out may overlap a or b
-        out[...] = exact_result(res.reshape(shape), out.dtype if narrower_int else dt, "matmul")
+        out[...] = exact_result(res.reshape(shape), out.dtype if narrower_int else dt, "matmul",
+                                "pass an out of a wider integer dtype such as int64" if narrower_int else
+                                "cast the operands to a wider integer dtype such as int64")
         return out
     res = exact_result(res.reshape(shape), dt, "matmul")
     return res[()] if xp is np and res.ndim == 0 else res
+

@@ -155,9 +155,15 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
     t = gemm_width(s, k, kind)
     if t < 1:
         least = moduli_for_bits(k, 1, kind=kind)
+        try:  # (the count whose width also keeps min_bits: the one that runs as the call stands)
+            keeps = moduli_for_bits(k, max(int(min_bits), 1), kind=kind)
+        except ValueError:
+            keeps = None
         raise RNSRangeError(
             f"{fn}: moduli={s} cannot hold a product of length k={k} (even width 1 needs "
-            f"{_RANGE_FACTOR[kind]}*k*4 < P); use moduli >= {least}"
+            f"{_RANGE_FACTOR[kind]}*k*4 < P); " + (f"use moduli >= {keeps} (width >= min_bits={min_bits}), or "
+                                                   if keeps is not None and keeps != least else "use ")
+            + f"moduli >= {least} with min_bits=0 (any width), or moduli='fast'"
         )
     if isinstance(moduli, int):
         check_kept_bits(f"{fn}: moduli={s} at k={k} (width t={t})", float(t), min_bits, None,

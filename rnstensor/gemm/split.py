@@ -10,7 +10,6 @@ from ..arith import to_int_ref
 from ..arrays import array_module
 from ..basis import Basis
 from ..encode import _NONE
-from ..errors import RNSRangeError
 from ..magnitude import measure_ratio
 from ..planner.methods import MIN_BITS
 from ..program.execute import run_step
@@ -47,12 +46,10 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
                                   lambda: measure_ratio(A, xp.where(fa, sa[1], _NONE), Bm, xp.where(fb, sb[1], _NONE),
                                                         xp), rtol, xp)
         return "whole", s, t, ea, eb, A, Bm, fa, fb
-    except SplitNeeded as exc:
-        if rtol is not None:  # the split product meets the classical bound, not an arbitrary target
-            raise RNSRangeError(f"{fn}: rtol={rtol:g} cannot be met within 49 INT8 moduli: {exc}; drop rtol and "
-                                f"pass moduli='auto' (correctly rounded on any data, so within rtol), or leave rtol=None "
-                                f"for the classical float64 bound") from None
-        if auto:
+    except SplitNeeded:
+        # the split product meets the classical bound, not an arbitrary target: a target takes moduli='auto''s exact
+        # split, correctly rounded (so within any target), as the einsum and chain defaults do
+        if auto or rtol is not None:
             return "exact", auto_split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
         return "pairs", split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
 

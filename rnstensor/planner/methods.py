@@ -48,22 +48,26 @@ class Schedule:
         return float(min([self.bits, self.input_bits] + after))
 
 
-def check_kept_bits(what: str, kept: float, min_bits: int, asked: Optional[int], more: str) -> None:
+def check_kept_bits(what: str, kept: float, min_bits: int, asked: Optional[int], more, lower: bool = True) -> None:
     """Refuse a plan that keeps fewer than ``min_bits`` bits (or than the width the caller asked for, if fewer).
 
     The one rule of einsum, chain plans, the FEM operators and the GEMMs:
     a plan that keeps ``b`` bits errs by about ``2**-b`` of its operands'
     norm, so below ``min_bits`` (default 32) it is refused with a
-    :class:`PlanError` that says how to get more bits (``more``) or to
-    lower ``min_bits`` to accept the error.
+    :class:`PlanError` that says how to get more bits (``more``: the text, or
+    a callable giving it, asked only on that path) or to lower ``min_bits``
+    (to the bits kept, which passes) to accept the error (``lower=False``: a
+    caller for which that is no fix, e.g. an exact decode, which needs every bit).
     """
     if isinstance(min_bits, bool) or not isinstance(min_bits, (int, np.integer)) or min_bits < 0:
         raise ValueError(f"min_bits must be a non-negative integer; got {min_bits!r}")
     need = min_bits if asked is None else min(min_bits, asked)  # a width the caller asked for is no loss
     if kept < need:
+        more = more() if callable(more) else more
         raise PlanError(
             f"{what} keeps only {kept:.1f} bits of some operand or intermediate (min_bits={min_bits}); "
-            f"{more}, or lower min_bits to accept the larger error"
+            + (f"{more}, or " if more and lower else more) + (
+                f"pass min_bits={int(kept)} to accept the larger error" if lower else "")
         )
 
 
@@ -153,6 +157,8 @@ def plan_schedule(
     input_bits: Optional[Union[int, str]] = None,
     ndim: Optional[int] = None,
     min_bits: int = MIN_BITS,
+    *,
+    hints: bool = True,
 ) -> Schedule:
     """Choose the encoding bits and drop counts of a chain (largest ``b <= 53`` passing every check).
 
@@ -162,7 +168,8 @@ def plan_schedule(
     minimise the a-priori error bound instead of Alg. 2's greedy rule (``'greedy'``). Raises
     :class:`PlanError` naming the failing step and the missing bits when no
     width passes, and when the plan found keeps fewer than ``min_bits`` bits
-    (:func:`check_kept_bits`).
+    (:func:`check_kept_bits`); its hints are fixes that plan when followed
+    (``hints=False``: the error alone, for the search of those fixes).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -186,16 +193,49 @@ def plan_schedule(
             if widest:
                 sched = _widest_input(sched, method, planner, operators, axes, basis, ndim)
             asked = None if bits is None else int(bits)
+            args = (operators, axes, basis, method, planner, bits, input_bits, ndim, min_bits)
             check_kept_bits(f"plan_chain: the '{method}' plan on {basis!r}", sched.kept_bits, min_bits, asked,
-                            "use more moduli" + (", method='rescale_be'" if method != "rescale_be" else ""))
+                            (lambda: _chain_fixes(*args)) if hints else "")
             return sched
     step, what, need, have = failure
     where = "the encoding" if step < 0 else f"product {step + 1} (axis {axes[step]})" + (
         " at its drops" if what == "drop" else ""
     )
     tried = f"b = {candidates[0]}" if len(candidates) == 1 else f"every b from {candidates[0]} down to 1"
+    fixes = _chain_fixes(operators, axes, basis, method, planner, bits, input_bits, ndim, min_bits) if hints else ""
     raise PlanError(
         f"no feasible '{method}' plan on {basis!r}: with {tried}, {where} needs a range of 2^{need:.2f} "
-        f"but has 2^{have:.2f} ({need - have:.2f} bits missing); use more moduli"
-        + (" or method='rescale_be'" if method in ("norescale", "rescale") else "")
+        f"but has 2^{have:.2f} ({need - have:.2f} bits missing)" + (f"; {fixes}" if fixes else "")
     )
+
+
+def _chain_fixes(operators, axes, basis: Basis, method: str, planner: str, bits, input_bits, ndim, min_bits) -> str:
+    """The fixes of a chain that does not plan, each checked to plan when followed: the fewest INT8 moduli that
+    plan it, ``method='rescale_be'`` on this basis, a narrower ``bits``. Empty where none does."""
+    from ..basis import int8_pool  # noqa: PLC0415
+    from ..run.exact import least_moduli  # noqa: PLC0415 - the galloping search of the moduli choices
+
+    def plans(**changed) -> bool:
+        kw = dict(basis=basis, method=method, bits=bits, input_bits=input_bits) | changed
+        try:
+            plan_schedule(operators, axes, kw["basis"], kw["method"], planner, kw["bits"], kw["input_bits"], ndim,
+                          min_bits, hints=False)
+        except (PlanError, ValueError):
+            return False
+        return True
+
+    fixes = []
+    pool = int8_pool()
+    if tuple(basis.moduli) == tuple(pool[:len(basis)]) and len(basis) < len(pool):
+        s = least_moduli(lambda n: plans(basis=Basis.int8(n)), len(basis) + 1)
+        if s is not None:
+            fixes.append(f"use more moduli (moduli={s} plans it)")
+    if method != "rescale_be" and plans(method="rescale_be", input_bits=None if method == "composed" else input_bits):
+        fixes.append("method='rescale_be'")
+    if bits is not None:
+        narrower = next((b for b in range(int(bits) - 1, 0, -1) if plans(bits=b)), None)
+        if plans(bits=None):
+            fixes.append("leave bits unset (the widest that plans)")
+        elif narrower is not None:
+            fixes.append(f"bits={narrower}")
+    return "; or ".join(fixes)

@@ -471,8 +471,8 @@ def run_step(st, vals: dict, basis: Basis, be, backend_name, xp, *, encoded=None
             raise RNSRangeError(
                 f"the composed method decodes every intermediate to float64, and the one after this product "
                 f"overflows it ({int((~xp.isfinite(y)).sum())} entries beyond 1.8e308) although the final result may "
-                f"be finite; method='rescale_be' keeps the intermediates in residues (moduli=None certifies the "
-                f"default's plan instead)")
+                f"be finite; pass method='rescale_be' (the intermediates stay in residues), or leave method and "
+                f"moduli unset (the certified default)")
         v = value_of(encode(y, basis, bits=st.bits, shared_axes=st.shared, backend=backend_name), st.labels, st.bound,
                      xp)
     elif isinstance(st, Fold):
