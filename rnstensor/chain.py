@@ -204,6 +204,9 @@ class ChainPlan(ChainPolicies):
         """The run as planned (no certification): fused where the backend can, else step by step."""
         be, xp = dispatch(X, backend=backend, names=("X",), fn="ChainPlan.run")
         on_device = xp is not np
+        if fused and self.method == "composed":
+            raise ValueError("fused=True: a 'composed' plan decodes after every product and cannot run as one "
+                             "kernel; pass fused=None or False, or plan with method='rescale_be'")
         if callable(getattr(be, "chain", None)) and fused is not False and self.method != "composed":
             done = self._run_fused(X, decode, be, on_device, required=bool(fused))
             if done is not None:

@@ -64,6 +64,9 @@ def test_chain_plans_name_what_plans(rng):
     assert rt.plan_chain(ops, [0, 1, 2], moduli=15)(X).shape == X.shape
     msg = _refused(lambda: rt.plan_chain(ops, [0, 1, 2], moduli=50))
     assert msg.startswith("moduli must be") and "1..49" in msg
+    composed = rt.plan_chain(ops, [0, 1, 2], method="composed")  # (it decodes after every product: never one kernel)
+    assert "pass fused=None or False" in _refused(lambda: composed.run(X, fused=True))
+    assert np.array_equal(composed.run(X, fused=False), composed.run(X))
 
 
 def test_gemm_moduli_counts_that_hold_no_width():
