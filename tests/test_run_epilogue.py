@@ -192,3 +192,25 @@ def test_exact_epilogue_in_residues_gives_the_exact_combinations_bits(monkeypatc
         got = epilogue.exact_epilogue(Value(planes, e, 1, bound, "ij"), basis, alpha, beta, cc, False)
         _same(got, real([(S, e)], alpha, beta, cc, False))
         assert sum(seen) <= far, (alpha, beta, seen)
+
+
+def test_the_combination_kernel_gives_the_references_residues(monkeypatch):
+    # the CPU backend's one-pass kernel and the NumPy reference (a cold kernel's path) agree residue for residue
+    from rnstensor.backends.cpu.backend import CpuBackend
+    from rnstensor.basis import Basis
+    from rnstensor.run.epilogue import combined_planes
+
+    rng = np.random.default_rng(4)
+    moduli = Basis.int8(24).moduli
+    raw = [rng.integers(0, p, (6, 7)) for p in moduli]  # (centered residues, as the encode gives them)
+    planes = np.stack([np.where(x >= (p + 1) // 2, x - p, x) for x, p in zip(raw, moduli)]).astype(np.int8)
+    e = rng.integers(-120, 40, (6, 7))
+    c = rng.standard_normal((6, 7)) * np.exp2(rng.integers(-80, 80, (6, 7)))
+    c[0, 0] = 0.0
+    for alpha, beta, cc in ((1.5, -0.3, c), (0.0, 2.0, c), (-3.0, 0.0, None), (2.0**-30, 1.0, c)):
+        fast = combined_planes(planes, moduli, e, 1 << 100, alpha, beta, cc)
+        with monkeypatch.context() as m:
+            m.setattr(CpuBackend, "combine_residues", lambda self, *a: None)
+            ref = combined_planes(planes, moduli, e, 1 << 100, alpha, beta, cc)
+        assert np.array_equal(fast[0], ref[0]) and np.array_equal(fast[1], ref[1]) and np.array_equal(fast[2], ref[2])
+        assert fast[2].any()

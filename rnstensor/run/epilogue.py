@@ -244,10 +244,23 @@ def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c
     P = math.prod(int(p) for p in moduli)
     ok = combination_bits(e, bound, alpha, beta, c if use_c else None) + 1 <= P.bit_length() - 1
     # the shifts take few distinct values (row and column exponents): their powers of two per modulus from those
-    shifts1, at1 = np.unique(np.where(ok, g1 - f, 0), return_inverse=True)
+    shifts1, at1 = np.unique(np.where(ok, g1 - f, 0) if ma else np.zeros(e.shape, np.int64), return_inverse=True)
     if use_c:
         shifts2, at2 = np.unique(np.where(ok & two, g2 - f, 0), return_inverse=True)
-    W = np.zeros(planes.shape, np.int8)
+    from ..backends import get_backend  # noqa: PLC0415 - the CPU backend's one-pass kernel, on these host arrays
+
+    fast = getattr(get_backend("cpu"), "combine_residues", None)
+    if fast is not None:
+        L = len(moduli)
+        W = fast(np.ascontiguousarray(planes).reshape(L, -1), moduli, [ma % int(p) for p in moduli],
+                 np.stack([_pow2_mod(shifts1, int(p)) for p in moduli]), at1.reshape(-1).astype(np.int64),
+                 [(mb % int(p)) if use_c else 0 for p in moduli],
+                 mc.reshape(-1).astype(np.int64) if use_c else np.zeros(e.size, np.int64),
+                 np.stack([_pow2_mod(shifts2 if use_c else np.zeros(1, np.int64), int(p)) for p in moduli]),
+                 at2.reshape(-1).astype(np.int64) if use_c else np.zeros(e.size, np.int64), ok.reshape(-1))
+        if W is not None:
+            return W.reshape(planes.shape), f, ok
+    W = np.zeros(planes.shape, np.int8)  # (the reference: NumPy passes, plane by plane)
     for l, p in enumerate(int(q) for q in moduli):
         r = np.zeros(e.shape, np.int32)  # (every product below 2**16, every sum below 2**9)
         if ma:

@@ -6,6 +6,7 @@
 #   encoding, products, drop_extend, decoding, magnitudes     the kernels of each primitive (on common)
 #   fused        the fused interpreter of whole programs (on the primitives' block kernels)
 #   wide, gemm   the exact GEMM engine on wide moduli (wide: its numba passes; gemm: plan, memory, BLAS threads)
+#   combine      the exact GEMM epilogue's residues (alpha S 2**s1 + beta c 2**s2 per modulus, one pass)
 #   backend      CpuBackend (fused and gemm loaded on first use)
 
 from .backend import CpuBackend

@@ -248,6 +248,19 @@ class CpuBackend:
         wide = self._product_plan(a.shape[0], b.shape[1], a.shape[1], len(moduli), bound, workspace_bytes)
         return None if wide is None else ExactProduct(a, b, ea, eb, bound, tuple(int(p) for p in moduli), wide)
 
+    def combine_residues(self, S: np.ndarray, moduli: Sequence[int], mam, T1, at1, mbm, mc, T2, at2, ok):
+        """The exact epilogue's residues (:func:`rnstensor.run.epilogue.combined_planes`) in one threaded pass, or
+        ``None`` while the kernel is cold for a small call (the caller's NumPy reference then: the same residues)."""
+        from .combine import combine_kernel  # noqa: PLC0415 - compiled on first use
+
+        L, N = S.shape
+        if not warm(combine_kernel, L * N):
+            return None
+        out = np.empty((L, N), np.int8)
+        _launch(combine_kernel, N, L * N, S, np.asarray(mam, np.int64), T1, at1, np.asarray(mbm, np.int64), mc, T2,
+                at2, np.asarray(moduli, np.int64), ok, out)
+        return out
+
     def takes_product(self, m: int, n: int, k: int, s: int, bound: int, workspace_bytes: Optional[int] = None) -> bool:
         """Whether :meth:`exact_product` takes a real ``m x k x n`` product on ``s`` INT8 moduli (its operands then
         need no INT8 planes)."""
