@@ -214,3 +214,13 @@ def test_the_combination_kernel_gives_the_references_residues(monkeypatch):
             ref = combined_planes(planes, moduli, e, 1 << 100, alpha, beta, cc)
         assert np.array_equal(fast[0], ref[0]) and np.array_equal(fast[1], ref[1]) and np.array_equal(fast[2], ref[2])
         assert fast[2].any()
+
+
+def test_an_inf_or_nan_c_keeps_ieee_values_in_the_exact_epilogue():
+    # (a reviewer found finite garbage: inf's float parts are not an integer)
+    a, b = np.array([[1.0, 2.0]]), np.array([[2.0], [0.5]])
+    for c, want in ((np.inf, np.inf), (-np.inf, -np.inf), (np.nan, np.nan)):
+        C = np.array([[c]])
+        for kw in (dict(moduli="auto"), dict(rtol=1.2e-16), dict(moduli="auto", alpha=0.0)):
+            y = rt.dgemm(a, b, C, beta=0.5, **kw)
+            assert np.array_equal(y, [[0.5 * want]], equal_nan=True), (c, kw, y)

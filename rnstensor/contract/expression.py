@@ -154,7 +154,8 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
             if isinstance(checked, Failure):  # pragma: no cover - the expression's planner and the check disagree
                 raise PlanError(f"einsum: the plan for {self.subscripts!r} fails its range check: {checked}")
             check_kept_bits(f"einsum: on {self.basis!r} the plan for {self.subscripts!r}", plan.kept_bits,
-                            self.min_bits, self._cap(), lambda: self._plan_fixes(kinds, cplx, tensors, widths),
+                            self.min_bits, self._cap(),
+                            (lambda: self._plan_fixes(kinds, cplx, tensors, widths)) if self._hints else "",
                             lower=self.decode != "exact")
             if tensors:
                 return plan
@@ -162,6 +163,9 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 self._plans.clear()
             self._plans[key] = plan
         return self._plans[key]
+
+    #: whether a refused plan searches the fixes it names (off for the plans that search)
+    _hints = True
 
     def _plan_fixes(self, kinds: tuple, cplx: tuple, tensors: dict, widths: Optional[tuple]) -> str:
         """The fixes of a plan that keeps too few bits, each checked to plan when followed: the fewest INT8 moduli
@@ -173,6 +177,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 other = type(self)(self.terms, self.output, self.shapes, self.constants, Basis.int8(s), self.method,
                                    [tuple(p) for p in self.path], self.decode, self.bits, self.backend, self.min_bits,
                                    self.nonfinite, self.policy, self.rtol)
+                other._hints = False  # (its own refusal names no fixes: no search inside the search)
                 try:
                     other._plan(kinds, cplx, tensors, widths)
                 except PlanError:

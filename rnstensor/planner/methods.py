@@ -233,9 +233,6 @@ def _chain_fixes(operators, axes, basis: Basis, method: str, planner: str, bits,
     if method != "rescale_be" and plans(method="rescale_be", input_bits=None if method == "composed" else input_bits):
         fixes.append("method='rescale_be'")
     if bits is not None:
-        narrower = next((b for b in range(int(bits) - 1, 0, -1) if plans(bits=b)), None)
         if plans(bits=None):
             fixes.append("leave bits unset (the widest that plans)")
-        elif narrower is not None:
-            fixes.append(f"bits={narrower}")
     return "; or ".join(fixes)

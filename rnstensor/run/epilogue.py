@@ -286,7 +286,14 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
     from ..tensor import RNSTensor, Scale  # noqa: PLC0415
 
     use_c = beta != 0 and c is not None
-    if cplx or v.factor != 1 or (use_c and not bool(np.isfinite(c).all())):
+    if use_c and not bool(np.isfinite(c).all()):
+        # an inf or NaN of c: IEEE's beta * c there (a finite alpha P added to it changes nothing), the rest exact
+        bad = ~np.isfinite(c)
+        y = exact_epilogue(v, basis, alpha, beta, np.where(bad, 0, c), cplx)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y[bad] = (beta * np.asarray(c))[bad]
+        return y
+    if cplx or v.factor != 1:
         return exact_combination(exact_parts(v, basis, cplx), alpha, beta, c, cplx)
     planes = to_host(v.planes)
     e = np.broadcast_to(to_host(v.exp.total()).astype(np.int64), planes.shape[1:])
@@ -381,6 +388,12 @@ def gemm_epilogue(term, alpha, beta, c, fa, fb, xp, *, opa=None, opb=None, multi
         if combined:
             return term
     elif exact and term.size:  # nothing multiplied: beta * c alone, still rounded once
-        return to_module(exact_combination(zero_parts(term.shape, cplx), alpha, beta,
-                                           None if c is None else to_host(c), cplx), xp)
+        ch = None if c is None else to_host(c)
+        bad = None if ch is None else ~np.isfinite(ch)
+        y = exact_combination(zero_parts(term.shape, cplx), alpha, beta,
+                              None if ch is None else np.where(bad, 0, ch), cplx)
+        if bad is not None and bool(bad.any()):  # (IEEE's beta * c where c is inf or NaN)
+            with np.errstate(invalid="ignore", over="ignore"):
+                y[bad] = (beta * ch)[bad]
+        return to_module(y, xp)
     return plus_beta_c(term, beta, c, xp) if beta != 0 else term
