@@ -20,7 +20,7 @@ from .ir import Encode
 from .run.exact import half_spacing
 from .run.escalate import certified_groups
 from .run.groups import evaluation, put_back
-from .run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
+from .run.policy import FALLBACK_SPLIT_PRODUCTS, default_target, threshold_up
 
 __all__ = ["ChainPolicies"]
 
@@ -213,7 +213,7 @@ class ChainPolicies:
             raise RNSRangeError(
                 f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, the "
                 f"exact chain needs more exact part products than moduli='auto' takes, and the classical GEMMs meet "
-                f"only gamma_{m} = {gamma(m):.2g}; pass rtol >= {_up3(gamma(m))}, or leave rtol unset (the default: "
+                f"only gamma_{m} = {gamma(m):.2g}; pass rtol >= {threshold_up(gamma(m))}, or leave rtol unset (the default: "
                 f"those GEMMs)")
 
     def _wider(self, s: int) -> Optional["ChainPolicies"]:
@@ -315,12 +315,3 @@ class ChainPolicies:
         bound = inflate(mag, m + len(self.operators) + 2) * (gamma(m) * (1 + 2.0**-40) + 2.0**-70)
         bound += 2.0**-1073 * math.prod(max(1, int(A.shape[1])) for A in self.operators) * len(self.operators)
         return self._reported(Fraction(inflate(bound, 4)), xnorm)
-
-
-def _up3(x: float) -> str:
-    """``x`` to three significant digits, rounded up (a threshold a caller may pass as written)."""
-    e = math.floor(math.log10(x)) - 2
-    r = math.ceil(x / 10.0**e) * 10.0**e
-    while r < x:  # (the float products above may round below x)
-        r = math.nextafter(r, math.inf)
-    return f"{r:.3g}" if float(f"{r:.3g}") >= x else repr(r)

@@ -17,7 +17,7 @@ from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
 from ..run.escalate import certified_groups
 from ..run.groups import evaluation, put_back
-from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target
+from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target, threshold_up
 from ..program.errors import inflate
 from ..tensor import RNSTensor
 from .parse import _C, _unique
@@ -272,7 +272,7 @@ class _ElementsCall:
                             f"einsum: rtol={sub.rtol:g} cannot be certified for {sub.subscripts!r} on these operands "
                             f"within 49 INT8 moduli and {sub._WIDEST}-bit encodings, their exact value needs more "
                             f"exact part products than moduli='auto' takes, and the classical GEMMs meet only "
-                            f"{meets:.3g}; pass rtol >= {_up3(meets)}, or leave rtol unset (the default: those GEMMs)"
+                            f"{meets:.3g}; pass rtol >= {threshold_up(meets)}, or leave rtol unset (the default: those GEMMs)"
                         ) from None
                     sub.last_evaluation = f"correctly rounded ({sub.last_evaluation})"
                     return half_spacing(y) if bound else y
@@ -332,12 +332,3 @@ def _prepared(term: str, sizes: dict, x, xp):
         x = xp.einsum(f"{term}->{labels}", x)  # a diagonal is a selection: exact
     x = xp.broadcast_to(x, tuple(sizes[c] for c in labels))
     return x.astype(np.complex128 if xp.iscomplexobj(x) else np.float64, copy=False)
-
-
-def _up3(x: float) -> str:
-    """``x`` to three significant digits, rounded up (a threshold a caller may pass as written)."""
-    e = math.floor(math.log10(x)) - 2
-    r = math.ceil(x / 10.0**e) * 10.0**e
-    while r < x:  # (the float products above may round below x)
-        r = math.nextafter(r, math.inf)
-    return f"{r:.3g}" if float(f"{r:.3g}") >= x else repr(r)

@@ -35,6 +35,7 @@ certificate) meets it; an unreachable target raises with ``moduli='auto'``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,7 +44,7 @@ import numpy as np
 from ..basis import Basis
 
 __all__ = ["Accuracy", "accuracy_policy", "check_rtol", "default_target", "POLICIES", "DEFAULT_MODULI", "DEFAULT_RTOL",
-           "FALLBACK_SPLIT_PRODUCTS"]
+           "FALLBACK_SPLIT_PRODUCTS", "threshold_up"]
 
 #: what each ``moduli=`` selects; ``'basis'`` is an explicit one
 POLICIES = ("classical", "fast", "auto", "basis")
@@ -144,3 +145,12 @@ def check_rtol(rtol, fn: str) -> Optional[float]:
             f"{DEFAULT_RTOL:.4g} relative to |A||B|..., where the final rounding alone may take 2**-53); for the "
             f"closest float64 drop rtol and pass moduli='auto' (correctly rounded)")
     return rtol
+
+
+def threshold_up(x: float) -> str:
+    """``x`` to three significant digits, rounded up (a threshold a caller may pass as written)."""
+    e = math.floor(math.log10(x)) - 2
+    r = math.ceil(x / 10.0**e) * 10.0**e
+    while r < x:  # (the float products above may round below x)
+        r = math.nextafter(r, math.inf)
+    return f"{r:.3g}" if float(f"{r:.3g}") >= x else repr(r)
