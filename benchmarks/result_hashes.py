@@ -95,6 +95,12 @@ def cases() -> dict[str, Callable]:
     for fused in (None, False):
         out[f"fem mass {fused}"] = lambda f=fused: MassOperator(basis, mesh.qdata).apply(u, fused=f)
         out[f"fem poisson {fused}"] = lambda f=fused: PoissonOperator(basis, mesh.G).apply(u, fused=f)
+    # a GEMM-shaped einsum's default (dgemm's moduli element by element), on data wider than 53 bits
+    gen = np.random.default_rng(7)  # (its own generator: the cases above draw theirs as they run)
+    pa, pb = (gen.standard_normal(s) * np.exp(4 * gen.standard_normal(s)) for s in ((4, 6, 20), (20, 5)))
+    out["einsum gemm-shaped phi=4"] = lambda: rt.einsum("ijk,kl->ijl", pa, pb)
+    out["einsum gemm-shaped bound"] = lambda: rt.contract_expression("ijk,kl->ijl", pa.shape, pb.shape).error_bound(
+        pa, pb)
     return out
 
 

@@ -104,33 +104,41 @@ def measure_ratio(A, Ea, Bm, Eb, xp=None) -> Optional[MeasuredRatio]:
 
 def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
     """:func:`measure_ratio` of every matrix of a stack: ``A`` ``(nb, m, k)`` with ``Ea`` ``(nb, m)``, ``Bm``
-    ``(nb, k, n)`` with ``Eb`` ``(nb, n)``; one batched float32 GEMM and one vector read back for all
-    (``[None] * nb`` when ``k`` is too long for a float32 bound)."""
+    ``(nb, k, n)`` with ``Eb`` ``(nb, n)``, or one ``Bm`` ``(k, n)`` with ``Eb`` ``(n,)`` that every matrix of ``A``
+    multiplies (the elements of a GEMM-shaped einsum: one GEMM of all their rows, ``Bm`` scaled once); one
+    (batched) float32 GEMM and one vector read back for all (``[None] * nb`` when ``k`` is too long for a float32
+    bound)."""
     xp = xp or array_module(A, Bm)
     nb, m, k = A.shape
-    n = Bm.shape[2]
+    shared = Bm.ndim == 2
+    n = Bm.shape[-1]
     if (k + 2) * 2.0**-23 > 0.25:
         return [None] * nb
     # the rows of every matrix of A, and the columns of every matrix of Bm (as rows of its transpose), scaled
     a32, a_up, rA = _scaled(A.reshape(nb * m, k), Ea.reshape(nb * m), 1, k, xp)
-    b32, b_up, cB = _scaled(xp.swapaxes(Bm, 1, 2).reshape(nb * n, k), Eb.reshape(nb * n), 1, k, xp)
-    a32, a_up, b32, b_up = a32.reshape(nb, m, k), a_up.reshape(nb, m, k), b32.reshape(nb, n, k), b_up.reshape(nb, n, k)
-    rA, cB = rA.reshape(nb, m), cB.reshape(nb, n)
-    b32, b_up = xp.swapaxes(b32, 1, 2), xp.swapaxes(b_up, 1, 2)  # (nb, k, n) views
+    nbb = 1 if shared else nb
+    b32, b_up, cB = _scaled(xp.swapaxes(Bm.reshape(nbb, k, n), 1, 2).reshape(nbb * n, k), Eb.reshape(nbb * n), 1, k,
+                            xp)
+    a32, a_up, b32, b_up = a32.reshape(nb, m, k), a_up.reshape(nb, m, k), b32.reshape(nbb, n, k), b_up.reshape(nbb, n, k)
+    rA, cB = rA.reshape(nb, m), cB.reshape(nbb, n)
+    b32, b_up = xp.swapaxes(b32, 1, 2), xp.swapaxes(b_up, 1, 2)  # (nbb, k, n) views
     # float32 sums in any order: relative error below (k + 1) 2**-24; products and partial sums flushed or
     # underflowing lose at most 2**-126 each, 2k of them (on the CPU one single-threaded GEMM per thread, as the
-    # product that follows runs them; a stack, numpy's batched GEMM)
+    # product that follows runs them; a stack, numpy's batched GEMM; a shared Bm, one GEMM of every row)
     if xp is np and nb == 1:
         from .backends.cpu_gemm import threaded_matmul  # noqa: PLC0415 - numba, loaded on first use
 
         P = threaded_matmul(a32[0], b32[0])[None]
     elif nb == 1:
         P = (a32[0] @ b32[0])[None]
+    elif shared:
+        P = (a32.reshape(nb * m, k) @ b32[0]).reshape(nb, m, n)
     else:
         P = xp.matmul(a32, b32)
     ratio = (P.astype(np.float64) * (1 - (k + 2) * 2.0**-23) - k * 2.0**-125) / (rA[:, :, None] + cB[:, None, :])
     # zero rows / columns (and those zeroed for inf / NaN, passed with exponent NONE) have no encoding error: their
     # entries ask for no ratio
+    Eb = Eb.reshape(nbb, n)
     ratio = xp.where((Ea == _NONE)[:, :, None] | (Eb == _NONE)[:, None, :], np.inf, ratio)
     if m and n:
         lows = ratio.reshape(nb, m * n).min(axis=1)
@@ -143,7 +151,8 @@ def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
 
     def measured(i: int) -> MeasuredRatio:
         def settle() -> Optional[float]:
-            return _settled_minimum(ratio[i], lows[i], spread, a32[i], a_up[i], b32[i], b_up[i], Ea[i], Eb[i], k, xp)
+            j = 0 if shared else i
+            return _settled_minimum(ratio[i], lows[i], spread, a32[i], a_up[i], b32[j], b_up[j], Ea[i], Eb[j], k, xp)
 
         return MeasuredRatio(max(lows[i], 0.0) * (1 - 2.0**-50), spread, settle)  # (the quotient's rounding)
 

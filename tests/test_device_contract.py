@@ -35,17 +35,24 @@ def test_einsum(device, subscripts, shapes, decode):
     same_bits(got, want)
 
 
-@pytest.mark.parametrize("data, path", [("uniform", r"15 moduli, 53 bits"), ("phi4", r"(1[6-9]|[2-4]\d) moduli"),
-                                        ("wide", r"composed")])
-def test_classical_default_paths(device, data, path):
-    # the certified plan, a wider rung (16-19 moduli) and the composed classical GEMMs: on the device, the CPU's bits
+def _default_data(data: str) -> tuple:
+    """``(rng, a, b)``: (16, 24) and (24, 8) operands, uniform, phi = 4, or with a row too wide for 49 moduli."""
     rng = np.random.default_rng(3)
     a, b = rng.uniform(-1, 1, (16, 24)), rng.uniform(-1, 1, (24, 8))
     if data == "phi4":
         a, b = ((rng.random(x.shape) - 0.5) * np.exp(4 * rng.standard_normal(x.shape)) for x in (a, b))
     if data == "wide":
         a[0, :2], b[:2, 0] = (1e300, 1e-300), (1e-300, 1e300)
-    expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
+    return rng, a, b
+
+
+@pytest.mark.parametrize("data, path", [("uniform", r"15 moduli, 53 bits"), ("phi4", r"(1[6-9]|[2-4]\d) moduli"),
+                                        ("wide", r"composed")])
+def test_classical_default_paths(device, data, path):
+    # the certified plan, a wider rung (16-19 moduli) and the composed classical GEMMs of an expression that is not
+    # one GEMM (j and k both summed): on the device, the CPU's bits
+    rng, a, b = _default_data(data)
+    expr = rt.contract_expression("ij,jk->i", a.shape, b.shape)
     want = expr(a, b)
     assert re.match(path, expr.last_evaluation), expr.last_evaluation
     path = expr.last_evaluation
@@ -56,7 +63,25 @@ def test_classical_default_paths(device, data, path):
     same_bits(device.resident(lambda: expr.error_bound(ad, bd), kernels=not composed), expr.error_bound(a, b))
     ints = rng.integers(-1000, 1000, a.shape)
     di = device.put(ints)  # integers convert exactly, on the device
-    same_bits(device.resident(lambda: rt.einsum("ij,jk->ik", di, bd)), rt.einsum("ij,jk->ik", ints, b))
+    same_bits(device.resident(lambda: rt.einsum("ij,jk->i", di, bd)), rt.einsum("ij,jk->i", ints, b))
+
+
+@pytest.mark.parametrize("data", ["uniform", "phi4", "wide"])
+def test_gemm_shaped_default(device, data):
+    # one GEMM: each row on the moduli dgemm gives it alone (a row too wide for 49 moduli: the certificate's path),
+    # on the device the CPU's bits, dgemm's bits row by row, and the same error bound
+    _, a, b = _default_data(data)
+    expr = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
+    want = expr(a, b)
+    path = expr.last_evaluation
+    assert ("composed classical GEMMs (1 of 16 elements)" in path) == (data == "wide"), path
+    for i in range(1 if data == "wide" else 0, 16):
+        same_bits(want[i:i + 1], rt.dgemm(a[i:i + 1], b))
+    ad, bd = device.put(a), device.put(b)
+    # (the moduli choice reads one number per element back per width it tries, as a stack's per matrix)
+    same_bits(device.resident(lambda: expr(ad, bd), limit=8 * 16), want)
+    assert expr.last_evaluation == path
+    same_bits(device.resident(lambda: expr.error_bound(ad, bd), limit=8 * 16), expr.error_bound(a, b))
 
 
 def test_complex_einsum(device):

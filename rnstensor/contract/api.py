@@ -107,7 +107,9 @@ def contract_expression(
         (:mod:`rnstensor.program.classical`) on the narrowest plan that meets
         it (the 15-moduli plan, then wider encodings on more moduli), per
         element along the first operand's first index where only it carries
-        it and the output keeps it; where no plan of 49
+        it and the output keeps it (an expression that is one GEMM of
+        its two real operands: each element on the moduli
+        :func:`rnstensor.dgemm` gives it alone, with dgemm's bits); where no plan of 49
         moduli certifies, the correctly rounded result where one exact plan
         holds the operands, else each pairwise step as a classical
         :func:`rnstensor.matmul` (operands whose slices span hundreds of

@@ -20,6 +20,7 @@ from ..run.groups import evaluation, put_back
 from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target, threshold_up
 from ..program.errors import inflate
 from ..tensor import RNSTensor
+from .gemm_shaped import gemm_elements, gemm_labels
 from .parse import _C, _unique
 from .planner import _exact_width, _rounds_inside, _shared_axes
 
@@ -88,6 +89,25 @@ class _ClassicalDefault:
             return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
         batch = self._batch_label()
         n = self.sizes[batch] if batch is not None else 1
+        # one GEMM (of real finite operands): each element on the moduli dgemm chooses for it alone, dgemm's bits
+        routed = gemm_elements(self, self._operands(arrays), backend, batch, bound) if gemm_labels(self) else None
+        if routed is None:
+            y, said = self._escalated(arrays, backend, bound, batch, n)
+            self.last_evaluation = evaluation(said, n, "elements")
+            return y
+        parts, said, left, xp = routed
+        if left is not None:  # (the elements dgemm would split: the certificate's escalation, each alone)
+            sub, args = self._elements(arrays, batch, left) if batch is not None else (self, arrays)
+            y, more = sub._escalated(args, backend, bound, batch, int(left.shape[0]))
+            parts.append((left if batch is not None else None, y))
+            for how, count in more.items():
+                said[how] = said.get(how, 0) + count
+        self.last_evaluation = evaluation(said, n, "elements")
+        return put_back(parts, n, xp, self.output.index(batch) if batch is not None else 0)
+
+    def _escalated(self, arrays, backend, bound: bool, batch: Optional[str], n: int) -> tuple:
+        """``(result, said)`` of the certificate's path: each element along ``batch`` (``n`` of them) at the narrowest
+        width certified for it alone, else the fallback (``said``: evaluation -> elements)."""
         # the elements' sub-calls, each parsed and scanned once: by their index array (None: the whole call), kept
         # alive here so that its id names it (the indices may live on the device: nothing is read back)
         calls: dict = {}
@@ -121,8 +141,7 @@ class _ClassicalDefault:
             parts.append((idx, c.fallback(bound) if cap is None else c.run(cap, exact, bound)))
             count = n if idx is None else int(idx.shape[0])
             said[c.sub.last_evaluation] = said.get(c.sub.last_evaluation, 0) + count
-        self.last_evaluation = evaluation(said, n, "elements")
-        return put_back(parts, n, call(None).xp, self.output.index(batch) if batch is not None else 0)
+        return put_back(parts, n, call(None).xp, self.output.index(batch) if batch is not None else 0), said
 
     def _elements(self, arrays, batch: Optional[str], idx) -> tuple:
         """``(expression, arrays)`` of the elements ``idx`` along ``batch`` (None: this call's)."""

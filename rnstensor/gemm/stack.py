@@ -13,9 +13,9 @@ from ..program.execute import Value, execute
 from .checks import _check_moduli, _check_target, _check_workspace
 from .scan import group_lsb, group_stats, stack_moduli
 from .tiles import _tile_bytes, gemm_program
-from .width import gemm_width
+from .width import gemm_width, one_matrix
 
-__all__ = ["gemm_stack"]
+__all__ = ["gemm_stack", "shared_moduli"]
 
 
 def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol, xp) -> list:
@@ -29,6 +29,24 @@ def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol, xp) -> list:
         lambda which: measure_ratios(A.reshape(nb, m, k)[which], sa[1][which],
                                      BT.reshape(nb, n, k)[which].transpose(0, 2, 1), sb[1][which], xp),
         rtol, xp)
+
+
+def shared_moduli(k: int, cplx: bool, A3, Bm, xp) -> tuple:
+    """``(counts, a_stats, b_stats)``: the moduli count :func:`~.api.dgemm` (``moduli=None``) chooses for each
+    ``A3[i] @ Bm`` alone (``None``: split), from one scan of ``A3`` ``(nb, m, k)`` and of the ``Bm`` ``(k, n)``
+    every matrix shares (scanned, and its measured magnitudes scaled, once), and one float32 GEMM of all the
+    rows; the statistics of ``A3``'s rows ``(nb, m)`` and of ``Bm``'s columns ``(n,)``."""
+    nb, m, _ = A3.shape
+    A2 = A3.reshape(nb * m, k)
+    sa = tuple(None if v is None else v.reshape(nb, m) for v in group_stats(A2, 1, False, xp))
+    sb = group_stats(Bm, 0, False, xp)
+    counts = stack_moduli(
+        None, k, cplx, sa, one_matrix(sb),
+        lambda: (group_lsb(A2, 1, xp).reshape(nb, m), group_lsb(Bm, 0, xp)[None]),
+        lambda which: measure_ratios(A3[_index(which, xp)], xp.where(sa[0], sa[1], _NONE)[_index(which, xp)], Bm,
+                                     xp.where(sb[0], sb[1], _NONE), xp),
+        None, xp)
+    return counts, sa, sb
 
 
 def _index(which, xp):

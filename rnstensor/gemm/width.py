@@ -381,11 +381,13 @@ class _Spreads:
         self.column = {s: j for j, s in enumerate(widths)}
         self.worst = None
         self.found: dict = {}  # (device) the columns read so far, by moduli count
+        self.shared = group[1].shape[0] == 1  # one matrix's groups, shared by every matrix of the stack
         if group[1].size and xp is np:
             self.worst = _worst_spreads(group, np.asarray(list(widths.values()), dtype=np.int64), np).tolist()
 
     def rho(self, i: int, s: int) -> Optional[int]:
         """Matrix ``i``'s ``rho`` at ``s`` moduli (``None``: every group exact)."""
+        i = 0 if self.shared else i
         if self.worst is None:
             if not self.group[1].size:
                 return None
@@ -399,7 +401,8 @@ def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optiona
                            magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None, xp=None) -> list:
     """:func:`classical_moduli` of every matrix of a stack (``None`` where no ``s <= 49`` fits), each as alone.
 
-    The statistics carry a leading matrix axis (``(matrices, rows)``);
+    The statistics carry a leading matrix axis (``(matrices, rows)``; ``b_stats``'s of length one where every
+    matrix of ``a`` multiplies the same ``b``);
     ``lsb_of()`` gives the lowest set bits of every matrix, ``magnitudes_of(which)``
     the :class:`~rnstensor.magnitude.MeasuredRatio` (or ``None``) of the
     matrices listed. The spreads of every matrix at every width are one

@@ -74,6 +74,19 @@ def test_einsum():
     same(rt.einsum("ij,jk,kl->il", A, B, C, backend="cuda"), rt.einsum("ij,jk,kl->il", A, B, C, backend="cpu"))
 
 
+def test_gemm_shaped_einsum():
+    # one GEMM: each element on the moduli dgemm gives it alone, dgemm's program; on the device the host's bits
+    import cupy as cp
+
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((8, 8, 30)) * np.exp(4 * rng.standard_normal((8, 8, 30)))
+    b = rng.standard_normal((30, 20)) * np.exp(4 * rng.standard_normal((30, 20)))
+    want = rt.einsum("ijk,kl->ijl", a, b)
+    same(rt.einsum("ijk,kl->ijl", a, b, backend="cuda"), want)
+    same(rt.einsum("ijk,kl->ijl", cp.asarray(a), cp.asarray(b)).get(), want)
+    same(want[3], rt.dgemm(a[3], b))
+
+
 @pytest.mark.parametrize("moduli", [None, "fast"])
 def test_expression_mode_chain_fused(moduli):
     # an expression's mode products by constant operators: one fused chain kernel on the device (compile_program)

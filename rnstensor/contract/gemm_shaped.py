@@ -1,0 +1,119 @@
+"""A GEMM-shaped expression's default (``moduli=None``): each element on the moduli :func:`rnstensor.dgemm` chooses for
+it alone, the elements on equal moduli one product of dgemm's engine (the one engine choice of a GEMM-shaped step)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..basis import Basis
+from ..encode import _NONE
+from ..gemm.checks import _check_workspace
+from ..gemm.stack import shared_moduli
+from ..gemm.tiles import _run_product, gemm_program
+from ..gemm.width import gemm_width
+from ..program.errors import inflate
+from ..run.epilogue import gemm_epilogue
+from ..run.exact import half_spacing
+
+__all__ = ["gemm_labels", "gemm_elements"]
+
+
+def gemm_labels(expr) -> Optional[tuple]:
+    """``(rows, contracted, cols)``: the labels of an expression that is one GEMM of its two operands (each label of
+    one operand either kept by the output or contracted with the other, none repeated, none both kept and
+    contracted), in the first operand's order; None for any other expression."""
+    if len(expr.terms) != 2 or expr.constants or len(expr._info.contraction_list) != 1:
+        return None
+    x, y = expr.terms
+    if len(set(x)) != len(x) or len(set(y)) != len(y):
+        return None
+    rows = "".join(c for c in x if c not in y)
+    contracted = "".join(c for c in x if c in y)
+    cols = "".join(c for c in y if c not in x)
+    out = expr.output
+    if not contracted or any(c in out for c in contracted) or sorted(rows + cols) != sorted(out):
+        return None
+    return rows, contracted, cols
+
+
+def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: bool) -> Optional[tuple]:
+    """``(parts, said, left, xp)`` of a default call of a GEMM-shaped ``expr`` (:func:`gemm_labels`) on real finite
+    operands, else None (the call takes the residue certificate).
+
+    Its elements along ``batch`` (None: the call is one) are the GEMMs ``A[e] @ B`` of the first operand's slices
+    by the second operand; each takes the moduli ``s`` dgemm takes for it alone (the classical bound
+    ``(1 + 2**-5) u |A||B|`` on its spreads and measured magnitudes,
+    :func:`~rnstensor.gemm.stack.shared_moduli`), and the elements on equal ``s`` run as one product of
+    dgemm's program and engine at its width: dgemm's bits, element by element. ``parts``: ``[(indices,
+    result)]`` (their error bounds where ``bound``: the encoding errors of width ``t`` through the product, and
+    half an ulp for the exact decode); ``said``: evaluation -> elements; ``left``: the elements dgemm would
+    split (rows wider than 49 moduli hold), for the certificate's path, or None.
+    """
+    labels = gemm_labels(expr)
+    ops, kinds, cplx, tensors, nonfinite = parsed
+    if labels is None or tensors or nonfinite or any(cplx) or expr.rtol is not None \
+            or any(k != "input" for k in kinds):
+        return None
+    rows, contracted, cols = labels
+    x, y = expr.terms
+    sizes = expr.sizes
+    if any(tuple(np.shape(op)) != tuple(sizes[c] for c in t) for op, t in zip(ops, expr.terms)):
+        return None  # (an operand broadcast along a label)
+    be, xp, backend_name = expr._backend(ops, kinds, backend)
+    nb = sizes[batch] if batch is not None else 1
+    k = math.prod(sizes[c] for c in contracted)
+    n = math.prod(sizes[c] for c in cols)
+    m = math.prod(sizes[c] for c in rows) // nb
+    A3 = xp.ascontiguousarray(xp.transpose(ops[0], [x.index(c) for c in rows + contracted]), dtype=np.float64)
+    A3 = A3.reshape(nb, m, k)
+    Bm = xp.ascontiguousarray(xp.transpose(ops[1], [y.index(c) for c in contracted + cols]), dtype=np.float64)
+    Bm = Bm.reshape(k, n)
+    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, False, A3, Bm, xp)
+    workspace = _check_workspace(None, "einsum", xp)
+    transposed = getattr(be, "gemm_layout", "NN") == "TN"
+    # the result's labels as the product leaves them (the elements first), and their order in the output
+    made = rows + cols
+    order = [made.index(c) for c in expr.output]
+    parts, said = [], {}
+    for s in sorted({c for c in counts if c is not None}):
+        members = [i for i, c in enumerate(counts) if c == s]
+        t = gemm_width(s, k, "real")
+        whole = len(members) == nb
+        sel = slice(None) if whole else xp.asarray(np.asarray(members, np.int64))
+        rows_a = A3[sel].reshape(-1, k)
+        Ea_g = Ea[sel].reshape(-1)
+        ea = xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64)
+        eb = xp.where(Eb != _NONE, t - Eb, 0).astype(np.int64)
+        term = xp.zeros((rows_a.shape[0], n), np.float64)
+        prog = gemm_program(Basis.int8(s), t, k, False, 1.0, transposed)
+        _run_product(term, prog, rows_a, Bm, ea, eb, term.shape[0], n, k, s, False, workspace, be, xp, backend_name,
+                     transposed)
+        every = xp.ones(term.shape[0], bool)
+        term = gemm_epilogue(term, 1.0, 0.0, None, every, xp.ones(n, bool), xp, opa=rows_a, opb=Bm)
+        if bound:
+            term = _encoding_bound(term, rows_a, Bm, Ea_g, Eb, t, k, xp)
+        lead = (len(members),) if batch is not None else ()
+        rest = rows[1:] if batch is not None else rows  # (the elements' label is the first operand's first)
+        part = term.reshape(lead + tuple(sizes[c] for c in rest) + tuple(sizes[c] for c in cols))
+        part = xp.transpose(part, order)
+        parts.append((None if whole else sel, xp.ascontiguousarray(part) if part.ndim else part[()]))
+        said[f"{s} moduli, {t} bits"] = said.get(f"{s} moduli, {t} bits", 0) + len(members)
+    left = [i for i, c in enumerate(counts) if c is None]
+    return parts, said, (xp.asarray(np.asarray(left, np.int64)) if left else None), xp
+
+
+def _encoding_bound(y, A, Bm, Ea, Eb, t: int, k: int, xp):
+    """A bound of ``|y - A @ Bm|`` for ``y`` the exact decode of the product of ``A`` and ``Bm`` encoded at width ``t``
+    (row ``i`` moved by at most ``2**(Ea_i - t - 1)`` per entry, column ``j`` by ``2**(Eb_j - t - 1)``): ``du_i
+    sum|b_.j| + dv_j sum|a_i.| + k du_i dv_j`` inflated, plus half an ulp of ``y``."""
+    with np.errstate(over="ignore", under="ignore"):
+        du = xp.where(Ea != _NONE, xp.ldexp(1.0, (xp.maximum(Ea, -1100) - t - 1).astype(np.int32)), 0.0)
+        dv = xp.where(Eb != _NONE, xp.ldexp(1.0, (xp.maximum(Eb, -1100) - t - 1).astype(np.int32)), 0.0)
+        ra = inflate(xp.abs(A).sum(axis=1), k)
+        cb = inflate(xp.abs(Bm).sum(axis=0), k)
+        enc = du[:, None] * cb[None, :] + ra[:, None] * dv[None, :] + k * (du[:, None] * dv[None, :])
+        # (the terms' roundings, and underflows below the least subnormal: an absolute slack)
+        return inflate(enc + half_spacing(y), 5) + 2.0**-1070 * (2 * k + 1)
