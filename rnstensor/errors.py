@@ -22,17 +22,24 @@ class EinsumPathError(ValueError, RuntimeError):
     """An explicit ``optimize=`` path that does not contract every operand (a RuntimeError in numpy)."""
 
 
-def range_error(what: str, bound: int, active_product: int, advice: str = "") -> RNSRangeError:
-    """An :class:`RNSRangeError` stating the bits needed (``2*bound``) and available (``P_active``)."""
+def range_error(what: str, bound: int, active_product: int, advice: str = "", active=None) -> RNSRangeError:
+    """An :class:`RNSRangeError` stating the bits needed (``2*bound``) and available (``P_active``); ``active``: the
+    tensor's active moduli, from which the drop it suggests is counted (``rt.drop`` takes the smallest)."""
     from .basis import log2_int
 
     need = log2_int(2 * bound)
     have = log2_int(active_product)
-    # (a drop alone divides the range with the bound; with the extension the range comes back: each INT8 modulus
-    # dropped gains at least 7 bits)
-    count = max(1, -int(-(need - have) // 7))
-    advice = advice or (f"encode with fewer bits, drop moduli with the extension first (rt.drop(T, {count}, "
-                        f"extend=True) gains at least {7 * count} bits), or use more moduli")
+    if not advice:
+        # a drop divides the bound by the moduli dropped and the extension brings the range back: the fewest of the
+        # smallest active moduli whose product covers the shortfall (and a bit for the quotients' rounding)
+        short, gain, count = need - have + 1, 0.0, 0
+        for q in sorted(active or ()):
+            if gain >= short or count + 1 >= len(active):
+                break
+            gain, count = gain + log2_int(q), count + 1
+        drop = (f"drop moduli with the extension first (rt.drop(T, {count}, extend=True) gains {gain:.1f} bits), "
+                if active and gain >= short else "")
+        advice = f"encode with fewer bits, {drop}or use more moduli"
     return RNSRangeError(
         f"{what}: the result needs 2*bound < P_active, i.e. 2^{need:.2f} of range, but the active "
         f"moduli give 2^{have:.2f} (short by {max(need - have, 0.0):.2f} bits); {advice}"

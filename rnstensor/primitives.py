@@ -212,7 +212,7 @@ def mode_product(T: RNSTensor, op: RNSTensor, axis: int, *, backend: Optional[st
     bound = T.bound * operator_rho(op)
     P = T.active_product
     if 2 * bound >= P:
-        raise range_error(f"mode_product along axis {a}", bound, P)
+        raise range_error(f"mode_product along axis {a}", bound, P, active=T.active)
     planes = be.product(_planes_on(op, T.active, "op"), T.residues, T.active, a)
     axes = list(T.scale.axes)
     axes[a] = op.scale.axes[0]
@@ -330,7 +330,7 @@ def hadamard(T: RNSTensor, F: RNSTensor, *, backend: Optional[str] = None) -> RN
     bound = T.bound * F.bound
     P = T.active_product
     if 2 * bound >= P:
-        raise range_error("hadamard", bound, P)
+        raise range_error("hadamard", bound, P, active=T.active)
     planes = be.hadamard(T.residues, _planes_on(F, T.active, "F"), T.active)
     xp = array_module(planes)
     off = T.ndim - F.ndim
@@ -367,7 +367,7 @@ def _add_sub(T: RNSTensor, U: RNSTensor, subtract: bool, backend) -> RNSTensor:
     bound = T.bound + U.bound
     P = T.active_product
     if 2 * bound >= P:
-        raise range_error(what, bound, P)
+        raise range_error(what, bound, P, active=T.active)
     planes = be.add(T.residues, U.residues, T.active, subtract)
     return RNSTensor(planes, T.basis, T.active, bound, T.scale)
 

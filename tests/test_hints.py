@@ -79,6 +79,20 @@ def test_gemm_moduli_counts_that_hold_no_width():
     assert rt.dgemm(a, b, moduli="fast")[0, 0] == 16384.0
 
 
+def test_renamed_errors_keep_their_cause():
+    from rnstensor.gemm.api import _named
+
+    inner = KeyError("table")
+    try:
+        try:
+            raise inner
+        except KeyError as cause:
+            raise rt.PlanError("dgemm: no plan") from cause
+    except rt.PlanError as exc:
+        renamed = _named(exc, "matmul")
+    assert str(renamed) == "matmul: no plan" and renamed.__cause__ is inner and renamed.__suppress_context__
+
+
 def test_matmul_errors_name_matmul_and_the_argument_at_fault():
     A = np.ones((8, 8))
     for call in (lambda: rt.matmul(A, A, moduli=6), lambda: rt.matmul(np.stack([A, A]), np.stack([A, A]), moduli=6)):
@@ -100,6 +114,12 @@ def test_matmul_errors_name_matmul_and_the_argument_at_fault():
 def test_primitive_ranges(rng):
     A = rng.uniform(-1, 1, (8, 8))
     T, O = rt.encode(A[None], 3, bits=20), rt.encode(A, 3, bits=10, shared_axes=(1,))
+    msg = _refused(lambda: rt.mode_product(T, O, axis=1), rt.RNSRangeError)
+    n = _number(msg, r"rt\.drop\(T, (\d+), extend=True\)")
+    assert rt.mode_product(rt.drop(T, n, extend=True), O, axis=1).shape == (1, 8, 8)
+    # moduli far below 128 (a custom basis): the drop it names counts their own bits
+    small = rt.Basis((251, 241, 239, 233, 229, 227, 3, 5, 7, 11, 13))
+    T, O = rt.encode(A[None], small, bits=40), rt.encode(A, small, bits=25, shared_axes=(1,))
     msg = _refused(lambda: rt.mode_product(T, O, axis=1), rt.RNSRangeError)
     n = _number(msg, r"rt\.drop\(T, (\d+), extend=True\)")
     assert rt.mode_product(rt.drop(T, n, extend=True), O, axis=1).shape == (1, 8, 8)

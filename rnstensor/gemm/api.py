@@ -495,6 +495,7 @@ def _named(exc: Exception, fn: str) -> Exception:
                 renamed = type(exc)(f"{fn}: " + msg[len(inner):])
             except TypeError:
                 return exc
+            renamed.__cause__, renamed.__suppress_context__ = exc.__cause__, exc.__suppress_context__
             return renamed.with_traceback(exc.__traceback__)
     return exc
 
