@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -273,6 +273,18 @@ def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c
     return W, f, ok
 
 
+def _ieee_where_nonfinite(combine: Callable, beta, c: Optional[np.ndarray]) -> np.ndarray:
+    """``combine(c)`` rounded once, with IEEE's ``beta * c`` where ``c`` is inf or NaN (a finite ``alpha P``
+    added to it changes nothing there): ``combine`` sees those entries of ``c`` as zeros."""
+    bad = None if c is None else ~np.isfinite(c)
+    if bad is None or not bool(bad.any()):
+        return combine(c)
+    y = combine(np.where(bad, 0, c))
+    with np.errstate(invalid="ignore", over="ignore"):
+        y[bad] = (beta * np.asarray(c))[bad]
+    return y
+
+
 def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -> np.ndarray:
     """``alpha * P + beta * c`` rounded once per entry (per part) for a product value ``v``
     (:class:`rnstensor.program.execute.Value`), on the host: :func:`exact_combination`'s result.
@@ -287,12 +299,7 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
 
     use_c = beta != 0 and c is not None
     if use_c and not bool(np.isfinite(c).all()):
-        # an inf or NaN of c: IEEE's beta * c there (a finite alpha P added to it changes nothing), the rest exact
-        bad = ~np.isfinite(c)
-        y = exact_epilogue(v, basis, alpha, beta, np.where(bad, 0, c), cplx)
-        with np.errstate(invalid="ignore", over="ignore"):
-            y[bad] = (beta * np.asarray(c))[bad]
-        return y
+        return _ieee_where_nonfinite(lambda finite_c: exact_epilogue(v, basis, alpha, beta, finite_c, cplx), beta, c)
     if cplx or v.factor != 1:
         return exact_combination(exact_parts(v, basis, cplx), alpha, beta, c, cplx)
     planes = to_host(v.planes)
@@ -389,11 +396,7 @@ def gemm_epilogue(term, alpha, beta, c, fa, fb, xp, *, opa=None, opb=None, multi
             return term
     elif exact and term.size:  # nothing multiplied: beta * c alone, still rounded once
         ch = None if c is None else to_host(c)
-        bad = None if ch is None else ~np.isfinite(ch)
-        y = exact_combination(zero_parts(term.shape, cplx), alpha, beta,
-                              None if ch is None else np.where(bad, 0, ch), cplx)
-        if bad is not None and bool(bad.any()):  # (IEEE's beta * c where c is inf or NaN)
-            with np.errstate(invalid="ignore", over="ignore"):
-                y[bad] = (beta * ch)[bad]
+        y = _ieee_where_nonfinite(lambda finite_c: exact_combination(zero_parts(term.shape, cplx), alpha, beta,
+                                                                     finite_c, cplx), beta, ch)
         return to_module(y, xp)
     return plus_beta_c(term, beta, c, xp) if beta != 0 else term
