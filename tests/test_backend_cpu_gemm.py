@@ -437,3 +437,52 @@ def test_an_exact_decode_takes_the_engine_values_without_planes(monkeypatch):
     asked.clear()
     rt.einsum("ijab,abcd,cdkl->ijkl", a, b, c, moduli="auto", optimize=[(0, 1), (0, 1)])
     assert asked[:1] == ["residues"]  # the first product feeds the second
+
+
+@pytest.mark.parametrize("shift", [1, 7, 40, 130])
+def test_lifted_planes_are_a_fresh_encode(shift):
+    # the wide residues at a wider width from the narrower one's (an integer there times 2**shift; the entries
+    # rounded there encoded afresh): the same residues as the encode at that width, on every kind of entry
+    from rnstensor.backends.cpu import common
+    from rnstensor.backends.cpu.wide import _wide_encode, _wide_lift
+
+    rng = np.random.default_rng(shift)
+    B = rng.standard_normal((40, 33)) * np.exp(4 * rng.standard_normal((40, 33)))
+    B[3, :5] = (0.0, -0.0, 5e-324, -2.2e-308, 1e-300)  # zeros, subnormals, an entry far below its column
+    B[:, 7] = 0.0  # an all-zero column
+    B[::5, 9] = np.round(B[::5, 9] * 2**20)  # integers: exact at every width
+    E = np.frexp(np.abs(B).max(axis=0))[1]
+    mods, _ = cpu_gemm.wide_plan(40, 40 * 4**110)
+    p, ip, h, c24, pw = cpu_gemm._wide_tables(tuple(mods))[0][:5]
+    xi = common._ro(np.ascontiguousarray(B).view(np.int64))
+
+    def encoded(t):
+        out = np.empty((p.size,) + B.shape)
+        common._launch(_wide_encode, 40, B.size * p.size, xi, (t - E).astype(np.int64), False, p, ip, h, c24, pw, out)
+        return out
+
+    lifted = np.empty((p.size,) + B.shape)
+    common._launch(_wide_lift, 40, B.size * p.size, xi, (60 - E).astype(np.int64), shift, False,
+                   common._ro(encoded(60)), p, ip, h, c24, pw, lifted)
+    assert np.array_equal(lifted, encoded(60 + shift))
+
+
+def test_shared_operand_products_are_each_products_own():
+    # exact_gemm_shared: one encode of the shared operand for three widths, each product as exact_gemm gives it
+    rng = np.random.default_rng(9)
+    A = [rng.standard_normal((m, 50)) * np.exp(4 * rng.standard_normal((m, 50))) for m in (3, 5, 2)]
+    B = rng.standard_normal((50, 20)) * np.exp(4 * rng.standard_normal((50, 20)))
+    B[:, 4] = 0.0
+    Eb = np.where(np.abs(B).max(axis=0) > 0, np.frexp(np.abs(B).max(axis=0))[1], 0)
+    ts = (70, 75, 83)
+    eas = [(t - np.frexp(np.abs(a).max(axis=1))[1]).astype(np.int64) for a, t in zip(A, ts)]
+    ebs = [np.where(np.abs(B).max(axis=0) > 0, t - Eb, 0).astype(np.int64) for t in ts]
+    bounds = [50 * 4**t for t in ts]
+    plans = [cpu_gemm.wide_plan(50, bd) for bd in bounds]
+    longest = max((mods for mods, _ in plans), key=len)
+    assert all(mods == longest[:len(mods)] and chunk == plans[0][1] for mods, chunk in plans)
+    got = cpu_gemm.exact_gemm_shared(A, B, eas, ebs, [t - ts[0] for t in ts], bounds, longest,
+                                     [len(mods) for mods, _ in plans], plans[0][1])
+    for g, (mods, chunk) in enumerate(plans):
+        want = cpu_gemm.exact_gemm(A[g], B, eas[g], ebs[g], bounds[g], 1.0, mods, chunk)
+        assert np.array_equal(got[g], want)
