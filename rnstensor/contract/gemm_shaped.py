@@ -77,23 +77,23 @@ def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: boo
     # the result's labels as the product leaves them (the elements first), and their order in the output
     made = rows + cols
     order = [made.index(c) for c in expr.output]
-    groups = []  # (s, t, members, their index, their rows, ea, eb, program), the narrowest width first
+    parts, said = [], {}
     for s in sorted({c for c in counts if c is not None}):
         members = [i for i, c in enumerate(counts) if c == s]
         t = gemm_width(s, k, "real")
-        sel = slice(None) if len(members) == nb else xp.asarray(np.asarray(members, np.int64))
-        Ea_g = Ea[sel].reshape(-1)
-        groups.append((s, t, members, sel, A3[sel].reshape(-1, k), xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64),
-                       xp.where(Eb != _NONE, t - Eb, 0).astype(np.int64), gemm_program(Basis.int8(s), t, k, False, 1.0,
-                                                                                       transposed)))
-    terms = _products(groups, Bm, n, k, workspace, be, xp, backend_name, transposed)
-    parts, said = [], {}
-    for (s, t, members, sel, rows_a, _, _, _), term in zip(groups, terms):
         whole = len(members) == nb
+        sel = slice(None) if whole else xp.asarray(np.asarray(members, np.int64))
+        rows_a = A3[sel].reshape(-1, k)
+        Ea_g = Ea[sel].reshape(-1)
+        ea = xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64)
+        eb = xp.where(Eb != _NONE, t - Eb, 0).astype(np.int64)
+        term = xp.zeros((rows_a.shape[0], n), np.float64)
+        prog = gemm_program(Basis.int8(s), t, k, False, 1.0, transposed)
+        _run_product(term, prog, rows_a, Bm, ea, eb, term.shape[0], n, k, s, False, workspace, be, xp, backend_name,
+                     transposed)
         every = xp.ones(term.shape[0], bool)
         term = gemm_epilogue(term, 1.0, 0.0, None, every, xp.ones(n, bool), xp, opa=rows_a, opb=Bm)
         if bound:
-            Ea_g = Ea[sel].reshape(-1)
             term = _encoding_bound(term, rows_a, Bm, Ea_g, Eb, t, k, xp)
         lead = (len(members),) if batch is not None else ()
         rest = rows[1:] if batch is not None else rows  # (the elements' label is the first operand's first)
@@ -103,25 +103,6 @@ def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: boo
         said[f"{s} moduli, {t} bits"] = said.get(f"{s} moduli, {t} bits", 0) + len(members)
     left = [i for i, c in enumerate(counts) if c is None]
     return parts, said, (xp.asarray(np.asarray(left, np.int64)) if left else None), xp
-
-
-def _products(groups: list, Bm, n: int, k: int, workspace: int, be, xp, backend_name, transposed: bool) -> list:
-    """Each group's decoded product of its rows by ``Bm``: dgemm's program on dgemm's engine, where the backend
-    can, one encode of ``Bm`` for every width (the same integers, so the same bits), else each group alone."""
-    shared = getattr(be, "exact_gemm_shared", None)
-    if shared is not None and len(groups) > 1 and not transposed and xp is np:
-        t0 = groups[0][1]
-        got = shared([g[7] for g in groups], [g[4] for g in groups], [g[5] for g in groups], Bm,
-                     [g[6] for g in groups], [g[1] - t0 for g in groups], workspace)
-        if got is not None:
-            return got
-    terms = []
-    for s, t, members, sel, rows_a, ea, eb, prog in groups:
-        term = xp.zeros((rows_a.shape[0], n), np.float64)
-        _run_product(term, prog, rows_a, Bm, ea, eb, term.shape[0], n, k, s, False, workspace, be, xp, backend_name,
-                     transposed)
-        terms.append(term)
-    return terms
 
 
 def _encoding_bound(y, A, Bm, Ea, Eb, t: int, k: int, xp):

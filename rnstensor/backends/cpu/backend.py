@@ -238,33 +238,6 @@ class CpuBackend:
                           workspace_bytes)
         return None if wide is None else gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, *wide)
 
-    def exact_gemm_shared(self, programs: list, As: list, eas: list, Bm: np.ndarray, ebs: list, shifts: list,
-                          workspace_bytes: int) -> Optional[list]:
-        """:meth:`exact_gemm` of each real ``programs[g]`` (``gemm_program``, alpha 1) on ``As[g]`` and one shared
-        ``Bm`` whose exponents ``ebs[g]`` are ``ebs[0] + shifts[g]`` (the narrowest width first), its wide residues
-        made once (:func:`rnstensor.backends.cpu.gemm.exact_gemm_shared`); ``None`` where the engine would not take
-        every product alike (then each product alone)."""
-        from . import gemm  # noqa: PLC0415
-
-        if gemm.ENGINE == "int8" or not warm(wide_engine._wide_lift, Bm.size * len(programs)):
-            return None
-        k, n = Bm.shape
-        plans = []
-        for prog, A in zip(programs, As):
-            enc_a, enc_b, product, dec = prog.steps if len(prog.steps) == 4 else (None,) * 4
-            if prog.complex or product is None or (enc_b.labels, product.labels) != ("kj", "ij") \
-                    or dec.mode != "exact" or complex(dec.alpha) != 1:
-                return None
-            wide = self._wide(A.shape[0], n, k, len(prog.basis), product.bound, False, workspace_bytes)
-            if wide is None:
-                return None
-            plans.append((wide, product.bound))
-        (longest, chunk), _ = max(plans, key=lambda w: len(w[0][0]))
-        if any(w[1] != chunk or tuple(w[0]) != tuple(longest[:len(w[0])]) for w, _ in plans):
-            return None
-        return gemm.exact_gemm_shared(As, Bm, eas, ebs, shifts, [b for _, b in plans], longest,
-                                      [len(w[0]) for w, _ in plans], chunk)
-
     def exact_product(self, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, bound: int,
                       moduli: Sequence[int], workspace_bytes: Optional[int] = None) -> Optional["ExactProduct"]:
         """The exact product of the integers ``round_half_even(a_ik 2**ea_i)`` and ``round_half_even(b_kj 2**eb_j)``

@@ -28,9 +28,9 @@ from numba import njit
 
 from ...basis import mrc_digit_coeffs, mrc_order
 from . import common
-from .wide import _LIMB, _decode, _mod_sum, _reduce_into, _residues, _wide_encode, _wide_lift
+from .wide import _LIMB, _decode, _mod_sum, _reduce_into, _residues, _wide_encode
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes", "release_workspace",
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "release_workspace",
            "threaded_matmul", "ENGINE",
            "PHASES", "KEEP_BYTES"]
 
@@ -470,8 +470,7 @@ def _wide_tables(moduli: tuple[int, ...]):
 
 
 def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_bound: int, alpha,
-               moduli: tuple[int, ...], chunk: int, onto: Optional[tuple[int, ...]] = None,
-               b_planes: Optional[np.ndarray] = None) -> np.ndarray:
+               moduli: tuple[int, ...], chunk: int, onto: Optional[tuple[int, ...]] = None) -> np.ndarray:
     """``alpha * 2**(-ea_i - eb_j) * (a_i . b_j)`` correctly rounded, for the integers the INT8 encode holds.
 
     ``A`` (m x k) and ``Bm`` (k x n) float64, or complex128 (then the exact
@@ -488,8 +487,6 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     ``onto`` (real operands; ``alpha`` unused): the product's integers as
     residues ``(len(onto), m, n)`` int8 on those INT8 moduli instead, for the
     INT8 program's own decode (the bits of its INT8 product, whatever it is).
-    ``b_planes`` (real operands): ``Bm``'s wide residues at ``eb``, made by the
-    caller (:func:`exact_gemm_shared`).
     """
     m, k = A.shape
     n = Bm.shape[1]
@@ -504,49 +501,17 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
     # every modulus' residues of the operands in one pass each (the IEEE split is shared), float64 for the
     # GEMMs; the product's residues in float32 (|r| < 2**23) for the decode
     with _arena(wide_bytes(m, n, k, L, cplx)) as ws:
-        return _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl, chunk, ws, onto, b_planes)
+        return _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl, chunk, ws, onto)
 
 
-def exact_gemm_shared(As: list, Bm: np.ndarray, eas: list, ebs: list, shifts: list, bounds: list,
-                      moduli: tuple[int, ...], counts: list, chunk: int) -> list:
-    """``[exact_gemm(As[g], Bm, eas[g], ebs[g], bounds[g], 1.0, moduli[:counts[g]], chunk)]``: products of one real
-    ``Bm`` at several widths, its wide residues made once.
-
-    ``ebs[g]`` is ``ebs[0] + shifts[g]`` on every nonzero column (``shifts[0]
-    = 0``, the others positive): ``Bm``'s residues at ``ebs[0]`` on all of
-    ``moduli`` (the longest of the products' lists, the others its
-    prefixes), then each wider width's lifted from them by
-    :func:`~rnstensor.backends.cpu.wide._wide_lift` (an integer at the
-    narrowest width times ``2**shift``; the entries rounded there encoded
-    afresh). The same integers, so each product's bits.
-    """
-    tabs = _wide_tables(tuple(moduli))[0]
-    p, ip, h, c24, pw = tabs[:5]
-    xi = common._ro(np.ascontiguousarray(Bm).view(np.int64))
-    eb0 = np.ascontiguousarray(ebs[0], np.int64).reshape(-1)
-    base = np.empty((p.size,) + Bm.shape, np.float64)
-    common._launch(_wide_encode, Bm.shape[0], Bm.size * p.size, xi, eb0, False, p, ip, h, c24, pw, base)
-    out, lifted = [], None
-    for g, d in enumerate(shifts):
-        planes = base
-        if d:
-            lifted = np.empty_like(base) if lifted is None else lifted
-            common._launch(_wide_lift, Bm.shape[0], Bm.size * p.size, xi, eb0, int(d), False, common._ro(base), p, ip,
-                           h, c24, pw, lifted)
-            planes = lifted
-        out.append(exact_gemm(As[g], Bm, eas[g], ebs[g], bounds[g], 1.0, tuple(moduli[:counts[g]]), chunk,
-                              b_planes=planes[:counts[g]]))
-    return out
-
-
-def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena, onto=None, b_planes=None) -> np.ndarray:
+def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena, onto=None) -> np.ndarray:
     m, k = A.shape
     n = Bm.shape[1]
     p, ip, h = tabs[:3]
     L = p.size
     t0 = time.perf_counter()
     if A.dtype.kind != "c":
-        pairs = [(_planes(A, ea, True, tabs, ws), _planes(Bm, eb, False, tabs, ws) if b_planes is None else b_planes)]
+        pairs = [(_planes(A, ea, True, tabs, ws), _planes(Bm, eb, False, tabs, ws))]
     else:
         Ar, Ai = _planes(A.real, ea, True, tabs, ws), _planes(A.imag, ea, True, tabs, ws)
         Br, Bi = _planes(Bm.real, eb, False, tabs, ws), _planes(Bm.imag, eb, False, tabs, ws)

@@ -10,7 +10,7 @@ from numba import njit
 from ...arith import alpha_parts
 from . import common, decoding, encoding
 
-__all__ = ["_LIMB", "_mod_sum", "_decode", "_residues", "_wide_encode", "_wide_lift", "_reduce_into"]
+__all__ = ["_LIMB", "_mod_sum", "_decode", "_residues", "_wide_encode", "_reduce_into"]
 
 _LIMB = 28  # limbs of the decode's Horner: 28 bits times a modulus below 2**24 stays below 2**53
 
@@ -80,20 +80,18 @@ def _decode(acc: np.ndarray, ea: np.ndarray, eb: np.ndarray, alpha: float, tabs,
     return np.negative(out, out=out) if alpha < 0 else out
 
 
-@njit(inline="always", nogil=True)
-def _split_buffers():
-    # a block's split of the INT8 encode (encoding._enc_split): hi, lo, the power of two past it, the exponents
-    return (np.empty(common._BLOCK, np.float64), np.empty(common._BLOCK, np.float64),
-            np.empty(common._BLOCK, np.int64), np.empty(common._BLOCK, np.int64))
-
-
 @njit(cache=True, nogil=True)
 def _wide_encode(xi, e, rows, p, ip, h, c24, pw, out, task0, task1):
     # out[l, r, :] <- [round_half_even(x * 2**e)]_p for row r of xi (IEEE bits), e per row (rows) or per column:
     # the INT8 encode's split (cpu._enc_split: v = hi * 2**24 + lo, times 2**kb), reduced in float64:
     # |hi| < 2**29 and |[hi]_p * [2^24]_p|, |r * [2^kb]_p| < 2**47, all inside _cr64's exact range
-    ncol, L, TW = xi.shape[1], p.size, pw.shape[1]
-    hi, lo, kb, eb = _split_buffers()
+    ncol = xi.shape[1]
+    L = p.size
+    TW = pw.shape[1]
+    hi = np.empty(common._BLOCK, np.float64)
+    lo = np.empty(common._BLOCK, np.float64)
+    kb = np.empty(common._BLOCK, np.int64)
+    eb = np.empty(common._BLOCK, np.int64)
     mult = np.empty(common._BLOCK, np.float64)
     for r in range(task0, task1):
         row = xi[r]
@@ -116,49 +114,6 @@ def _wide_encode(xi, e, rows, p, ip, h, c24, pw, out, task0, task1):
                         mult[b] = _pow2_mod(kb[b], pl, il, hl)
                 for b in range(W):
                     o[b] = common._cr64(o[b] * mult[b], pl, il, hl)
-
-
-@njit(cache=True, nogil=True)
-def _wide_lift(xi, e0, d, rows, base, p, ip, h, c24, pw, out, task0, task1):
-    # out[l, r, :] <- [round_half_even(x * 2**(e0 + d))]_p from base = [round_half_even(x * 2**e0)]_p (d >= 0): an
-    # entry whose x * 2**e0 is an integer (no rounding there) is base * 2**d exactly; the others (few: the entries
-    # far below their group's largest) are encoded afresh, as _wide_encode does. Residues below 2**23 times
-    # [2**d]_p < 2**24: inside _cr64's exact range
-    ncol, L, TW = xi.shape[1], p.size, pw.shape[1]
-    hi, lo, kb, eb = _split_buffers()
-    sel = np.empty(common._BLOCK, np.int64)
-    vals = np.empty(common._BLOCK, np.int64)
-    for r in range(task0, task1):
-        row = xi[r]
-        for j0 in range(0, ncol, common._BLOCK):
-            W = min(common._BLOCK, ncol - j0)
-            ni = 0
-            for b in range(W):
-                bits = row[j0 + b]
-                ef = (bits >> 52) & 2047
-                e = e0[r] if rows else e0[j0 + b]
-                if max(ef, 1) - 1075 + e < 0 and (bits & _ABS) != 0:  # rounded at e0
-                    sel[ni] = b
-                    vals[ni] = bits
-                    eb[ni] = e + d
-                    ni += 1
-            nbig = encoding._enc_split(vals[:ni], eb, hi, lo, kb, ni) if ni else 0
-            for l in range(L):
-                o = out[l, r, j0:j0 + W]
-                bl = base[l, r, j0:j0 + W]
-                pl, il, hl, cl = p[l], ip[l], h[l], c24[l]
-                m = _pow2_mod(d, pl, il, hl) if d >= TW else pw[l, d]
-                for b in range(W):
-                    o[b] = common._cr64(bl[b] * m, pl, il, hl)
-                for i in range(ni):
-                    v = common._cr64(common._cr64(hi[i], pl, il, hl) * cl + lo[i], pl, il, hl)
-                    if nbig:
-                        v = common._cr64(v * (pw[l, kb[i]] if kb[i] < TW else _pow2_mod(kb[i], pl, il, hl)),
-                                         pl, il, hl)
-                    o[sel[i]] = v
-
-
-_ABS = 0x7FFFFFFFFFFFFFFF
 
 
 @njit(cache=True, nogil=True)
