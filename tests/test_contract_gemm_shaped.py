@@ -114,8 +114,8 @@ def test_other_operands_take_the_certificate():
     assert bad.any() and np.array_equal(y[bad], ref[bad], equal_nan=True)
     a[1, 2] = 0.5
     plain = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
-    assert gemm_elements(plain, plain._operands((a, b)), None, "i", False) is not None
+    assert gemm_elements(plain, gemm_labels(plain), plain._operands((a, b)), None, "i", False) is not None
     # a target and complex operands keep the certificate's own paths
     target = rt.contract_expression("ij,jk->ik", a.shape, b.shape, rtol=1e-10)
-    assert gemm_elements(target, target._operands((a, b)), None, "i", False) is None
-    assert gemm_elements(plain, plain._operands((a + 1j, b)), None, "i", False) is None
+    assert gemm_elements(target, gemm_labels(target), target._operands((a, b)), None, "i", False) is None
+    assert gemm_elements(plain, gemm_labels(plain), plain._operands((a + 1j, b)), None, "i", False) is None

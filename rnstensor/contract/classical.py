@@ -90,7 +90,8 @@ class _ClassicalDefault:
         batch = self._batch_label()
         n = self.sizes[batch] if batch is not None else 1
         # one GEMM (of real finite operands): each element on the moduli dgemm chooses for it alone, dgemm's bits
-        routed = gemm_elements(self, self._operands(arrays), backend, batch, bound) if gemm_labels(self) else None
+        labels = gemm_labels(self)
+        routed = gemm_elements(self, labels, self._operands(arrays), backend, batch, bound) if labels else None
         if routed is None:
             y, said = self._escalated(arrays, backend, bound, batch, n)
             self.last_evaluation = evaluation(said, n, "elements")

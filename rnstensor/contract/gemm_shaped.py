@@ -11,7 +11,7 @@ import numpy as np
 from ..basis import Basis
 from ..encode import _NONE
 from ..gemm.checks import _check_workspace
-from ..gemm.stack import shared_moduli
+from ..gemm.stack import _index, shared_moduli
 from ..gemm.tiles import _run_product, gemm_program
 from ..gemm.width import gemm_width
 from ..program.errors import inflate
@@ -39,9 +39,9 @@ def gemm_labels(expr) -> Optional[tuple]:
     return rows, contracted, cols
 
 
-def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: bool) -> Optional[tuple]:
-    """``(parts, said, left, xp)`` of a default call of a GEMM-shaped ``expr`` (:func:`gemm_labels`) on real finite
-    operands, else None (the call takes the residue certificate).
+def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[str], bound: bool) -> Optional[tuple]:
+    """``(parts, said, left, xp)`` of a default call of a GEMM-shaped ``expr`` (its :func:`gemm_labels`: ``labels``)
+    on real finite operands, else None (the call takes the residue certificate).
 
     Its elements along ``batch`` (None: the call is one) are the GEMMs ``A[e] @ B`` of the first operand's slices
     by the second operand; each takes the moduli ``s`` dgemm takes for it alone (the classical bound
@@ -52,9 +52,8 @@ def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: boo
     half an ulp for the exact decode); ``said``: evaluation -> elements; ``left``: the elements dgemm would
     split (rows wider than 49 moduli hold), for the certificate's path, or None.
     """
-    labels = gemm_labels(expr)
     ops, kinds, cplx, tensors, nonfinite = parsed
-    if labels is None or tensors or nonfinite or any(cplx) or expr.rtol is not None \
+    if tensors or nonfinite or any(cplx) or expr.rtol is not None \
             or any(k != "input" for k in kinds):
         return None
     rows, contracted, cols = labels
@@ -77,12 +76,13 @@ def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: boo
     # the result's labels as the product leaves them (the elements first), and their order in the output
     made = rows + cols
     order = [made.index(c) for c in expr.output]
+    cb = inflate(xp.abs(Bm).sum(axis=0), k) if bound else None  # (the bound's column sums, every width's)
     parts, said = [], {}
     for s in sorted({c for c in counts if c is not None}):
         members = [i for i, c in enumerate(counts) if c == s]
         t = gemm_width(s, k, "real")
         whole = len(members) == nb
-        sel = slice(None) if whole else xp.asarray(np.asarray(members, np.int64))
+        sel = _index(members, xp)  # (consecutive elements: a view)
         rows_a = A3[sel].reshape(-1, k)
         Ea_g = Ea[sel].reshape(-1)
         ea = xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64)
@@ -94,7 +94,7 @@ def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: boo
         every = xp.ones(term.shape[0], bool)
         term = gemm_epilogue(term, 1.0, 0.0, None, every, xp.ones(n, bool), xp, opa=rows_a, opb=Bm)
         if bound:
-            term = _encoding_bound(term, rows_a, Bm, Ea_g, Eb, t, k, xp)
+            term = _encoding_bound(term, rows_a, cb, Ea_g, Eb, t, k, xp)
         lead = (len(members),) if batch is not None else ()
         rest = rows[1:] if batch is not None else rows  # (the elements' label is the first operand's first)
         part = term.reshape(lead + tuple(sizes[c] for c in rest) + tuple(sizes[c] for c in cols))
@@ -105,15 +105,15 @@ def gemm_elements(expr, parsed: tuple, backend, batch: Optional[str], bound: boo
     return parts, said, (xp.asarray(np.asarray(left, np.int64)) if left else None), xp
 
 
-def _encoding_bound(y, A, Bm, Ea, Eb, t: int, k: int, xp):
+def _encoding_bound(y, A, cb, Ea, Eb, t: int, k: int, xp):
     """A bound of ``|y - A @ Bm|`` for ``y`` the exact decode of the product of ``A`` and ``Bm`` encoded at width ``t``
-    (row ``i`` moved by at most ``2**(Ea_i - t - 1)`` per entry, column ``j`` by ``2**(Eb_j - t - 1)``): ``du_i
-    sum|b_.j| + dv_j sum|a_i.| + k du_i dv_j`` inflated, plus half an ulp of ``y``."""
+    (row ``i`` moved by at most ``2**(Ea_i - t - 1)`` per entry, column ``j`` by ``2**(Eb_j - t - 1)``; ``cb`` the
+    column sums of ``|Bm|``, rounded up): ``du_i cb_j + dv_j sum|a_i.| + k du_i dv_j`` inflated, plus half an ulp
+    of ``y``."""
     with np.errstate(over="ignore", under="ignore"):
         du = xp.where(Ea != _NONE, xp.ldexp(1.0, (xp.maximum(Ea, -1100) - t - 1).astype(np.int32)), 0.0)
         dv = xp.where(Eb != _NONE, xp.ldexp(1.0, (xp.maximum(Eb, -1100) - t - 1).astype(np.int32)), 0.0)
         ra = inflate(xp.abs(A).sum(axis=1), k)
-        cb = inflate(xp.abs(Bm).sum(axis=0), k)
         enc = du[:, None] * cb[None, :] + ra[:, None] * dv[None, :] + k * (du[:, None] * dv[None, :])
         # (the terms' roundings, and underflows below the least subnormal: an absolute slack)
         return inflate(enc + half_spacing(y), 5) + 2.0**-1070 * (2 * k + 1)
