@@ -437,3 +437,39 @@ def test_an_exact_decode_takes_the_engine_values_without_planes(monkeypatch):
     asked.clear()
     rt.einsum("ijab,abcd,cdkl->ijkl", a, b, c, moduli="auto", optimize=[(0, 1), (0, 1)])
     assert asked[:1] == ["residues"]  # the first product feeds the second
+
+
+def _exact_product_oracle(A, B, ea, eb):
+    """``round(2**(-ea_i - eb_j) * sum_k [a_ik 2**ea_i] [b_kj 2**eb_j])`` correctly rounded, in Python integers
+    (``[.]`` rounds half to even, as the encode does)."""
+    ia = [[round(Fraction(float(v)) * Fraction(2) ** int(e)) for v in row] for row, e in zip(A, ea)]
+    ib = [[round(Fraction(float(B[r, j])) * Fraction(2) ** int(eb[j])) for j in range(B.shape[1])]
+          for r in range(B.shape[0])]
+    return np.array([[float(Fraction(sum(ia[i][r] * ib[r][j] for r in range(B.shape[0])))
+                            / Fraction(2) ** int(ea[i] + eb[j])) for j in range(B.shape[1])]
+                     for i in range(A.shape[0])])
+
+
+@pytest.mark.parametrize("widths", [(70, 75, 83), (60, 61, 200), (83, 83, 90)])
+def test_products_sharing_an_operand_are_each_products_own(widths):
+    # exact_gemm_shared: one product on the narrowest width's integers of the shared operand, each wider width's
+    # lifted from it (2**d times it, plus the entries rounded there): each the correctly rounded exact product, as
+    # exact_gemm gives it alone; zeros, subnormals, an all-zero column, integers exact at every width, and shifts
+    # of 0, 1, 5, 8 and 139 bits
+    rng = np.random.default_rng(sum(widths))
+    k, n = 40, 13
+    A = [rng.standard_normal((m, k)) * np.exp(4 * rng.standard_normal((m, k))) for m in (3, 4, 2)]
+    B = rng.standard_normal((k, n)) * np.exp(4 * rng.standard_normal((k, n)))
+    B[:, 4] = 0.0
+    B[3, :4] = (0.0, -0.0, 5e-324, -2.2e-308)
+    B[::5, 9] = np.round(B[::5, 9] * 2**20)
+    top = np.abs(B).max(axis=0)
+    Eb = np.where(top > 0, np.frexp(top)[1], 0)
+    eas = [(t - np.frexp(np.abs(a).max(axis=1))[1]).astype(np.int64) for a, t in zip(A, widths)]
+    ebs = [np.where(top > 0, t - Eb, 0).astype(np.int64) for t in widths]
+    bounds = [k * 4**t for t in widths]
+    plans = [cpu_gemm.wide_plan(k, bd) for bd in bounds]
+    got = cpu_gemm.exact_gemm_shared(A, B, eas, ebs, [t - widths[0] for t in widths], bounds, *plans[-1])
+    for g, (mods, chunk) in enumerate(plans):
+        assert np.array_equal(got[g], cpu_gemm.exact_gemm(A[g], B, eas[g], ebs[g], bounds[g], 1.0, mods, chunk))
+        assert np.array_equal(got[g], _exact_product_oracle(A[g], B, eas[g], ebs[g]))

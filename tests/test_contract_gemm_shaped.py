@@ -119,3 +119,20 @@ def test_other_operands_take_the_certificate():
     target = rt.contract_expression("ij,jk->ik", a.shape, b.shape, rtol=1e-10)
     assert gemm_elements(target, gemm_labels(target), target._operands((a, b)), None, "i", False) is None
     assert gemm_elements(plain, gemm_labels(plain), plain._operands((a + 1j, b)), None, "i", False) is None
+
+
+def test_elements_on_several_widths_share_one_product(monkeypatch):
+    # elements on several widths: the CPU's wide engine runs them as one product on the shared operand's integers at
+    # the narrowest width (the wider ones lifted from it), each element still dgemm's bits
+    from rnstensor.backends import get_backend
+
+    be = get_backend("cpu")
+    taken = []
+    shared = be.exact_gemm_shared
+    monkeypatch.setattr(be, "exact_gemm_shared", lambda *a: taken.append(shared(*a)) or taken[-1])
+    rng = np.random.default_rng(4)
+    a, b = _phi4(rng, (6, 16, 200)), _phi4(rng, (200, 100))
+    y = rt.einsum("ijk,kl->ijl", a, b)
+    assert len(taken) == 1 and taken[0] is not None and len(taken[0]) > 1
+    for i in range(6):
+        assert np.array_equal(y[i], rt.dgemm(a[i], b))

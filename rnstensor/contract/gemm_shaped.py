@@ -8,14 +8,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..basis import Basis
 from ..encode import _NONE
 from ..gemm.checks import _check_workspace
-from ..gemm.stack import _index, shared_moduli
-from ..gemm.tiles import _run_product, gemm_program
-from ..gemm.width import gemm_width
+from ..gemm.stack import shared_moduli, shared_products
 from ..program.errors import inflate
-from ..run.epilogue import gemm_epilogue
 from ..run.exact import half_spacing
 
 __all__ = ["gemm_labels", "gemm_elements"]
@@ -71,35 +67,20 @@ def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[s
     Bm = xp.ascontiguousarray(xp.transpose(ops[1], [y.index(c) for c in contracted + cols]), dtype=np.float64)
     Bm = Bm.reshape(k, n)
     counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, False, A3, Bm, xp)
-    workspace = _check_workspace(None, "einsum", xp)
-    transposed = getattr(be, "gemm_layout", "NN") == "TN"
+    products = shared_products(A3, Bm, counts, Ea, Eb, _check_workspace(None, "einsum", xp), be, xp, backend_name)
     # the result's labels as the product leaves them (the elements first), and their order in the output
     made = rows + cols
     order = [made.index(c) for c in expr.output]
     cb = inflate(xp.abs(Bm).sum(axis=0), k) if bound else None  # (the bound's column sums, every width's)
     parts, said = [], {}
-    for s in sorted({c for c in counts if c is not None}):
-        members = [i for i, c in enumerate(counts) if c == s]
-        t = gemm_width(s, k, "real")
-        whole = len(members) == nb
-        sel = _index(members, xp)  # (consecutive elements: a view)
-        rows_a = A3[sel].reshape(-1, k)
-        Ea_g = Ea[sel].reshape(-1)
-        ea = xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64)
-        eb = xp.where(Eb != _NONE, t - Eb, 0).astype(np.int64)
-        term = xp.zeros((rows_a.shape[0], n), np.float64)
-        prog = gemm_program(Basis.int8(s), t, k, False, 1.0, transposed)
-        _run_product(term, prog, rows_a, Bm, ea, eb, term.shape[0], n, k, s, False, workspace, be, xp, backend_name,
-                     transposed)
-        every = xp.ones(term.shape[0], bool)
-        term = gemm_epilogue(term, 1.0, 0.0, None, every, xp.ones(n, bool), xp, opa=rows_a, opb=Bm)
+    for s, t, members, sel, rows_a, term in products:
         if bound:
-            term = _encoding_bound(term, rows_a, cb, Ea_g, Eb, t, k, xp)
+            term = _encoding_bound(term, rows_a, cb, Ea[sel].reshape(-1), Eb, t, k, xp)
         lead = (len(members),) if batch is not None else ()
         rest = rows[1:] if batch is not None else rows  # (the elements' label is the first operand's first)
         part = term.reshape(lead + tuple(sizes[c] for c in rest) + tuple(sizes[c] for c in cols))
         part = xp.transpose(part, order)
-        parts.append((None if whole else sel, xp.ascontiguousarray(part) if part.ndim else part[()]))
+        parts.append((None if len(members) == nb else sel, xp.ascontiguousarray(part) if part.ndim else part[()]))
         said[f"{s} moduli, {t} bits"] = said.get(f"{s} moduli, {t} bits", 0) + len(members)
     left = [i for i, c in enumerate(counts) if c is None]
     return parts, said, (xp.asarray(np.asarray(left, np.int64)) if left else None), xp

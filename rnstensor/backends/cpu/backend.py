@@ -238,6 +238,30 @@ class CpuBackend:
                           workspace_bytes)
         return None if wide is None else gemm.exact_gemm(a, b, ea, eb, product.bound, alpha, *wide)
 
+    def exact_gemm_shared(self, programs: list, As: list, eas: list, Bm: np.ndarray, ebs: list, shifts: list,
+                          workspace_bytes: int) -> Optional[list]:
+        """:meth:`exact_gemm` of each real ``programs[g]`` (``gemm_program``, alpha 1, the narrowest width first)
+        on ``As[g]`` and one shared ``Bm`` whose exponents ``ebs[g]`` are ``ebs[0] + shifts[g]``, ``Bm``'s residues
+        made once (:func:`rnstensor.backends.cpu.gemm.exact_gemm_shared`), on the wide moduli of the widest; the
+        same integers and decode, so each product's bits. ``None`` where the engine would not take the widest
+        product (then each product alone)."""
+        from . import gemm  # noqa: PLC0415
+
+        if gemm.ENGINE == "int8" or not warm(wide_engine._lift_into, Bm.size * len(programs)):
+            return None
+        for prog in programs:
+            steps = prog.steps if len(prog.steps) == 4 else (None,) * 4
+            if prog.complex or steps[2] is None or (steps[1].labels, steps[2].labels) != ("kj", "ij") \
+                    or steps[3].mode != "exact" or complex(steps[3].alpha) != 1:
+                return None
+        k, n = Bm.shape
+        bounds = [prog.steps[2].bound for prog in programs]
+        wide = self._wide(sum(a.shape[0] for a in As), n, k, max(len(prog.basis) for prog in programs),
+                          max(bounds), False, workspace_bytes)
+        if wide is None:
+            return None
+        return gemm.exact_gemm_shared(As, Bm, eas, ebs, shifts, bounds, *wide)
+
     def exact_product(self, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, bound: int,
                       moduli: Sequence[int], workspace_bytes: Optional[int] = None) -> Optional["ExactProduct"]:
         """The exact product of the integers ``round_half_even(a_ik 2**ea_i)`` and ``round_half_even(b_kj 2**eb_j)``

@@ -28,9 +28,10 @@ from numba import njit
 
 from ...basis import mrc_digit_coeffs, mrc_order
 from . import common
-from .wide import _LIMB, _decode, _mod_sum, _reduce_into, _residues, _wide_encode
+from .wide import (_LIMB, _decode, _lift_deltas, _lift_into, _mod_sum, _reduce_into, _residues, _rounded_entries,
+                   _wide_encode)
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "prefers_wide", "wide_bytes", "release_workspace",
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes", "release_workspace",
            "threaded_matmul", "ENGINE",
            "PHASES", "KEEP_BYTES"]
 
@@ -504,11 +505,64 @@ def exact_gemm(A: np.ndarray, Bm: np.ndarray, ea: np.ndarray, eb: np.ndarray, k_
         return _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl, chunk, ws, onto)
 
 
+def exact_gemm_shared(As: list, Bm: np.ndarray, eas: list, ebs: list, shifts: list, bounds: list,
+                      moduli: tuple[int, ...], chunk: int) -> list:
+    """``[exact_gemm(As[g], Bm, eas[g], ebs[g], bounds[g], 1.0, moduli, chunk)]``: the products of one real ``Bm``
+    at several widths, as one product.
+
+    ``ebs[g]`` is ``ebs[0] + shifts[g]`` on every nonzero column
+    (``shifts[0] = 0``, the others positive; a zero column's exponent does
+    not matter). With ``B0`` the integers at ``ebs[0]`` and ``Bg`` those at
+    ``ebs[g]``, ``Bg = 2**d B0 + Dg`` where ``Dg`` is zero but on the
+    entries rounded at ``ebs[0]`` (the few far below their column's
+    largest): so every ``Ag Bg`` is ``2**d (Ag B0) + Ag Dg``, the first
+    from one product of all the ``Ag``'s rows on ``B0``'s residues (one
+    pass over ``Bm``'s planes, as one GEMM), the second a sparse sum
+    (:func:`~rnstensor.backends.cpu.wide._lift_into`). The same integers,
+    so each product's bits.
+    """
+    k, n = Bm.shape
+    bounds_max = max(bounds)
+    if math.prod(moduli) <= 2 * bounds_max:
+        raise ValueError(f"exact_gemm_shared: moduli of {math.prod(moduli).bit_length()} bits do not hold the bound")
+    tabs, nl = _wide_tables(tuple(moduli))
+    p, ip, h, c24, pw = tabs[:5]
+    L = p.size
+    cuts = np.cumsum([0] + [a.shape[0] for a in As])
+    A = np.concatenate([np.asarray(a, np.float64) for a in As])
+    ea = np.concatenate([np.asarray(e, np.int64).reshape(-1) for e in eas])
+    eb0 = np.ascontiguousarray(ebs[0], np.int64).reshape(-1)
+    rounded = None
+    if any(shifts):
+        colptr, rows, bits = _rounded_entries(common._ro(np.ascontiguousarray(Bm).view(np.int64)), eb0)
+        rounded = colptr, rows, bits, eb0[np.repeat(np.arange(n), np.diff(colptr))]
+    out = []
+    with _arena(wide_bytes(A.shape[0], n, k, L) + 8 * L * (0 if rounded is None else rounded[1].size)) as ws:
+        t0 = time.perf_counter()
+        X, Y = _planes(A, ea, True, tabs, ws), _planes(Bm, eb0, False, tabs, ws)
+        t0 = _tick("encode", t0)
+        (prod,) = _wide_products([(X, Y)], A.shape[0], n, k, chunk, tabs, ws)
+        D = None if rounded is None else ws.take((L, rounded[1].size), np.float64)
+        t0 = time.perf_counter()
+        for g, d in enumerate(shifts):
+            r0, r1 = int(cuts[g]), int(cuts[g + 1])
+            if d:  # (the product on the narrowest width's integers, to the product at this width's)
+                colptr, rows, bits, e = rounded
+                common._launch(_lift_deltas, -(-bits.size // common._BLOCK), bits.size * L, bits, e, int(d), p, ip,
+                               h, c24, pw, D)
+                m2d = np.array([pow(2, int(d), int(q)) for q in moduli], np.float64)
+                common._launch(_lift_into, L, (r1 - r0) * rows.size * L, prod[:, r0:r1], X[:, r0:r1], colptr, rows, D,
+                               m2d, p, ip, h)
+            eb = np.ascontiguousarray(ebs[g], np.int64).reshape(-1)
+            out.append(_decode(np.ascontiguousarray(prod[:, r0:r1]), ea[r0:r1], eb, 1.0, tabs, nl))
+        _tick("decode", t0)
+    return out
+
+
 def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena, onto=None) -> np.ndarray:
     m, k = A.shape
     n = Bm.shape[1]
     p, ip, h = tabs[:3]
-    L = p.size
     t0 = time.perf_counter()
     if A.dtype.kind != "c":
         pairs = [(_planes(A, ea, True, tabs, ws), _planes(Bm, eb, False, tabs, ws))]
@@ -517,7 +571,40 @@ def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena, ont
         Br, Bi = _planes(Bm.real, eb, False, tabs, ws), _planes(Bm.imag, eb, False, tabs, ws)
         pairs = [(Ar, Br), (Ai, Bi), (_mod_sum(Ar, Ai, p, h, out=ws.take(Ar.shape, np.float64)),
                                       _mod_sum(Br, Bi, p, h, out=ws.take(Br.shape, np.float64)))]
-    t0 = _tick("encode", t0)
+    _tick("encode", t0)
+    prods = _wide_products(pairs, m, n, k, chunk, tabs, ws)
+    del pairs
+    t0 = time.perf_counter()
+    if onto is not None:
+        out = _residues(prods[0], tabs, onto)
+        _tick("decode", t0)
+        return out
+    if A.dtype.kind != "c":
+        out = _decode(prods[0], ea, eb, float(alpha), tabs, nl)
+        _tick("decode", t0)
+        return out
+    P0, P1, P2 = prods
+    re = _mod_sum(P0, P1, p, h, -1.0, out=ws.take(P0.shape, np.float32))
+    im = _mod_sum(_mod_sum(P2, P0, p, h, -1.0, out=ws.take(P0.shape, np.float32)), P1, p, h, -1.0, out=P2)
+    ar, ai = complex(alpha).real, complex(alpha).imag
+    out = np.empty((m, n), np.complex128)
+    # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
+    if ai:
+        out.real[...] = _decode(re, ea, eb, ar, tabs, nl) - _decode(im, ea, eb, ai, tabs, nl)
+        out.imag[...] = _decode(im, ea, eb, ar, tabs, nl) + _decode(re, ea, eb, ai, tabs, nl)
+    else:
+        out.real[...] = _decode(re, ea, eb, ar, tabs, nl)
+        out.imag[...] = _decode(im, ea, eb, ar, tabs, nl)
+    _tick("decode", t0)
+    return out
+
+
+def _wide_products(pairs: list, m: int, n: int, k: int, chunk: int, tabs, ws: _Arena) -> list:
+    """The residues ``(L, m, n)`` float32 of each product ``X @ Y`` of ``pairs`` (wide planes, float64), k-chunk by
+    k-chunk in float64 BLAS, each chunk's sums reduced."""
+    p, ip, h = tabs[:3]
+    L = p.size
+    t0 = time.perf_counter()
     nth = common._nthreads()
     prods = [ws.take((L, m, n), np.float32) for _ in pairs]
     if _gemms_per_thread(m * n * k):
@@ -552,29 +639,7 @@ def _exact_gemm(A, Bm, ea, eb, alpha, tabs, nl: int, chunk: int, ws: _Arena, ont
                     t0 = _tick("gemm", t0)
                     common._launch(_reduce_into, m, m * n, common._ro(buf), acc[l], p[l], ip[l], h[l], c0 == 0)
                     t0 = _tick("reduce", t0)
-    del pairs
-    if onto is not None:
-        out = _residues(prods[0], tabs, onto)
-        _tick("decode", t0)
-        return out
-    if A.dtype.kind != "c":
-        out = _decode(prods[0], ea, eb, float(alpha), tabs, nl)
-        _tick("decode", t0)
-        return out
-    P0, P1, P2 = prods
-    re = _mod_sum(P0, P1, p, h, -1.0, out=ws.take(P0.shape, np.float32))
-    im = _mod_sum(_mod_sum(P2, P0, p, h, -1.0, out=ws.take(P0.shape, np.float32)), P1, p, h, -1.0, out=P2)
-    ar, ai = complex(alpha).real, complex(alpha).imag
-    out = np.empty((m, n), np.complex128)
-    # (ar + i ai)(Re + i Im): each term correctly rounded, one float64 sum where both parts are nonzero
-    if ai:
-        out.real[...] = _decode(re, ea, eb, ar, tabs, nl) - _decode(im, ea, eb, ai, tabs, nl)
-        out.imag[...] = _decode(im, ea, eb, ar, tabs, nl) + _decode(re, ea, eb, ai, tabs, nl)
-    else:
-        out.real[...] = _decode(re, ea, eb, ar, tabs, nl)
-        out.imag[...] = _decode(im, ea, eb, ar, tabs, nl)
-    _tick("decode", t0)
-    return out
+    return prods
 
 
 def _planes(x: np.ndarray, e: np.ndarray, rows: bool, tabs, ws: _Arena) -> np.ndarray:

@@ -10,7 +10,8 @@ from numba import njit
 from ...arith import alpha_parts
 from . import common, decoding, encoding
 
-__all__ = ["_LIMB", "_mod_sum", "_decode", "_residues", "_wide_encode", "_reduce_into"]
+__all__ = ["_LIMB", "_mod_sum", "_decode", "_residues", "_wide_encode", "_reduce_into", "_rounded_entries",
+           "_lift_deltas", "_lift_into"]
 
 _LIMB = 28  # limbs of the decode's Horner: 28 bits times a modulus below 2**24 stays below 2**53
 
@@ -114,6 +115,109 @@ def _wide_encode(xi, e, rows, p, ip, h, c24, pw, out, task0, task1):
                         mult[b] = _pow2_mod(kb[b], pl, il, hl)
                 for b in range(W):
                     o[b] = common._cr64(o[b] * mult[b], pl, il, hl)
+
+
+_ABS = 0x7FFFFFFFFFFFFFFF
+
+
+@njit(cache=True, nogil=True)
+def _rounded_entries(xi, e0):
+    # the entries of xi (k x n, IEEE bits) that round_half_even(x * 2**e0_j) may round, column by column: those
+    # whose last significand bit lies below 2**0 once scaled (the others are integers there, so their integer at
+    # e0_j + d is the one at e0_j times 2**d exactly). Returns (colptr (n + 1), rows, bits)
+    k, n = xi.shape
+    count = np.zeros(n + 1, np.int64)
+    for r in range(k):
+        row = xi[r]
+        for j in range(n):
+            bits = row[j]
+            if max((bits >> 52) & 2047, 1) - 1075 + e0[j] < 0 and (bits & _ABS) != 0:
+                count[j + 1] += 1
+    for j in range(n):
+        count[j + 1] += count[j]
+    rows = np.empty(count[n], np.int64)
+    vals = np.empty(count[n], np.int64)
+    fill = count[:n].copy()
+    for r in range(k):
+        row = xi[r]
+        for j in range(n):
+            bits = row[j]
+            if max((bits >> 52) & 2047, 1) - 1075 + e0[j] < 0 and (bits & _ABS) != 0:
+                rows[fill[j]] = r
+                vals[fill[j]] = bits
+                fill[j] += 1
+    return count, rows, vals
+
+
+@njit(cache=True, nogil=True)
+def _lift_deltas(vals, e, d, p, ip, h, c24, pw, out, task0, task1):
+    # out[l, s] <- [round_half_even(x_s 2**(e_s + d)) - 2**d round_half_even(x_s 2**e_s)]_p for the entries s of
+    # vals (IEEE bits), block by block: each integer by the INT8 encode's split (as _wide_encode)
+    L, TW = p.size, pw.shape[1]
+    hi = np.empty(common._BLOCK, np.float64)
+    lo = np.empty(common._BLOCK, np.float64)
+    kb = np.empty(common._BLOCK, np.int64)
+    eb = np.empty(common._BLOCK, np.int64)
+    r0 = np.empty((L, common._BLOCK), np.float64)
+    for blk in range(task0, task1):
+        j0 = blk * common._BLOCK
+        W = min(common._BLOCK, vals.size - j0)
+        for sweep in range(2):  # the integer at e_s (kept in r0), then the one at e_s + d
+            for b in range(W):
+                eb[b] = e[j0 + b] + (d if sweep else 0)
+            nbig = encoding._enc_split(vals[j0:j0 + W], eb, hi, lo, kb, W)
+            for l in range(L):
+                pl, il, hl, cl = p[l], ip[l], h[l], c24[l]
+                m2d = _pow2_mod(d, pl, il, hl) if d >= TW else pw[l, d]
+                for b in range(W):
+                    v = common._cr64(common._cr64(hi[b], pl, il, hl) * cl + lo[b], pl, il, hl)
+                    if nbig:
+                        v = common._cr64(v * (pw[l, kb[b]] if kb[b] < TW else _pow2_mod(kb[b], pl, il, hl)),
+                                         pl, il, hl)
+                    if sweep == 0:
+                        r0[l, b] = v
+                    else:
+                        out[l, j0 + b] = common._cr64(v - common._cr64(r0[l, b] * m2d, pl, il, hl), pl, il, hl)
+
+
+@njit(cache=True, nogil=True)
+def _lift_into(acc, A, colptr, rows, D, m2d, p, ip, h, task0, task1):
+    # acc[l, i, j] <- [[2^d]_p acc[l, i, j] + sum_s A[l, i, rows_s] D[l, s]]_p over the entries s of column j
+    # (colptr), one modulus l a task: the product of A with the operand at e0 + d from its product with the operand
+    # at e0. A column's terms run over all rows at once (A's plane transposed: a row of it per entry s); terms below
+    # 2**46, at most 63 summed before a reduction: below 2**52, exact, and reduced as _reduce_into does
+    m, n = A.shape[1], acc.shape[2]
+    t = np.empty(m, np.float64)
+    for l in range(task0, task1):
+        pl, il, hl, ml = p[l], ip[l], h[l], m2d[l]
+        At = np.ascontiguousarray(A[l].T)
+        Dl = D[l]
+        out = acc[l]
+        for j in range(n):
+            for i in range(m):
+                t[i] = np.float64(out[i, j]) * ml
+            c = 1
+            for s in range(colptr[j], colptr[j + 1]):
+                a = At[rows[s]]
+                dv = Dl[s]
+                for i in range(m):
+                    t[i] += a[i] * dv
+                c += 1
+                if c == 64:
+                    for i in range(m):
+                        t[i] = _reduce53(t[i], pl, il, hl)
+                    c = 1
+            for i in range(m):
+                out[i, j] = np.float32(_reduce53(t[i], pl, il, hl))
+
+
+@njit(inline="always", nogil=True)
+def _reduce53(t, p, ip, h):
+    # [t]_p centered for an integer |t| < 2**53 (as _reduce_into: the float quotient within one, the FMA remainder)
+    q = np.floor(t * ip + 0.5)
+    r = decoding._fma(-q, p, t)
+    r = r - p if r > h - 1 else r
+    return r + p if r < h - p else r
 
 
 @njit(cache=True, nogil=True)
