@@ -52,6 +52,17 @@ def test_einsum_plans_that_keep_too_few_bits(rng):
     assert rt.einsum(sub, A, A, A, A, decode="fp64").shape == (8, 8)
 
 
+def test_exact_decode_on_few_moduli_names_an_fp64_decode_that_plans(rng):
+    # on 3 moduli the fp64 decode is refused too (it keeps min_bits): the hint names the moduli it takes
+    A, B = rng.standard_normal((20, 30)), rng.standard_normal((30, 10))
+    msg = _refused(lambda: rt.einsum("ij,jk->ik", A, B, moduli=3, decode="exact"), rt.PlanError)
+    s = _number(msg, r"decode='fp64' with moduli=(\d+)")
+    _refused(lambda: rt.einsum("ij,jk->ik", A, B, moduli=s - 1, decode="fp64"), rt.PlanError)
+    y = rt.einsum("ij,jk->ik", A, B, moduli=s, decode="fp64")
+    assert np.max(np.abs(y - A @ B)) <= 2.0**-28 * np.max(np.abs(A) @ np.abs(B))  # min_bits=32 kept
+    assert rt.einsum("ij,jk->ik", A, B, moduli="auto", decode="exact").shape == (20, 10)
+
+
 def test_chain_plans_name_what_plans(rng):
     ops = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)]
     X = rng.uniform(-1, 1, (2, 8, 8, 8))

@@ -172,24 +172,35 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         that plan it; for an exact decode, ``moduli='auto'`` (which chooses moduli and widths from the data: the
         moduli an exact decode needs depend on the data's widths, which a plan does not know) or the fp64 decode."""
         fixes = []
-        if not tensors and self.decode != "exact":  # (RNSTensor operands carry their basis)
-            def plans(s: int) -> bool:
-                other = type(self)(self.terms, self.output, self.shapes, self.constants, Basis.int8(s), self.method,
-                                   [tuple(p) for p in self.path], self.decode, self.bits, self.backend, self.min_bits,
-                                   self.nonfinite, self.policy, self.rtol)
-                other._hints = False  # (its own refusal names no fixes: no search inside the search)
-                try:
-                    other._plan(kinds, cplx, tensors, widths)
-                except PlanError:
-                    return False
-                return True
 
-            s = least_moduli(plans, len(self.basis) + 1) if len(self.basis) < len(int8_pool()) else None
+        def plans(s: int, decode: str) -> bool:
+            other = type(self)(self.terms, self.output, self.shapes, self.constants, Basis.int8(s), self.method,
+                               [tuple(p) for p in self.path], decode, self.bits, self.backend, self.min_bits,
+                               self.nonfinite, self.policy, self.rtol)
+            other._hints = False  # (its own refusal names no fixes: no search inside the search)
+            try:
+                other._plan(kinds, cplx, tensors, widths)
+            except PlanError:
+                return False
+            return True
+
+        def fewest(decode: str) -> Optional[int]:
+            if len(self.basis) >= len(int8_pool()):
+                return None
+            return least_moduli(lambda s: plans(s, decode), len(self.basis) + 1)
+
+        if not tensors and self.decode != "exact":  # (RNSTensor operands carry their basis)
+            s = fewest(self.decode)
             if s is not None:
                 fixes.append(f"use more moduli (moduli={s} plans it)")
         if self.decode == "exact" and self.bits is None and not tensors:
+            # the fp64 decode keeps min_bits too: on this basis it may be refused as well, so name the moduli it takes
+            fp64 = "decode='fp64'"
+            if not plans(len(self.basis), "fp64"):
+                s = fewest("fp64")
+                fp64 = f"decode='fp64' with moduli={s}" if s is not None else None
             fixes.append("moduli='auto' (the correctly rounded result decode='exact' asks for, on the moduli and "
-                         "widths the data needs), or decode='fp64'")
+                         "widths the data needs)" + (f", or {fp64}" if fp64 else ""))
         return "; or ".join(fixes)
 
     def _const_array(self, i: int, cplx: bool, xp=np):
