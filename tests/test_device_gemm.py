@@ -160,3 +160,14 @@ def test_split_product_stays_on_the_device(device, cplx):
     ad, bd = device.put(a), device.put(b)
     got = device.resident(lambda: rt.zgemm(ad, bd) if cplx else rt.dgemm(ad, bd))
     same_bits(got, (rt.zgemm if cplx else rt.dgemm)(a, b))
+
+
+@pytest.mark.parametrize("moduli", [None, "fast", "auto"])
+def test_matmul_stack_sharing_b(device, moduli):
+    """A device stack times one matrix: the CPU's bits (each matrix dgemm's alone), its widths run as the host's."""
+    rng = np.random.default_rng(25)
+    a = rng.standard_normal((4, 3, 60)) * np.exp(4 * rng.standard_normal((4, 3, 60)))
+    b = rng.standard_normal((60, 4)) * np.exp(4 * rng.standard_normal((60, 4)))
+    ad, bd = device.put(a), device.put(b)
+    got = device.resident(lambda: rt.matmul(ad, bd, moduli=moduli), limit=8 * 4)
+    same_bits(got, rt.matmul(a, b, moduli=moduli))

@@ -996,3 +996,55 @@ def test_inf_nan_rows_do_not_widen_the_others():
     assert _choose(None, bad, b, 40, False)[:2] == _choose(None, a[keep], b, 40, False)[:2]
     y = rt.dgemm(bad, b)
     assert np.isnan(y[2]).all() and np.array_equal(y[keep], rt.dgemm(a[keep], b))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "phi=4", "complex"])
+@pytest.mark.parametrize("moduli", [None, "fast", "auto", 20])
+def test_matmul_of_a_stack_sharing_b_is_each_matrix_alone(monkeypatch, kind, moduli):
+    # a stack times one matrix (or vector): every matrix dgemm's (zgemm's) bits alone, numpy's inf / NaN rule, signed
+    # zeros, without the per-matrix stack (the default: one product for every width; a fixed width or a correctly
+    # rounded policy: one GEMM of the stacked rows)
+    import rnstensor.gemm.api as gemm_api
+
+    rng = np.random.default_rng(len(kind) + 3 * (moduli is None))
+
+    def data(shape):
+        if kind == "uniform":
+            return rng.uniform(-1, 1, shape)
+        if kind == "complex":
+            return rng.uniform(-1, 1, shape) + 1j * rng.uniform(-1, 1, shape)
+        return rng.standard_normal(shape) * np.exp(4 * rng.standard_normal(shape))
+
+    a, b = data((2, 4, 5, 30)), data((30, 6))
+    a[1, 0] = 0.0
+    a[0, 2, 3] = -1e-310
+    stacked = []
+    monkeypatch.setattr(gemm_api, "gemm_stack", lambda *args: stacked.append(1) or list(range(args[1].shape[0])))
+    gemm = rt.zgemm if kind == "complex" else rt.dgemm
+    for rhs in (b, b[:, 2], b[None]):
+        y = rt.matmul(a, rhs, moduli=moduli)
+        for i, j in np.ndindex(2, 4):
+            want = gemm(a[i, j], b if rhs.ndim > 1 else b[:, 2:3], moduli=moduli).reshape(y[i, j].shape)
+            assert np.array_equal(y[i, j], want) and np.array_equal(np.signbit(y[i, j].real), np.signbit(want.real))
+    assert not stacked or (kind == "complex" and moduli is None)
+    a[0, 1, 2], b[7, 3] = np.nan, -np.inf
+    y = rt.matmul(a, b, moduli=moduli)
+    with np.errstate(invalid="ignore"):
+        for i, j in np.ndindex(2, 4):
+            assert np.array_equal(y[i, j], gemm(a[i, j], b, moduli=moduli), equal_nan=True)
+
+
+def test_a_stack_sharing_b_keeps_each_matrix_on_its_own_width():
+    # data on which one matrix's bits on its own width differ from those on the stack's widest (so one width for
+    # every matrix would be caught): each matrix still holds dgemm's bits alone
+    from rnstensor.gemm.stack import shared_moduli
+
+    rng = np.random.default_rng(25)
+    a = rng.standard_normal((4, 3, 60)) * np.exp(4 * rng.standard_normal((4, 3, 60)))
+    b = rng.standard_normal((60, 4)) * np.exp(4 * rng.standard_normal((60, 4)))
+    counts = shared_moduli(60, False, a, b, np)[0]
+    assert len(set(counts)) > 1
+    assert any(not np.array_equal(rt.dgemm(a[i], b), rt.dgemm(a[i], b, moduli=max(counts))) for i in range(4))
+    for y in (rt.matmul(a, b), rt.einsum("ijk,kl->ijl", a, b)):
+        for i in range(4):
+            assert np.array_equal(y[i], rt.dgemm(a[i], b))

@@ -315,14 +315,16 @@ def test_stack_past_the_workspace_runs_matrix_by_matrix(monkeypatch):
     import rnstensor.gemm.api as gemm_api
 
     rng = np.random.default_rng(29)
-    A, b = rng.standard_normal((16, 6, 40)), rng.standard_normal((40, 30))
-    staged = (A.size + 2 * 16 * b.size) * 8  # a, and b's 16 copies with their transposes
+    # (b broadcast along the first batch axis only: one b for the whole stack takes gemm_shared, no copies)
+    A, b = rng.standard_normal((2, 8, 6, 40)), rng.standard_normal((1, 8, 40, 30))
+    staged = (A.size + 2 * 2 * b.size) * 8  # a, and b's 16 copies with their transposes
     left, real = [], gemm_api.gemm_stack
     monkeypatch.setattr(gemm_api, "gemm_stack", lambda *a: left.append(real(*a)) or left[-1])
+    As, bs = A.reshape(16, 6, 40), np.broadcast_to(b, (2, 8, 40, 30)).reshape(16, 40, 30)
     for workspace, alone in ((staged - 8, list(range(16))), (staged, [])):
-        y = rt.matmul(A, b, workspace_bytes=workspace)
+        y = rt.matmul(A, b, workspace_bytes=workspace).reshape(16, 6, 30)
         assert left.pop() == alone
-        assert all(_same_bits(y[i], rt.dgemm(A[i], b, workspace_bytes=workspace)) for i in range(16))
+        assert all(_same_bits(y[i], rt.dgemm(As[i], bs[i], workspace_bytes=workspace)) for i in range(16))
 
 
 @pytest.mark.parametrize("cplx", [False, True], ids=["real", "complex"])

@@ -15,7 +15,7 @@ from ..planner.methods import MIN_BITS
 from ..run.epilogue import gemm_epilogue
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
                      blas_operands)
-from .stack import gemm_stack
+from .stack import gemm_shared, gemm_stack
 from .split import _choose, _exact_auto, _resolve_moduli, _slice_exponent, _sum_slices, row_slices
 from .tiles import _exact_whole, _phase, _run_product, gemm_program
 from .width import gemm_targets, gemm_width
@@ -551,11 +551,23 @@ def _matmul(a, b, out, dtype, casting, moduli, backend, workspace_bytes, min_bit
     gemm = zgemm if cplx else dgemm
     count = math.prod(batch)
     alone = list(range(count))
-    if count > 1 and m and n and a2.shape[-1]:
+    k = a2.shape[-1]
+    if count > 1 and m and n and k:
         # a stack: each matrix on the moduli dgemm (zgemm) gives it alone, the products on equal moduli batched
         flat = res.reshape(count, m, n)
-        alone = gemm_stack(flat, A.reshape(count, m, -1), B.reshape(count, -1, n), moduli, backend, workspace_bytes,
-                           min_bits, rtol)
+        shared = None
+        one_b = math.prod(b2.shape[:-2]) == 1  # (b one matrix, broadcast along every batch axis)
+        b1 = b2.reshape(b2.shape[-2:]) if one_b else None
+        if one_b and rtol is None and moduli is not None:
+            # every matrix shares b, and a policy whose integers are each row's and column's alone (a fixed width)
+            # or whose result is unique (correctly rounded): one GEMM of the stacked rows gives each matrix's bits
+            gemm(A.reshape(count * m, k), b1, moduli=moduli, out=flat.reshape(count * m, n), backend=backend,
+                 workspace_bytes=workspace_bytes, min_bits=min_bits)
+            shared = []
+        elif one_b and rtol is None:
+            shared = gemm_shared(flat, A.reshape(count, m, k), b1, backend, workspace_bytes)
+        alone = shared if shared is not None else gemm_stack(
+            flat, A.reshape(count, m, -1), B.reshape(count, -1, n), moduli, backend, workspace_bytes, min_bits, rtol)
     for i in alone:
         idx = np.unravel_index(i, batch) if batch else ()
         gemm(A[idx], B[idx], moduli=moduli, out=res[idx], backend=backend, workspace_bytes=workspace_bytes,

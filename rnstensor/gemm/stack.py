@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ..arrays import to_host
@@ -16,7 +18,7 @@ from ..run.epilogue import gemm_epilogue
 from .tiles import _phase, _run_product, _tile_bytes, gemm_program
 from .width import gemm_width, one_matrix
 
-__all__ = ["gemm_stack", "shared_moduli", "shared_products"]
+__all__ = ["gemm_stack", "gemm_shared", "shared_moduli", "shared_products"]
 
 
 def _moduli_counts(moduli, k: int, cplx: bool, sa, sb, A, BT, rtol, xp) -> list:
@@ -96,6 +98,26 @@ def _index(which, xp):
     if which == list(range(which[0], which[-1] + 1)):
         return slice(which[0], which[-1] + 1)
     return xp.asarray(np.asarray(which, np.int64))
+
+
+def gemm_shared(res, A3, Bm, backend, workspace_bytes) -> Optional[list]:
+    """``res[b] <- A3[b] @ Bm`` for a real finite stack sharing ``Bm`` (``matmul``'s default with a 2-D or 1-D
+    ``b``): each matrix on the moduli :func:`~.api.dgemm` gives it alone (:func:`shared_moduli`), the matrices
+    on every width one pass of the engine where it can (:func:`shared_products`), so dgemm's bits. Returns the
+    matrices left to dgemm (rows wider than 49 moduli hold), or None where the stack is not real and finite
+    (:func:`gemm_stack` then takes it)."""
+    fn = "matmul"
+    be, xp = dispatch(A3, Bm, res, backend=backend, names=("a", "b", "out"), fn=fn)
+    if A3.dtype.kind == "c" or not (bool(xp.isfinite(A3).all()) and bool(xp.isfinite(Bm).all())):
+        return None
+    workspace = _check_workspace(workspace_bytes, fn, xp)
+    backend_name = be.name if xp is not np else backend
+    nb, m, k = A3.shape
+    A3, Bm = xp.ascontiguousarray(A3), xp.ascontiguousarray(Bm)
+    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, False, A3, Bm, xp)
+    for _, _, members, sel, _, term in shared_products(A3, Bm, counts, Ea, Eb, workspace, be, xp, backend_name):
+        res[sel] = term.reshape(len(members), m, -1)
+    return [i for i, c in enumerate(counts) if c is None]
 
 
 def gemm_stack(res, A, B, moduli, backend, workspace_bytes, min_bits: int, rtol) -> list:

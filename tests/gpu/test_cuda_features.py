@@ -87,6 +87,20 @@ def test_gemm_shaped_einsum():
     same(want[3], rt.dgemm(a[3], b))
 
 
+@pytest.mark.parametrize("moduli", [None, "fast", "auto"])
+def test_matmul_stack_sharing_b(moduli):
+    # a stack times one matrix: each matrix on dgemm's own choice (the default) or the stacked rows as one GEMM (a
+    # fixed width, a correctly rounded policy); on the device the host's bits
+    import cupy as cp
+
+    rng = np.random.default_rng(25)
+    a = rng.standard_normal((4, 3, 60)) * np.exp(4 * rng.standard_normal((4, 3, 60)))
+    b = rng.standard_normal((60, 4)) * np.exp(4 * rng.standard_normal((60, 4)))
+    want = rt.matmul(a, b, moduli=moduli)
+    same(rt.matmul(cp.asarray(a), cp.asarray(b), moduli=moduli).get(), want)
+    same(want[2], rt.dgemm(a[2], b, moduli=moduli))
+
+
 @pytest.mark.parametrize("moduli", [None, "fast"])
 def test_expression_mode_chain_fused(moduli):
     # an expression's mode products by constant operators: one fused chain kernel on the device (compile_program)
