@@ -8,6 +8,9 @@ parts U[-1, 1)):
   ``B`` (batch, 60, 40), against ``rt.einsum('bij,bjk->bik', A, B)`` (the same
   products; their bits differ: matmul promises each matrix ``rt.dgemm``'s
   result, einsum the expression's);
+- a stack times one matrix: ``rt.matmul(A, W)`` with ``W`` (60, 40) shared by
+  every matrix, against ``rt.einsum('bij,jk->bik', A, W)`` (by default the same bits:
+  both give each matrix dgemm's result alone);
 - a GEMM-shaped einsum: ``rt.einsum('ijab,abcd->ijcd', a, b)`` with ``a`` (8, 8,
   n, n), ``b`` (n, n, n, n), against ``rt.dgemm`` of its (64 x n^2) @ (n^2 x n^2)
   GEMM (the reshapes counted on the dgemm side).
@@ -52,6 +55,7 @@ def cases(batch: int = 64, n: int = 30, kinds=("uniform", "phi=4", "complex")) -
         A, B = _data(rng, (batch, 50, 60), kind), _data(rng, (batch, 60, 40), kind)
         if kind != "complex":
             a, b = _data(rng, (8, 8, n, n), kind), _data(rng, (n, n, n, n), kind)
+            W = _data(np.random.default_rng(12), (60, 40), kind)  # (its own stream: the other cases' data unchanged)
         for policy, kw in POLICIES.items():
             if kind == "complex":  # (a complex stack only: zgemm against the stack's batched complex products)
                 out.append({"name": f"matmul stack {batch} x (50x60)(60x40), complex U[-1, 1), {policy}",
@@ -65,6 +69,11 @@ def cases(batch: int = 64, n: int = 30, kinds=("uniform", "phi=4", "complex")) -
                         "ours": lambda kw=kw, A=A, B=B: rt.matmul(A, B, **kw),
                         "against": lambda kw=kw, A=A, B=B: rt.einsum("bij,bjk->bik", A, B, **kw),
                         "numpy": lambda A=A, B=B: np.matmul(A, B)})
+            out.append({"name": f"matmul stack {batch} x (50x60) @ one (60x40), {kind}, {policy}",
+                        "ratio": "matmul / einsum",
+                        "ours": lambda kw=kw, A=A, W=W: rt.matmul(A, W, **kw),
+                        "against": lambda kw=kw, A=A, W=W: rt.einsum("bij,jk->bik", A, W, **kw),
+                        "numpy": lambda A=A, W=W: np.matmul(A, W)})
             out.append({"name": f"einsum ijab,abcd->ijcd (64 x {n * n} x {n * n}), {kind}, {policy}",
                         "ratio": "einsum / dgemm",
                         "ours": lambda kw=kw, a=a, b=b: rt.einsum("ijab,abcd->ijcd", a, b, **kw),
