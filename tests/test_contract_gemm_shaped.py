@@ -115,10 +115,9 @@ def test_other_operands_take_the_certificate():
     a[1, 2] = 0.5
     plain = rt.contract_expression("ij,jk->ik", a.shape, b.shape)
     assert gemm_elements(plain, gemm_labels(plain), plain._operands((a, b)), None, "i", False) is not None
-    # a target and complex operands keep the certificate's own paths
+    # a target keeps the certificate's own path; complex operands take zgemm's choice (test below)
     target = rt.contract_expression("ij,jk->ik", a.shape, b.shape, rtol=1e-10)
     assert gemm_elements(target, gemm_labels(target), target._operands((a, b)), None, "i", False) is None
-    assert gemm_elements(plain, gemm_labels(plain), plain._operands((a + 1j, b)), None, "i", False) is None
 
 
 def test_elements_on_several_widths_share_one_product(monkeypatch):
@@ -136,3 +135,34 @@ def test_elements_on_several_widths_share_one_product(monkeypatch):
     assert len(taken) == 1 and taken[0] is not None and len(taken[0]) > 1
     for i in range(6):
         assert np.array_equal(y[i], rt.dgemm(a[i], b))
+
+
+@pytest.mark.parametrize("mix", ["complex x complex", "real x complex", "complex x real"])
+def test_complex_elements_are_zgemm_alone_within_the_classical_bound(mix):
+    # complex operands (a real one with a complex one: its imaginary part 0): each element on the moduli zgemm gives
+    # it alone, zgemm's bits; the default's promise sqrt(2) (1 + 2**-5) u |A||B| (moduli), and error_bound bounding
+    # |Re err| + |Im err|, against Fractions
+    import math
+
+    rng = np.random.default_rng(len(mix))
+    a, b = _phi4(rng, (4, 3, 20)), _phi4(rng, (20, 5))
+    if mix.startswith("complex"):
+        a = a + 1j * _phi4(rng, a.shape)
+    if mix.endswith("complex"):
+        b = b - 1j * _phi4(rng, b.shape)
+    expr = rt.contract_expression("ijk,kl->ijl", a.shape, b.shape)
+    y, bound = expr(a, b), expr.error_bound(a, b)
+    assert "moduli" in expr.last_evaluation and "classical" not in expr.last_evaluation
+    for i in range(4):
+        assert np.array_equal(y[i], rt.zgemm(a[i].astype(complex), b.astype(complex)))
+    F = lambda v: (Fraction(complex(v).real), Fraction(complex(v).imag))  # noqa: E731
+    below = Fraction(1) - Fraction(1, 2**51)  # (math.hypot within an ulp: a lower bound of |z|)
+    for i, j, l in np.ndindex(4, 3, 5):
+        terms = [(F(a[i, j, q]), F(b[q, l])) for q in range(20)]
+        re = sum(ar * br - ai * bi for (ar, ai), (br, bi) in terms)
+        im = sum(ar * bi + ai * br for (ar, ai), (br, bi) in terms)
+        er, ei = Fraction(y[i, j, l].real) - re, Fraction(y[i, j, l].imag) - im
+        assert abs(er) + abs(ei) <= Fraction(float(bound[i, j, l]))
+        mag = sum(Fraction(math.hypot(*map(float, x))) * Fraction(math.hypot(*map(float, z))) * below**2
+                  for x, z in terms)
+        assert er**2 + ei**2 <= 2 * ((1 + Fraction(1, 32)) * U * mag) ** 2

@@ -1,5 +1,6 @@
-"""A GEMM-shaped expression's default (``moduli=None``): each element on the moduli :func:`rnstensor.dgemm` chooses for
-it alone, the elements on equal moduli one product of dgemm's engine (the one engine choice of a GEMM-shaped step)."""
+"""A GEMM-shaped expression's default (``moduli=None``): each element on the moduli :func:`rnstensor.dgemm` (complex:
+:func:`rnstensor.zgemm`) chooses for it alone, the elements on equal moduli one product of its engine (the one engine
+choice of a GEMM-shaped step)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def gemm_labels(expr) -> Optional[tuple]:
 
 def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[str], bound: bool) -> Optional[tuple]:
     """``(parts, said, left, xp)`` of a default call of a GEMM-shaped ``expr`` (its :func:`gemm_labels`: ``labels``)
-    on real finite operands, else None (the call takes the residue certificate).
+    on finite operands, else None (the call takes the residue certificate). Complex operands (or a real one with a
+    complex one) take :func:`~rnstensor.gemm.api.zgemm`'s choice and program, as dgemm's below.
 
     Its elements along ``batch`` (None: the call is one) are the GEMMs ``A[e] @ B`` of the first operand's slices
     by the second operand; each takes the moduli ``s`` dgemm takes for it alone (the classical bound
@@ -49,8 +51,7 @@ def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[s
     split (rows wider than 49 moduli hold), for the certificate's path, or None.
     """
     ops, kinds, cplx, tensors, nonfinite = parsed
-    if tensors or nonfinite or any(cplx) or expr.rtol is not None \
-            or any(k != "input" for k in kinds):
+    if tensors or nonfinite or expr.rtol is not None or any(k != "input" for k in kinds):
         return None
     rows, contracted, cols = labels
     x, y = expr.terms
@@ -62,16 +63,18 @@ def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[s
     k = math.prod(sizes[c] for c in contracted)
     n = math.prod(sizes[c] for c in cols)
     m = math.prod(sizes[c] for c in rows) // nb
-    A3 = xp.ascontiguousarray(xp.transpose(ops[0], [x.index(c) for c in rows + contracted]), dtype=np.float64)
+    work = np.complex128 if any(cplx) else np.float64  # (a real operand with a complex one: zgemm's, imaginary 0)
+    A3 = xp.ascontiguousarray(xp.transpose(ops[0], [x.index(c) for c in rows + contracted]), dtype=work)
     A3 = A3.reshape(nb, m, k)
-    Bm = xp.ascontiguousarray(xp.transpose(ops[1], [y.index(c) for c in contracted + cols]), dtype=np.float64)
+    Bm = xp.ascontiguousarray(xp.transpose(ops[1], [y.index(c) for c in contracted + cols]), dtype=work)
     Bm = Bm.reshape(k, n)
-    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, False, A3, Bm, xp)
+    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, bool(any(cplx)), A3, Bm, xp)
     products = shared_products(A3, Bm, counts, Ea, Eb, _check_workspace(None, "einsum", xp), be, xp, backend_name)
     # the result's labels as the product leaves them (the elements first), and their order in the output
     made = rows + cols
     order = [made.index(c) for c in expr.output]
-    cb = inflate(xp.abs(Bm).sum(axis=0), k) if bound else None  # (the bound's column sums, every width's)
+    # (the bound's column sums, every width's; a complex entry's two parts are two terms)
+    cb = inflate(_parts_abs(Bm, xp).sum(axis=0), 2 * k if any(cplx) else k) if bound else None
     parts, said = [], {}
     for s, t, members, sel, rows_a, term in products:
         if bound:
@@ -86,15 +89,25 @@ def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[s
     return parts, said, (xp.asarray(np.asarray(left, np.int64)) if left else None), xp
 
 
+def _parts_abs(x, xp):
+    """``|x|`` of a real array, ``|Re x| + |Im x|`` of a complex one (what each part of a complex product sums)."""
+    return xp.abs(x.real) + xp.abs(x.imag) if x.dtype.kind == "c" else xp.abs(x)
+
+
 def _encoding_bound(y, A, cb, Ea, Eb, t: int, k: int, xp):
     """A bound of ``|y - A @ Bm|`` for ``y`` the exact decode of the product of ``A`` and ``Bm`` encoded at width ``t``
-    (row ``i`` moved by at most ``2**(Ea_i - t - 1)`` per entry, column ``j`` by ``2**(Eb_j - t - 1)``; ``cb`` the
-    column sums of ``|Bm|``, rounded up): ``du_i cb_j + dv_j sum|a_i.| + k du_i dv_j`` inflated, plus half an ulp
-    of ``y``."""
+    (row ``i`` moved by at most ``2**(Ea_i - t - 1)`` per entry (part), column ``j`` by ``2**(Eb_j - t - 1)``;
+    ``cb`` the column sums of ``|Bm|`` (``|Re| + |Im|``), rounded up): ``du_i cb_j + dv_j sum|a_i.| + k du_i dv_j``
+    inflated, plus half an ulp of ``y``. Complex: each part's products are two real ones per term (``2k`` error
+    products), each part rounded once; the bound is of ``|Re err| + |Im err|``, as ``error_bound``'s."""
+    cplx = y.dtype.kind == "c"
     with np.errstate(over="ignore", under="ignore"):
         du = xp.where(Ea != _NONE, xp.ldexp(1.0, (xp.maximum(Ea, -1100) - t - 1).astype(np.int32)), 0.0)
         dv = xp.where(Eb != _NONE, xp.ldexp(1.0, (xp.maximum(Eb, -1100) - t - 1).astype(np.int32)), 0.0)
-        ra = inflate(xp.abs(A).sum(axis=1), k)
-        enc = du[:, None] * cb[None, :] + ra[:, None] * dv[None, :] + k * (du[:, None] * dv[None, :])
+        kk = 2 * k if cplx else k
+        ra = inflate(_parts_abs(A, xp).sum(axis=1), kk)
+        enc = du[:, None] * cb[None, :] + ra[:, None] * dv[None, :] + kk * (du[:, None] * dv[None, :])
+        if cplx:  # (both parts: twice one part's encoding error, each part's own rounding)
+            return inflate(2 * enc + half_spacing(y.real) + half_spacing(y.imag), 6) + 2.0**-1069 * (2 * kk + 1)
         # (the terms' roundings, and underflows below the least subnormal: an absolute slack)
         return inflate(enc + half_spacing(y), 5) + 2.0**-1070 * (2 * k + 1)

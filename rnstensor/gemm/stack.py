@@ -55,24 +55,26 @@ def shared_moduli(k: int, cplx: bool, A3, Bm, xp) -> tuple:
 def shared_products(A3, Bm, counts: list, Ea, Eb, workspace: int, be, xp, backend_name) -> list:
     """``[(s, t, members, index, rows, product)]``: the products ``A3[i] @ Bm`` of a stack sharing ``Bm`` (its
     matrices' moduli ``counts`` and row / column statistics from :func:`shared_moduli`; ``None``: left out),
-    each as :func:`~.api.dgemm` gives it alone, the matrices on equal moduli ``s`` (width ``t``) one product of
-    dgemm's program and engine: ``rows`` their rows ``(len(members) * m, k)``, ``index`` theirs in the stack
-    (:func:`_index`). Where the backend can, ``Bm`` is encoded once for every width (``exact_gemm_shared``: the
-    same integers, so the same bits)."""
+    each as :func:`~.api.dgemm` (complex operands: :func:`~.api.zgemm`) gives it alone, the matrices on equal
+    moduli ``s`` (width ``t``) one product of its program and engine: ``rows`` their rows ``(len(members) * m,
+    k)``, ``index`` theirs in the stack (:func:`_index`). Where the backend can, a real ``Bm`` is encoded once for
+    every width (``exact_gemm_shared``: the same integers, so the same bits)."""
     k, n = Bm.shape
+    cplx = A3.dtype.kind == "c"
+    kind = "complex" if cplx else "real"
     transposed = getattr(be, "gemm_layout", "NN") == "TN"
     eb_of = lambda t: xp.where(Eb != _NONE, t - Eb, 0).astype(np.int64)  # noqa: E731
     groups = []
-    for s in sorted({c for c in counts if c is not None}, key=lambda s: (gemm_width(s, k, "real"), s)):
+    for s in sorted({c for c in counts if c is not None}, key=lambda s: (gemm_width(s, k, kind), s)):
         members = [i for i, c in enumerate(counts) if c == s]
-        t = gemm_width(s, k, "real")
+        t = gemm_width(s, k, kind)
         sel = _index(members, xp)  # (consecutive matrices: a view)
         Ea_g = Ea[sel].reshape(-1)
         groups.append((s, t, members, sel, A3[sel].reshape(-1, k), xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64),
-                       gemm_program(Basis.int8(s), t, k, False, 1.0, transposed)))
+                       gemm_program(Basis.int8(s), t, k, cplx, 1.0, transposed)))
     shared = getattr(be, "exact_gemm_shared", None)
     terms = None
-    if shared is not None and len(groups) > 1 and not transposed:
+    if shared is not None and len(groups) > 1 and not transposed and not cplx:
         t0 = groups[0][1]
         with _phase("products"):
             terms = shared([g[6] for g in groups], [g[4] for g in groups], [g[5] for g in groups], Bm,
@@ -80,8 +82,8 @@ def shared_products(A3, Bm, counts: list, Ea, Eb, workspace: int, be, xp, backen
     if terms is None:
         terms = []
         for s, t, _, _, rows, ea, prog in groups:
-            term = xp.zeros((rows.shape[0], n), np.float64)
-            _run_product(term, prog, rows, Bm, ea, eb_of(t), term.shape[0], n, k, s, False, workspace, be, xp,
+            term = xp.zeros((rows.shape[0], n), A3.dtype)
+            _run_product(term, prog, rows, Bm, ea, eb_of(t), term.shape[0], n, k, s, cplx, workspace, be, xp,
                          backend_name, transposed)
             terms.append(term)
     every_col = xp.ones(n, bool)

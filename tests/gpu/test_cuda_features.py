@@ -85,6 +85,10 @@ def test_gemm_shaped_einsum():
     same(rt.einsum("ijk,kl->ijl", a, b, backend="cuda"), want)
     same(rt.einsum("ijk,kl->ijl", cp.asarray(a), cp.asarray(b)).get(), want)
     same(want[3], rt.dgemm(a[3], b))
+    c = a + 1j * rng.standard_normal(a.shape)  # complex: zgemm's moduli and bits per element
+    want = rt.einsum("ijk,kl->ijl", c, b)
+    same(rt.einsum("ijk,kl->ijl", cp.asarray(c), cp.asarray(b)).get(), want)
+    same(want[5], rt.zgemm(c[5], b.astype(complex)))
 
 
 @pytest.mark.parametrize("moduli", [None, "fast", "auto"])
