@@ -103,20 +103,20 @@ def _index(which, xp):
 
 
 def gemm_shared(res, A3, Bm, backend, workspace_bytes) -> Optional[list]:
-    """``res[b] <- A3[b] @ Bm`` for a real finite stack sharing ``Bm`` (``matmul``'s default with a 2-D or 1-D
-    ``b``): each matrix on the moduli :func:`~.api.dgemm` gives it alone (:func:`shared_moduli`), the matrices
-    on every width one pass of the engine where it can (:func:`shared_products`), so dgemm's bits. Returns the
-    matrices left to dgemm (rows wider than 49 moduli hold), or None where the stack is not real and finite
-    (:func:`gemm_stack` then takes it)."""
+    """``res[b] <- A3[b] @ Bm`` for a finite stack sharing ``Bm`` (``matmul``'s default with one ``b`` for every
+    matrix): each matrix on the moduli :func:`~.api.dgemm` (:func:`~.api.zgemm`) gives it alone
+    (:func:`shared_moduli`), the matrices on every width one pass of the engine where it can
+    (:func:`shared_products`), so its bits. Returns the matrices left to dgemm (rows wider than 49 moduli
+    hold), or None where the stack holds an inf or NaN (:func:`gemm_stack` then takes it)."""
     fn = "matmul"
     be, xp = dispatch(A3, Bm, res, backend=backend, names=("a", "b", "out"), fn=fn)
-    if A3.dtype.kind == "c" or not (bool(xp.isfinite(A3).all()) and bool(xp.isfinite(Bm).all())):
+    if not (bool(xp.isfinite(A3).all()) and bool(xp.isfinite(Bm).all())):
         return None
     workspace = _check_workspace(workspace_bytes, fn, xp)
     backend_name = be.name if xp is not np else backend
     nb, m, k = A3.shape
     A3, Bm = xp.ascontiguousarray(A3), xp.ascontiguousarray(Bm)
-    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, False, A3, Bm, xp)
+    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, A3.dtype.kind == "c", A3, Bm, xp)
     for _, _, members, sel, _, term in shared_products(A3, Bm, counts, Ea, Eb, workspace, be, xp, backend_name):
         res[sel] = term.reshape(len(members), m, -1)
     return [i for i, c in enumerate(counts) if c is None]
