@@ -466,10 +466,13 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
         s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),
                                   f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of, rtol)
     except SplitNeeded as exc:
+        if moduli == "auto":
+            return _split_tiles(fn_name, opa, opb, c, alpha, beta, backend, dtype)
         said = str(exc).removeprefix(f"rnstensor.dask.{fn_name}: ")
         raise RNSRangeError(
             f"rnstensor.dask.{fn_name}: {said}; the in-memory {fn_name} splits such rows and columns exactly, the "
-            f"Dask one does not yet: compute this product in memory (rnstensor.{fn_name} on the arrays), or pass "
+            f"Dask default does not: pass moduli='auto' (correctly rounded, each output tile split exactly as in "
+            f"memory), or compute this product in memory (rnstensor.{fn_name} on the arrays), or pass "
             f"moduli='fast' (float64-level accuracy on well-scaled data) or an explicit moduli, without rtol"
         ) from None
     prog = gemm_program(Basis.int8(s), t, max(k, 1), cplx, alpha)
@@ -494,6 +497,24 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     if beta != 0:
         args += [c.rechunk((opa.chunks[0], opb.chunks[1])), "ij"]
     return da.blockwise(fn, "ij", *args, dtype=dtype, concatenate=False, meta=_meta(opa, 2, dtype))
+
+
+def _split_tiles(fn_name: str, opa, opb, c, alpha, beta, backend, dtype):
+    """``moduli='auto'`` where some row or column needs more than 49 moduli: each output tile by the in-memory
+    :func:`rnstensor.dgemm` / :func:`rnstensor.zgemm` on its rows of ``op(a)`` and columns of ``op(b)``, whole
+    along ``k`` (it splits them into exact slices). The result is correctly rounded, so unique: the bits of one
+    in-memory call, for any chunking."""
+    from .gemm import dgemm as _dgemm, zgemm as _zgemm  # noqa: PLC0415 - (the module's names are the Dask ones)
+
+    gemm = _zgemm if fn_name == "zgemm" or dtype.kind == "c" else _dgemm
+
+    def tile(pa, pb, *rest):
+        return gemm(pa, pb, rest[0] if rest else None, alpha=alpha, beta=beta, moduli="auto", backend=backend)
+
+    args = [opa, "ik", opb, "kj"]
+    if beta != 0:
+        args += [c.rechunk((opa.chunks[0], opb.chunks[1])), "ij"]
+    return _dask_array().blockwise(tile, "ij", *args, dtype=dtype, concatenate=True, meta=_meta(opa, 2, dtype))
 
 
 def dgemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: str = "N", trans_b: str = "N",

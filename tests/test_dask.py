@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -150,10 +152,36 @@ def test_dgemm_default_widens_like_in_memory_and_refuses_splits():
     A[1, 20:] *= 2.0**900
     B[:20] *= 2.0**870
     B[20:] *= 2.0**-1000
-    with pytest.raises(rt.RNSRangeError, match="in-memory dgemm splits"):
+    with pytest.raises(rt.RNSRangeError, match="in-memory dgemm splits") as info:
         rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)))
+    assert "moduli='auto'" in str(info.value)
     fast = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)), moduli="fast").compute()
     assert np.array_equal(fast, rt.dgemm(A, B, moduli="fast"))
+    # the fix it names: 'auto' splits each output tile exactly, as in memory (correctly rounded: the same bits)
+    got = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)), moduli="auto").compute()
+    assert np.array_equal(got, rt.dgemm(A, B, moduli="auto"))
+    F = [[[Fraction(float(v)) for v in r] for r in M] for M in (A, B.T)]
+    for i, j in np.ndindex(9, 7):
+        assert got[i, j] == float(sum(x * y for x, y in zip(F[0][i], F[1][j])))
+
+
+def test_auto_splits_every_entry_point_beyond_49_moduli():
+    # rows and columns 49 moduli cannot hold exactly: zgemm with complex alpha, beta and c, and matmul, rounded once
+    rng = np.random.default_rng(8)
+    A = rng.standard_normal((6, 30)) * np.exp2(rng.integers(-480, 480, (6, 30)))
+    B = rng.standard_normal((30, 5)) * np.exp2(rng.integers(-480, 480, (30, 5)))
+    with pytest.raises(rt.RNSRangeError, match="splits such rows"):  # (the default's width cannot: a split)
+        rd.dgemm(da.from_array(A, chunks=3), da.from_array(B, chunks=3))
+    Z, W = A + 1j * A[::-1], B - 2j * B[::-1]
+    C = rng.standard_normal((6, 5)) + 1j
+    kw = dict(alpha=0.5 - 1.5j, beta=2 + 1j, moduli="auto")
+    got = rd.zgemm(da.from_array(Z, chunks=(4, 7)), da.from_array(W, chunks=(9, 2)), C, **kw).compute()
+    assert np.array_equal(got, rt.zgemm(Z, W, C, **kw))
+    got = rd.matmul(da.from_array(A, chunks=(3, 10)), da.from_array(B, chunks=(10, 3)), moduli="auto").compute()
+    assert np.array_equal(got, rt.matmul(A, B, moduli="auto"))
+    F = [[[Fraction(float(v)) for v in r] for r in M] for M in (A, B.T)]
+    for i, j in np.ndindex(6, 5):
+        assert got[i, j] == float(sum(x * y for x, y in zip(F[0][i], F[1][j])))
 
 
 def test_dgemm_blas_parameters_and_non_finite_rows():
