@@ -503,13 +503,17 @@ def _split_tiles(fn_name: str, opa, opb, c, alpha, beta, backend, dtype):
     """``moduli='auto'`` where some row or column needs more than 49 moduli: each output tile by the in-memory
     :func:`rnstensor.dgemm` / :func:`rnstensor.zgemm` on its rows of ``op(a)`` and columns of ``op(b)``, whole
     along ``k`` (it splits them into exact slices). The result is correctly rounded, so unique: the bits of one
-    in-memory call, for any chunking."""
+    in-memory call, for any chunking. CuPy chunks: the tile comes to the host and goes back (the exact slice
+    products are summed in Python integers, as the in-memory call does on the host)."""
     from .gemm import dgemm as _dgemm, zgemm as _zgemm  # noqa: PLC0415 - (the module's names are the Dask ones)
 
     gemm = _zgemm if fn_name == "zgemm" or dtype.kind == "c" else _dgemm
 
     def tile(pa, pb, *rest):
-        return gemm(pa, pb, rest[0] if rest else None, alpha=alpha, beta=beta, moduli="auto", backend=backend)
+        xp = _namespace(pa)
+        y = gemm(_host(pa), _host(pb), _host(rest[0]) if rest else None, alpha=alpha, beta=beta, moduli="auto",
+                 backend=backend if xp is np else None)
+        return y if xp is np else xp.asarray(y)
 
     args = [opa, "ik", opb, "kj"]
     if beta != 0:

@@ -61,6 +61,15 @@ def test_gemm(device):
     assert np.array_equal(out.get(), rt.zgemm(An, W, C, beta=0.25 - 1.5j), equal_nan=True)
 
 
+def test_auto_split_tiles(device):
+    # moduli='auto' on rows 49 moduli cannot hold: each tile by the in-memory dgemm on the device, the host's bits
+    r = np.random.default_rng(8)
+    A = r.standard_normal((6, 30)) * np.exp2(r.integers(-400, 400, (6, 30)))
+    B = r.standard_normal((30, 5)) * np.exp2(r.integers(-400, 400, (30, 5)))
+    D = rd.dgemm(_persisted(device, A, (3, 10)), _persisted(device, B, (10, 2)), moduli="auto")
+    _computed(device, D, rt.dgemm(A, B, moduli="auto"), resident=False)
+
+
 def test_apply(device):
     r = np.random.default_rng(0)
     X = r.uniform(-1, 1, (23, 4, 4, 4))
