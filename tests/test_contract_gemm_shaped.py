@@ -166,3 +166,33 @@ def test_complex_elements_are_zgemm_alone_within_the_classical_bound(mix):
         mag = sum(Fraction(math.hypot(*map(float, x))) * Fraction(math.hypot(*map(float, z))) * below**2
                   for x, z in terms)
         assert er**2 + ei**2 <= 2 * ((1 + Fraction(1, 32)) * U * mag) ** 2
+
+
+@pytest.mark.parametrize("subscripts, sa, sb", [
+    ("ij,jk->ik", (6, 7), (7, 5)), ("ji,jk->ik", (7, 6), (7, 5)), ("iab,bac->ic", (4, 3, 5), (5, 3, 6)),
+    ("i,i->", (9,), (9,)), ("bij,jk->bik", (3, 4, 5), (5, 6)),
+])
+@pytest.mark.parametrize("kind", ["real", "complex", "signed zeros"])
+def test_auto_takes_dgemms_auto_with_the_same_bits(monkeypatch, subscripts, sa, sb, kind):
+    # moduli='auto' of one GEMM: dgemm's (zgemm's) 'auto' on it, correctly rounded as einsum's own exact plan is, so
+    # the same bits (signed zeros too), and correctly rounded against Fractions
+    import rnstensor.contract.auto as auto
+
+    rng = np.random.default_rng(len(subscripts) + len(kind))
+    a, b = _phi4(rng, sa), _phi4(rng, sb)
+    if kind == "complex":
+        a = a + 1j * _phi4(rng, sa)
+    if kind == "signed zeros":
+        a.flat[:2], b.flat[:2] = (-0.0, 0.0), (-0.0, -0.0)
+    y = rt.einsum(subscripts, a, b, moduli="auto")
+    expr = rt.contract_expression(subscripts, sa, sb, moduli="auto")
+    expr(a, b)
+    assert expr.last_evaluation == "one GEMM, correctly rounded (dgemm's 'auto')"
+    monkeypatch.setattr(auto, "gemm_labels", lambda e: None)  # einsum's own exact plan
+    own = rt.einsum(subscripts, a, b, moduli="auto")
+    assert np.array_equal(y, own) and np.array_equal(np.signbit(np.real(y)), np.signbit(np.real(own)))
+    assert np.array_equal(np.signbit(np.imag(y)), np.signbit(np.imag(own)))
+    if kind == "real":
+        exact, _ = _exact(subscripts, a, b)
+        for key in np.ndindex(exact.shape):
+            assert float(np.asarray(y)[key]) == float(exact[key])

@@ -12,6 +12,7 @@ from ..encode import as_basis, exact_bits_needed
 from ..errors import PlanError, RNSRangeError
 from ..run.exact import exact_value, least_moduli, round_exact_sum, split_exact
 from .parse import _C, _unique
+from .gemm_shaped import gemm_auto, gemm_labels
 from .planner import _shared_axes
 
 __all__ = ["_CorrectlyRounded"]
@@ -35,6 +36,13 @@ class _CorrectlyRounded:
         _, xp, _ = self._backend(ops, kinds, backend)
         if any(n == 0 for n in self.sizes.values()):
             return self._run(arrays, backend, track=False, parsed=parsed)
+        # one GEMM: dgemm's 'auto', the same correctly rounded value (not for the certificate's fallback, whose
+        # split is bounded: past it, it takes the classical GEMMs)
+        labels = gemm_labels(self) if max_products is None else None
+        y = gemm_auto(self, labels, parsed, backend) if labels else None
+        if y is not None:
+            self.last_evaluation = "one GEMM, correctly rounded (dgemm's 'auto')"
+            return y
         leaf = self._leaves(ops, kinds, cplx, xp)
         widths = tuple(max(1, exact_bits_needed(leaf(i), _shared_axes((_C if cplx[i] else "") + _unique(t),
                                                                           self.output)))

@@ -15,7 +15,7 @@ from ..gemm.stack import shared_moduli, shared_products
 from ..program.errors import inflate
 from ..run.exact import half_spacing
 
-__all__ = ["gemm_labels", "gemm_elements"]
+__all__ = ["gemm_labels", "gemm_elements", "gemm_auto"]
 
 
 def gemm_labels(expr) -> Optional[tuple]:
@@ -50,31 +50,22 @@ def gemm_elements(expr, labels: tuple, parsed: tuple, backend, batch: Optional[s
     half an ulp for the exact decode); ``said``: evaluation -> elements; ``left``: the elements dgemm would
     split (rows wider than 49 moduli hold), for the certificate's path, or None.
     """
-    ops, kinds, cplx, tensors, nonfinite = parsed
-    if tensors or nonfinite or expr.rtol is not None or any(k != "input" for k in kinds):
+    got = None if expr.rtol is not None else _gemm_operands(expr, labels, parsed, backend)
+    if got is None:
         return None
+    A, Bm, be, xp, backend_name = got
     rows, contracted, cols = labels
-    x, y = expr.terms
     sizes = expr.sizes
-    if any(tuple(np.shape(op)) != tuple(sizes[c] for c in t) for op, t in zip(ops, expr.terms)):
-        return None  # (an operand broadcast along a label)
-    be, xp, backend_name = expr._backend(ops, kinds, backend)
     nb = sizes[batch] if batch is not None else 1
-    k = math.prod(sizes[c] for c in contracted)
-    n = math.prod(sizes[c] for c in cols)
-    m = math.prod(sizes[c] for c in rows) // nb
-    work = np.complex128 if any(cplx) else np.float64  # (a real operand with a complex one: zgemm's, imaginary 0)
-    A3 = xp.ascontiguousarray(xp.transpose(ops[0], [x.index(c) for c in rows + contracted]), dtype=work)
-    A3 = A3.reshape(nb, m, k)
-    Bm = xp.ascontiguousarray(xp.transpose(ops[1], [y.index(c) for c in contracted + cols]), dtype=work)
-    Bm = Bm.reshape(k, n)
-    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, bool(any(cplx)), A3, Bm, xp)
+    k, n = Bm.shape
+    A3 = A.reshape(nb, -1, k)
+    counts, (_, Ea, _, _), (_, Eb, _, _) = shared_moduli(k, A.dtype.kind == "c", A3, Bm, xp)
     products = shared_products(A3, Bm, counts, Ea, Eb, _check_workspace(None, "einsum", xp), be, xp, backend_name)
     # the result's labels as the product leaves them (the elements first), and their order in the output
     made = rows + cols
     order = [made.index(c) for c in expr.output]
     # (the bound's column sums, every width's; a complex entry's two parts are two terms)
-    cb = inflate(_parts_abs(Bm, xp).sum(axis=0), 2 * k if any(cplx) else k) if bound else None
+    cb = inflate(_parts_abs(Bm, xp).sum(axis=0), 2 * k if A.dtype.kind == "c" else k) if bound else None
     parts, said = [], {}
     for s, t, members, sel, rows_a, term in products:
         if bound:
@@ -111,3 +102,42 @@ def _encoding_bound(y, A, cb, Ea, Eb, t: int, k: int, xp):
             return inflate(2 * enc + half_spacing(y.real) + half_spacing(y.imag), 6) + 2.0**-1069 * (2 * kk + 1)
         # (the terms' roundings, and underflows below the least subnormal: an absolute slack)
         return inflate(enc + half_spacing(y), 5) + 2.0**-1070 * (2 * k + 1)
+
+
+def _gemm_operands(expr, labels: tuple, parsed: tuple, backend) -> Optional[tuple]:
+    """``(A, Bm, be, xp, backend_name)``: the one GEMM of ``expr`` on finite non-constant operands, ``A`` its rows
+    ``(M, k)`` (the first operand's, in its label order) and ``Bm`` ``(k, n)``, both float64, or complex128 where
+    either operand is complex (a real one's imaginary part 0); None for other operands (an RNSTensor, a constant,
+    an inf or NaN, an operand broadcast along a label)."""
+    ops, kinds, cplx, tensors, nonfinite = parsed
+    if tensors or nonfinite or any(k != "input" for k in kinds):
+        return None
+    rows, contracted, cols = labels
+    x, y = expr.terms
+    sizes = expr.sizes
+    if any(tuple(np.shape(op)) != tuple(sizes[c] for c in t) for op, t in zip(ops, expr.terms)):
+        return None
+    be, xp, backend_name = expr._backend(ops, kinds, backend)
+    work = np.complex128 if any(cplx) else np.float64
+    k = math.prod(sizes[c] for c in contracted)
+    A = xp.ascontiguousarray(xp.transpose(ops[0], [x.index(c) for c in rows + contracted]), dtype=work)
+    Bm = xp.ascontiguousarray(xp.transpose(ops[1], [y.index(c) for c in contracted + cols]), dtype=work)
+    return A.reshape(-1, k), Bm.reshape(k, -1), be, xp, backend_name
+
+
+def gemm_auto(expr, labels: tuple, parsed: tuple, backend):
+    """``moduli='auto'`` of a GEMM-shaped ``expr`` on finite host operands: :func:`~rnstensor.gemm.api.dgemm`'s
+    (complex: :func:`~rnstensor.gemm.api.zgemm`'s) ``'auto'`` on its one GEMM, else None. Both are correctly
+    rounded (each part), so the value is unique: the bits of einsum's own exact plan, from one exponent per row
+    and column (einsum's exact plan encodes with one per slice along the output indices, often wider)."""
+    from ..gemm.api import dgemm, zgemm  # noqa: PLC0415 - (gemm.api is a front end beside this one)
+
+    got = _gemm_operands(expr, labels, parsed, backend)
+    if got is None or got[3] is not np:  # (a device's 'auto' beyond 49 moduli is einsum's own split, on the host)
+        return None
+    A, Bm, _, _, backend_name = got
+    rows, _, cols = labels
+    z = (zgemm if A.dtype.kind == "c" else dgemm)(A, Bm, moduli="auto", backend=backend_name)
+    z = z.reshape(tuple(expr.sizes[c] for c in rows + cols))
+    z = z.transpose([(rows + cols).index(c) for c in expr.output])
+    return np.ascontiguousarray(z) if z.ndim else z[()]
