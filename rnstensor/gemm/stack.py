@@ -79,13 +79,12 @@ def shared_products(A3, Bm, counts: list, Ea, Eb, workspace: int, be, xp, backen
         with _phase("products"):
             terms = shared([g[6] for g in groups], [g[4] for g in groups], [g[5] for g in groups], Bm,
                            [eb_of(g[1]) for g in groups], [g[1] - t0 for g in groups], workspace)
-    if terms is None:
-        terms = []
-        for s, t, _, _, rows, ea, prog in groups:
-            term = xp.zeros((rows.shape[0], n), A3.dtype)
-            _run_product(term, prog, rows, Bm, ea, eb_of(t), term.shape[0], n, k, s, cplx, workspace, be, xp,
+    terms = [None] * len(groups) if terms is None else terms
+    for g, (s, t, _, _, rows, ea, prog) in enumerate(groups):
+        if terms[g] is None:  # (a product the shared engine left alone)
+            terms[g] = xp.zeros((rows.shape[0], n), A3.dtype)
+            _run_product(terms[g], prog, rows, Bm, ea, eb_of(t), rows.shape[0], n, k, s, cplx, workspace, be, xp,
                          backend_name, transposed)
-            terms.append(term)
     every_col = xp.ones(n, bool)
     return [(s, t, members, sel, rows,
              gemm_epilogue(term, 1.0, 0.0, None, xp.ones(term.shape[0], bool), every_col, xp, opa=rows, opb=Bm))

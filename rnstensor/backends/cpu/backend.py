@@ -243,8 +243,10 @@ class CpuBackend:
         """:meth:`exact_gemm` of each real ``programs[g]`` (``gemm_program``, alpha 1, the narrowest width first)
         on ``As[g]`` and one shared ``Bm`` whose exponents ``ebs[g]`` are ``ebs[0] + shifts[g]``, ``Bm``'s residues
         made once (:func:`rnstensor.backends.cpu.gemm.exact_gemm_shared`), on the wide moduli of the widest; the
-        same integers and decode, so each product's bits. ``None`` where the engine would not take the widest
-        product (then each product alone)."""
+        same integers and decode, so each product's bits. A wider product is lifted from the narrowest where it
+        has at most ``k`` rows (the lift touches each of its results, a fresh encode each entry of ``Bm``: each
+        costs a few operations per residue); ``None`` for a product left alone, or for all where the engine
+        would not take the widest product."""
         from . import gemm  # noqa: PLC0415
 
         if gemm.ENGINE == "int8" or not warm(wide_engine._lift_into, Bm.size * len(programs)):
@@ -255,12 +257,20 @@ class CpuBackend:
                     or steps[3].mode != "exact" or complex(steps[3].alpha) != 1:
                 return None
         k, n = Bm.shape
-        bounds = [prog.steps[2].bound for prog in programs]
-        wide = self._wide(sum(a.shape[0] for a in As), n, k, max(len(prog.basis) for prog in programs),
+        take = [g for g, (a, d) in enumerate(zip(As, shifts)) if d == 0 or a.shape[0] <= k]
+        if len(take) < 2:
+            return None
+        bounds = [programs[g].steps[2].bound for g in take]
+        wide = self._wide(sum(As[g].shape[0] for g in take), n, k, max(len(programs[g].basis) for g in take),
                           max(bounds), False, workspace_bytes)
         if wide is None:
             return None
-        return gemm.exact_gemm_shared(As, Bm, eas, ebs, shifts, bounds, *wide)
+        got = gemm.exact_gemm_shared([As[g] for g in take], Bm, [eas[g] for g in take], [ebs[g] for g in take],
+                                     [shifts[g] for g in take], bounds, *wide)
+        out = [None] * len(programs)
+        for g, y in zip(take, got):
+            out[g] = y
+        return out
 
     def exact_product(self, a: np.ndarray, b: np.ndarray, ea: np.ndarray, eb: np.ndarray, bound: int,
                       moduli: Sequence[int], workspace_bytes: Optional[int] = None) -> Optional["ExactProduct"]:

@@ -184,31 +184,42 @@ def _lift_deltas(vals, e, d, p, ip, h, c24, pw, out, task0, task1):
 def _lift_into(acc, A, colptr, rows, D, m2d, p, ip, h, task0, task1):
     # acc[l, i, j] <- [[2^d]_p acc[l, i, j] + sum_s A[l, i, rows_s] D[l, s]]_p over the entries s of column j
     # (colptr), one modulus l a task: the product of A with the operand at e0 + d from its product with the operand
-    # at e0. A column's terms run over all rows at once (A's plane transposed: a row of it per entry s); terms below
-    # 2**46, at most 63 summed before a reduction: below 2**52, exact, and reduced as _reduce_into does
+    # at e0. A block of _LIFT_COLS columns at a time, held transposed (a column's terms then run over all rows at
+    # once, A's plane transposed: a row of it per entry s); terms below 2**46, at most 63 summed before a
+    # reduction: below 2**52, exact, and reduced as _reduce_into does
     m, n = A.shape[1], acc.shape[2]
-    t = np.empty(m, np.float64)
+    T = np.empty((_LIFT_COLS, m), np.float64)
     for l in range(task0, task1):
         pl, il, hl, ml = p[l], ip[l], h[l], m2d[l]
         At = np.ascontiguousarray(A[l].T)
         Dl = D[l]
         out = acc[l]
-        for j in range(n):
+        for j0 in range(0, n, _LIFT_COLS):
+            jb = min(_LIFT_COLS, n - j0)
             for i in range(m):
-                t[i] = np.float64(out[i, j]) * ml
-            c = 1
-            for s in range(colptr[j], colptr[j + 1]):
-                a = At[rows[s]]
-                dv = Dl[s]
-                for i in range(m):
-                    t[i] += a[i] * dv
-                c += 1
-                if c == 64:
+                for jj in range(jb):
+                    T[jj, i] = np.float64(out[i, j0 + jj]) * ml
+            for jj in range(jb):
+                t = T[jj]
+                c = 1
+                for s in range(colptr[j0 + jj], colptr[j0 + jj + 1]):
+                    a = At[rows[s]]
+                    dv = Dl[s]
                     for i in range(m):
-                        t[i] = _reduce53(t[i], pl, il, hl)
-                    c = 1
+                        t[i] += a[i] * dv
+                    c += 1
+                    if c == 64:
+                        for i in range(m):
+                            t[i] = _reduce53(t[i], pl, il, hl)
+                        c = 1
+                for i in range(m):
+                    t[i] = _reduce53(t[i], pl, il, hl)
             for i in range(m):
-                out[i, j] = np.float32(_reduce53(t[i], pl, il, hl))
+                for jj in range(jb):
+                    out[i, j0 + jj] = np.float32(T[jj, i])
+
+
+_LIFT_COLS = 16
 
 
 @njit(inline="always", nogil=True)
