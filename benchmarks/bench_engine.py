@@ -11,6 +11,8 @@ parts U[-1, 1)):
 - a stack times one matrix: ``rt.matmul(A, W)`` with ``W`` (60, 40) shared by
   every matrix, against ``rt.einsum('bij,jk->bik', A, W)`` (by default the same bits:
   both give each matrix dgemm's result alone);
+- the same as a GEMM-shaped einsum: ``rt.einsum('bij,jk->bik', A, W)`` against
+  ``rt.dgemm`` of its (batch * 50 x 60) @ (60 x 40) GEMM (many rows, a short k);
 - a GEMM-shaped einsum: ``rt.einsum('ijab,abcd->ijcd', a, b)`` with ``a`` (8, 8,
   n, n), ``b`` (n, n, n, n), against ``rt.dgemm`` of its (64 x n^2) @ (n^2 x n^2)
   GEMM (the reshapes counted on the dgemm side).
@@ -74,6 +76,12 @@ def cases(batch: int = 64, n: int = 30, kinds=("uniform", "phi=4", "complex")) -
                         "ours": lambda kw=kw, A=A, W=W: rt.matmul(A, W, **kw),
                         "against": lambda kw=kw, A=A, W=W: rt.einsum("bij,jk->bik", A, W, **kw),
                         "numpy": lambda A=A, W=W: np.matmul(A, W)})
+            out.append({"name": f"einsum bij,jk->bik ({batch}*50 x 60 x 40), {kind}, {policy}",
+                        "ratio": "einsum / dgemm",
+                        "ours": lambda kw=kw, A=A, W=W: rt.einsum("bij,jk->bik", A, W, **kw),
+                        "against": lambda kw=kw, A=A, W=W: rt.dgemm(A.reshape(-1, 60), W, **kw).reshape(
+                            A.shape[0], 50, 40),
+                        "numpy": lambda A=A, W=W: np.einsum("bij,jk->bik", A, W, optimize=True)})
             out.append({"name": f"einsum ijab,abcd->ijcd (64 x {n * n} x {n * n}), {kind}, {policy}",
                         "ratio": "einsum / dgemm",
                         "ours": lambda kw=kw, a=a, b=b: rt.einsum("ijab,abcd->ijcd", a, b, **kw),

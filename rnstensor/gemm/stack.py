@@ -70,7 +70,8 @@ def shared_products(A3, Bm, counts: list, Ea, Eb, workspace: int, be, xp, backen
         t = gemm_width(s, k, kind)
         sel = _index(members, xp)  # (consecutive matrices: a view)
         Ea_g = Ea[sel].reshape(-1)
-        groups.append((s, t, members, sel, A3[sel].reshape(-1, k), xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64),
+        ea = xp.where(Ea_g != _NONE, t - Ea_g, 0).astype(np.int64)
+        groups.append((s, t, members, sel, A3[sel].reshape(-1, k), ea,
                        gemm_program(Basis.int8(s), t, k, cplx, 1.0, transposed)))
     shared = getattr(be, "exact_gemm_shared", None)
     terms = None

@@ -31,7 +31,8 @@ from . import common
 from .wide import (_LIMB, _decode, _lift_deltas, _lift_into, _mod_sum, _reduce_into, _residues, _rounded_entries,
                    _wide_encode)
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes", "release_workspace",
+__all__ = ["group_stats", "wide_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes",
+           "release_workspace",
            "threaded_matmul", "ENGINE",
            "PHASES", "KEEP_BYTES"]
 
