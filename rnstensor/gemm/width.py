@@ -397,39 +397,6 @@ class _Spreads:
         return _rho_of(self.worst[i][self.column[s]], self.widths[s], self.cplx)
 
 
-def _verdict_table(spreads: tuple, widths: dict, cplx: bool, k: int, budget) -> Optional[list]:
-    """:func:`classical_fits` of every matrix at every count of ``widths`` (``(verdicts, first)`` per matrix: one
-    per count in order, and the index of the first fit where they only improve) from the host tables of a pair of
-    :class:`_Spreads`, each distinct ``(rho_a, rho_b)`` judged once (the verdicts :func:`classical_moduli_stack`'s
-    searches read one by one); None for device statistics (read a width at a time as a search asks)."""
-    sides = []
-    ts = np.asarray(list(widths.values()), np.int64)
-    for sp in spreads:
-        if not sp.group[1].size:
-            sides.append(None)
-        elif sp.worst is None:
-            return None
-        else:
-            worst = np.asarray(sp.worst, np.int64)
-            sides.append(np.where(worst == _NONE, _NONE, worst - ts + (1 if cplx else 0)))
-    nb = max(1 if s is None else s.shape[0] for s in sides)
-    ra, rb = (np.broadcast_to(np.full((1, ts.size), _NONE, np.int64) if s is None else s, (nb, ts.size))
-              for s in sides)
-    # each pair as one integer (0 for NONE, the others shifted above it), its distinct values judged once
-    both = np.concatenate([ra.ravel(), rb.ravel()])
-    lo = int(both[both != _NONE].min()) if (both != _NONE).any() else 0
-    ia, ib = (np.where(r == _NONE, 0, r - lo + 1).ravel() for r in (ra, rb))
-    span = int(max(ia.max(), ib.max())) + 1
-    keys, inverse = np.unique(ia * span + ib, return_inverse=True)
-    verdict = np.array([classical_fits(k, None if a == 0 else a + lo - 1, None if b == 0 else b + lo - 1, budget)
-                        for a, b in (divmod(int(key), span) for key in keys)], bool)
-    table = verdict[inverse.reshape(-1)].reshape(nb, ts.size)
-    # each row's first fit (None: none) where its verdicts only improve with the count, else -1 (searched)
-    monotone = (np.diff(table.astype(np.int8), axis=1) >= 0).all(axis=1)
-    first = [(int(np.argmax(r)) if r.any() else None) if mono else -1 for r, mono in zip(table, monotone)]
-    return list(zip(table.tolist(), first))
-
-
 def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optional[Callable] = None,
                            magnitudes_of: Optional[Callable] = None, rtol: Optional[float] = None, xp=None) -> list:
     """:func:`classical_moduli` of every matrix of a stack (``None`` where no ``s <= 49`` fits), each as alone.
@@ -459,20 +426,8 @@ def classical_moduli_stack(k: int, cplx: bool, a_stats, b_stats, lsb_of: Optiona
         key = (spreads[0].rho(i, s), spreads[1].rho(i, s))
         return known[key] if key in known else classical_fits(k, *key, budget)
 
-    tables: dict = {}  # (host statistics) each pair of spreads' verdicts, every matrix at every count
-
     def least(i, spreads, ratio):  # galloping from s0 (the usual answer is near it), then a bisection
-        if id(spreads) not in tables:
-            tables[id(spreads)] = (spreads, _verdict_table(spreads, widths, cplx, k, budget))
-        table = tables[id(spreads)][1]
-        if table is None:
-            return least_moduli(lambda s: fits(i, s, spreads, ratio), s0)
-        row, first = table[i if len(table) > 1 else 0]
-        if ratio is None and first != -1:  # (a row of verdicts that only improve: its first fit is the search's)
-            return None if first is None else s0 + first
-        if ratio is None:
-            return least_moduli(lambda s: row[s - s0], s0)
-        return least_moduli(lambda s: _above(ratio, limits[s]) or row[s - s0], s0)
+        return least_moduli(lambda s: fits(i, s, spreads, ratio), s0)
 
     xp = array_module(Ea, Eb) if xp is None else xp  # (the statistics' module, where the caller did not say)
     plain = (_Spreads(_groups(fa, Ea, Na, la, xp), widths, cplx, xp),
