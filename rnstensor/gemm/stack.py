@@ -12,9 +12,9 @@ from ..basis import Basis
 from ..encode import _NONE
 from ..magnitude import measure_ratios
 from ..program.execute import Value, execute
+from ..run.epilogue import gemm_epilogue
 from .checks import _check_moduli, _check_target, _check_workspace
 from .scan import group_lsb, group_stats, stack_moduli
-from ..run.epilogue import gemm_epilogue
 from .tiles import _phase, _run_product, _tile_bytes, gemm_program
 from .width import gemm_width, one_matrix
 
