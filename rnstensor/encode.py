@@ -112,7 +112,7 @@ def group_exponents(x, bits: int, shared: tuple[int, ...], xp=None):
     lead = x.ndim - len(shared)
     if xp is np and x.dtype == np.float64 and x.size and 0 < len(shared) and tuple(shared) == tuple(range(lead, x.ndim)):
         # one exponent per tensor (the trailing axes shared): one threaded pass over the IEEE bits on the CPU
-        from .backends.cpu_fused import tensor_exponents  # noqa: PLC0415 - numba, loaded on first use
+        from .backends.cpu.fused import tensor_exponents  # noqa: PLC0415 - numba, loaded on first use
 
         e = tensor_exponents(x.reshape((math.prod(x.shape[:lead]), -1)), bits)
         return e.reshape(tuple(x.shape[:lead]) + (1,) * len(shared))
@@ -322,7 +322,7 @@ def exact_bits_needed(x, shared_axes: tuple[int, ...]) -> int:
         return 1
     if xp is np and x.dtype == np.float64:
         # on the CPU: the groups as rows of a matrix, one threaded pass over the IEEE bits (the GEMM's scan)
-        from .backends.cpu_gemm import group_stats  # noqa: PLC0415 - numba, loaded on first use
+        from .backends.cpu.gemm import group_stats  # noqa: PLC0415 - numba, loaded on first use
 
         keep = [a for a in range(x.ndim) if a not in shared_axes]
         rows = np.ascontiguousarray(x.transpose(keep + list(shared_axes))).reshape(

@@ -126,7 +126,7 @@ def measure_ratios(A, Ea, Bm, Eb, xp=None) -> list:
     # underflowing lose at most 2**-126 each, 2k of them (on the CPU one single-threaded GEMM per thread, as the
     # product that follows runs them; a stack, numpy's batched GEMM; a shared Bm, one GEMM of every row)
     if xp is np and nb == 1:
-        from .backends.cpu_gemm import threaded_matmul  # noqa: PLC0415 - numba, loaded on first use
+        from .backends.cpu.gemm import threaded_matmul  # noqa: PLC0415 - numba, loaded on first use
 
         P = threaded_matmul(a32[0], b32[0])[None]
     elif nb == 1:

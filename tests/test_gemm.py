@@ -1048,3 +1048,24 @@ def test_a_stack_sharing_b_keeps_each_matrix_on_its_own_width():
     for y in (rt.matmul(a, b), rt.einsum("ijk,kl->ijl", a, b)):
         for i in range(4):
             assert np.array_equal(y[i], rt.dgemm(a[i], b))
+
+
+def test_first_calls_from_threads_find_the_kernels_module():
+    # a fresh process whose first dgemm calls come from 4 threads at once (a Dask tile's in-memory dgemm, a user's
+    # thread pool): the kernels' module, loaded on first use, is found whole by every thread (an ImportError when
+    # the threads went through a name that is rebound to the module once it is loaded)
+    import subprocess
+    import sys
+
+    script = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "import numpy as np, rnstensor as rt\n"
+        "rng = np.random.default_rng(0)\n"
+        "A, B = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))\n"
+        "with ThreadPoolExecutor(4) as pool:\n"
+        "    got = list(pool.map(lambda i: rt.dgemm(A, B), range(4)))\n"
+        "assert all(np.array_equal(g, got[0]) for g in got)\n"
+        "print('every thread', np.abs(got[0] - A @ B).max() <= 1e-13)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "every thread True" in done.stdout, done.stderr[-2000:]

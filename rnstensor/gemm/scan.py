@@ -44,7 +44,7 @@ def group_stats(x, axis: int, need_lsb: bool, xp=None):
     """
     xp = array_module(x) if xp is None else xp
     if _cpu_scannable(x, xp):
-        from ..backends.cpu_gemm import group_stats as scan  # noqa: PLC0415 - numba, loaded on first use
+        from ..backends.cpu.gemm import group_stats as scan  # noqa: PLC0415 - numba, loaded on first use
 
         return scan(x, axis, need_lsb)
     return _group_stats_array(x, axis, need_lsb, xp)
