@@ -1069,3 +1069,29 @@ def test_first_calls_from_threads_find_the_kernels_module():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "every thread True" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_auto_split_with_a_non_finite_c_follows_ieee(cplx):
+    # rows too wide for 49 moduli ('auto' splits them exactly) and c holding NaN and inf: IEEE's beta * c there (a
+    # NaN and an inf were dropped: the exact combination read their bits as integers), the rest rounded once
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((30, 6)) * np.exp2(rng.integers(-400, 400, (30, 6)))
+    b = rng.standard_normal((30, 5)) * np.exp2(rng.integers(-400, 400, (30, 5)))
+    c = rng.standard_normal((6, 5))
+    c[1, 2], c[3, 4] = np.nan, -np.inf
+    if cplx:
+        a, b, c = a + 0.5j * a[::-1], b - 1j * b[::-1], c + 1j
+    gemm = rt.zgemm if cplx else rt.dgemm
+    y = gemm(a, b, c, trans_a="T", beta=0.5, moduli="auto")
+    bad = ~np.isfinite(c)
+    with np.errstate(invalid="ignore"):
+        assert np.array_equal(y[bad], 0.5 * c[bad], equal_nan=True)
+    finite = gemm(a, b, np.where(bad, 0, c), trans_a="T", beta=0.5, moduli="auto")
+    assert np.array_equal(y[~bad], finite[~bad])
+    if not cplx:
+        F = [[Fraction(float(v)) for v in col] for col in a.T]
+        G = [[Fraction(float(v)) for v in col] for col in b.T]
+        for i, j in zip(*np.nonzero(~bad)):
+            exact = sum(x * z for x, z in zip(F[i], G[j])) + Fraction(1, 2) * Fraction(float(c[i, j]))
+            assert y[i, j] == float(exact)

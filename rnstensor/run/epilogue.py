@@ -150,6 +150,8 @@ def exact_combination(parts: Sequence[tuple[np.ndarray, np.ndarray]], alpha, bet
     """
     shape = parts[0][0].shape
     use_c = beta != 0 and c is not None
+    if use_c and not bool(np.isfinite(c).all()):  # (IEEE's beta * c where c is inf or NaN)
+        return _ieee_where_nonfinite(lambda finite_c: exact_combination(parts, alpha, beta, finite_c, cplx), beta, c)
     if not cplx:
         (S, e), = parts
         ma, ka = _scalar_parts(float(alpha))
