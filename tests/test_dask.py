@@ -140,6 +140,13 @@ def test_dgemm_bitwise_for_any_chunking(moduli, chunks):
     assert np.array_equal(D.compute(), ref)
 
 
+def _assert_correctly_rounded(got, A, B):
+    """Every entry of ``got`` is ``A @ B`` rounded once (Fractions)."""
+    rows, cols = [[Fraction(float(v)) for v in r] for r in A], [[Fraction(float(v)) for v in c] for c in B.T]
+    for i, j in np.ndindex(got.shape):
+        assert got[i, j] == float(sum(x * y for x, y in zip(rows[i], cols[j])))
+
+
 def test_dgemm_default_widens_like_in_memory_and_refuses_splits():
     rng = np.random.default_rng(6)
     A, B = rng.standard_normal((9, 40)), rng.standard_normal((40, 7))
@@ -160,9 +167,7 @@ def test_dgemm_default_widens_like_in_memory_and_refuses_splits():
     # the fix it names: 'auto' splits each output tile exactly, as in memory (correctly rounded: the same bits)
     got = rd.dgemm(da.from_array(A, chunks=(4, 16)), da.from_array(B, chunks=(16, 3)), moduli="auto").compute()
     assert np.array_equal(got, rt.dgemm(A, B, moduli="auto"))
-    F = [[[Fraction(float(v)) for v in r] for r in M] for M in (A, B.T)]
-    for i, j in np.ndindex(9, 7):
-        assert got[i, j] == float(sum(x * y for x, y in zip(F[0][i], F[1][j])))
+    _assert_correctly_rounded(got, A, B)
 
 
 def test_auto_splits_every_entry_point_beyond_49_moduli():
@@ -179,9 +184,7 @@ def test_auto_splits_every_entry_point_beyond_49_moduli():
     assert np.array_equal(got, rt.zgemm(Z, W, C, **kw))
     got = rd.matmul(da.from_array(A, chunks=(3, 10)), da.from_array(B, chunks=(10, 3)), moduli="auto").compute()
     assert np.array_equal(got, rt.matmul(A, B, moduli="auto"))
-    F = [[[Fraction(float(v)) for v in r] for r in M] for M in (A, B.T)]
-    for i, j in np.ndindex(6, 5):
-        assert got[i, j] == float(sum(x * y for x, y in zip(F[0][i], F[1][j])))
+    _assert_correctly_rounded(got, A, B)
 
 
 def test_dgemm_blas_parameters_and_non_finite_rows():

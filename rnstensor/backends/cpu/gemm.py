@@ -28,8 +28,7 @@ from numba import njit
 
 from ...basis import mrc_digit_coeffs, mrc_order
 from . import common
-from .wide import (_LIMB, _decode, _lift_deltas, _lift_into, _mod_sum, _reduce_into, _residues, _rounded_entries,
-                   _wide_encode)
+from .wide import _LIMB, _decode, _lift_into, _mod_sum, _reduce_into, _residues, _rounded_entries, _wide_encode
 
 __all__ = ["group_stats", "wide_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes",
            "release_workspace",
@@ -534,26 +533,28 @@ def exact_gemm_shared(As: list, Bm: np.ndarray, eas: list, ebs: list, shifts: li
     ea = np.concatenate([np.asarray(e, np.int64).reshape(-1) for e in eas])
     eb0 = np.ascontiguousarray(ebs[0], np.int64).reshape(-1)
     rounded = None
-    if any(shifts):
+    if any(shifts):  # (the entries rounded at ebs[0], column by column, as floats, and their exponents there)
         colptr, rows, bits = _rounded_entries(common._ro(np.ascontiguousarray(Bm).view(np.int64)), eb0)
-        rounded = colptr, rows, bits, eb0[np.repeat(np.arange(n), np.diff(colptr))]
+        rounded = colptr, rows, bits.view(np.float64)[None], eb0[np.repeat(np.arange(n), np.diff(colptr))]
     out = []
-    with _arena(wide_bytes(A.shape[0], n, k, L) + 8 * L * (0 if rounded is None else rounded[1].size)) as ws:
+    with _arena(wide_bytes(A.shape[0], n, k, L) + 2 * 8 * L * (0 if rounded is None else rounded[1].size)) as ws:
         t0 = time.perf_counter()
         X, Y = _planes(A, ea, True, tabs, ws), _planes(Bm, eb0, False, tabs, ws)
+        # the rounded entries' integers at ebs[0] (those of Y there, encoded apart: their residues in a row)
+        V0 = None if rounded is None else _planes(rounded[2], rounded[3], False, tabs, ws)
         t0 = _tick("encode", t0)
         (prod,) = _wide_products([(X, Y)], A.shape[0], n, k, chunk, tabs, ws)
-        D = None if rounded is None else ws.take((L, rounded[1].size), np.float64)
+        mark = ws.off
         t0 = time.perf_counter()
         for g, d in enumerate(shifts):
             r0, r1 = int(cuts[g]), int(cuts[g + 1])
             if d:  # (the product on the narrowest width's integers, to the product at this width's)
-                colptr, rows, bits, e = rounded
-                common._launch(_lift_deltas, -(-bits.size // common._BLOCK), bits.size * L, bits, e, int(d), p, ip,
-                               h, c24, pw, D)
+                colptr, rows, xs, e = rounded
+                ws.off = mark  # (each width's integers of the rounded entries in the same place)
+                Vd = _planes(xs, e + d, False, tabs, ws)
                 m2d = np.array([pow(2, int(d), int(q)) for q in moduli], np.float64)
-                common._launch(_lift_into, L, (r1 - r0) * rows.size * L, prod[:, r0:r1], X[:, r0:r1], colptr, rows, D,
-                               m2d, p, ip, h)
+                common._launch(_lift_into, L, (r1 - r0) * rows.size * L, prod[:, r0:r1], X[:, r0:r1], colptr, rows,
+                               V0[:, 0], Vd[:, 0], m2d, p, ip, h)
             eb = np.ascontiguousarray(ebs[g], np.int64).reshape(-1)
             out.append(_decode(np.ascontiguousarray(prod[:, r0:r1]), ea[r0:r1], eb, 1.0, tabs, nl))
         _tick("decode", t0)

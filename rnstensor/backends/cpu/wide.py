@@ -11,7 +11,7 @@ from ...arith import alpha_parts
 from . import common, decoding, encoding
 
 __all__ = ["_LIMB", "_mod_sum", "_decode", "_residues", "_wide_encode", "_reduce_into", "_rounded_entries",
-           "_lift_deltas", "_lift_into"]
+           "_lift_into"]
 
 _LIMB = 28  # limbs of the decode's Horner: 28 bits times a modulus below 2**24 stays below 2**53
 
@@ -150,41 +150,11 @@ def _rounded_entries(xi, e0):
 
 
 @njit(cache=True, nogil=True)
-def _lift_deltas(vals, e, d, p, ip, h, c24, pw, out, task0, task1):
-    # out[l, s] <- [round_half_even(x_s 2**(e_s + d)) - 2**d round_half_even(x_s 2**e_s)]_p for the entries s of
-    # vals (IEEE bits), block by block: each integer by the INT8 encode's split (as _wide_encode)
-    L, TW = p.size, pw.shape[1]
-    hi = np.empty(common._BLOCK, np.float64)
-    lo = np.empty(common._BLOCK, np.float64)
-    kb = np.empty(common._BLOCK, np.int64)
-    eb = np.empty(common._BLOCK, np.int64)
-    r0 = np.empty((L, common._BLOCK), np.float64)
-    for blk in range(task0, task1):
-        j0 = blk * common._BLOCK
-        W = min(common._BLOCK, vals.size - j0)
-        for sweep in range(2):  # the integer at e_s (kept in r0), then the one at e_s + d
-            for b in range(W):
-                eb[b] = e[j0 + b] + (d if sweep else 0)
-            nbig = encoding._enc_split(vals[j0:j0 + W], eb, hi, lo, kb, W)
-            for l in range(L):
-                pl, il, hl, cl = p[l], ip[l], h[l], c24[l]
-                m2d = _pow2_mod(d, pl, il, hl) if d >= TW else pw[l, d]
-                for b in range(W):
-                    v = common._cr64(common._cr64(hi[b], pl, il, hl) * cl + lo[b], pl, il, hl)
-                    if nbig:
-                        v = common._cr64(v * (pw[l, kb[b]] if kb[b] < TW else _pow2_mod(kb[b], pl, il, hl)),
-                                         pl, il, hl)
-                    if sweep == 0:
-                        r0[l, b] = v
-                    else:
-                        out[l, j0 + b] = common._cr64(v - common._cr64(r0[l, b] * m2d, pl, il, hl), pl, il, hl)
-
-
-@njit(cache=True, nogil=True)
-def _lift_into(acc, A, colptr, rows, D, m2d, p, ip, h, task0, task1):
+def _lift_into(acc, A, colptr, rows, V0, Vd, m2d, p, ip, h, task0, task1):
     # acc[l, i, j] <- [[2^d]_p acc[l, i, j] + sum_s A[l, i, rows_s] D[l, s]]_p over the entries s of column j
     # (colptr), one modulus l a task: the product of A with the operand at e0 + d from its product with the operand
-    # at e0. A block of _LIFT_COLS columns at a time, held transposed (a column's terms then run over all rows at
+    # at e0. D = [Vd - 2^d V0]_p: an entry's integer at e0 + d less 2**d times the one at e0 (residues below 2**23
+    # times [2^d]_p below 2**24: inside _cr64's exact range). A block of _LIFT_COLS columns at a time, held transposed (a column's terms then run over all rows at
     # once, A's plane transposed: a row of it per entry s); terms below 2**46, at most 63 summed before a
     # reduction: below 2**52, exact, and reduced as _reduce_into does
     m, n = A.shape[1], acc.shape[2]
@@ -192,7 +162,9 @@ def _lift_into(acc, A, colptr, rows, D, m2d, p, ip, h, task0, task1):
     for l in range(task0, task1):
         pl, il, hl, ml = p[l], ip[l], h[l], m2d[l]
         At = np.ascontiguousarray(A[l].T)
-        Dl = D[l]
+        Dl = np.empty(V0.shape[1], np.float64)
+        for s in range(Dl.size):
+            Dl[s] = common._cr64(Vd[l, s] - common._cr64(V0[l, s] * ml, pl, il, hl), pl, il, hl)
         out = acc[l]
         for j0 in range(0, n, _LIFT_COLS):
             jb = min(_LIFT_COLS, n - j0)
