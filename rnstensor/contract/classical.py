@@ -89,7 +89,7 @@ class _ClassicalDefault:
             return self._bound(arrays, backend, "fp64") if bound else self._run(arrays, backend, track=False)
         batch = self._batch_label()
         n = self.sizes[batch] if batch is not None else 1
-        # one GEMM (of real finite operands): each element on the moduli dgemm chooses for it alone, dgemm's bits
+        # one GEMM (of finite operands): each element on the moduli dgemm (zgemm) chooses for it alone, its bits
         labels = gemm_labels(self)
         routed = gemm_elements(self, labels, self._operands(arrays), backend, batch, bound) if labels else None
         if routed is None:

@@ -173,8 +173,8 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         moduli an exact decode needs depend on the data's widths, which a plan does not know) or the fp64 decode."""
         fixes = []
 
-        def plans(s: int, decode: str) -> bool:
-            other = type(self)(self.terms, self.output, self.shapes, self.constants, Basis.int8(s), self.method,
+        def plans(basis: Basis, decode: str) -> bool:
+            other = type(self)(self.terms, self.output, self.shapes, self.constants, basis, self.method,
                                [tuple(p) for p in self.path], decode, self.bits, self.backend, self.min_bits,
                                self.nonfinite, self.policy, self.rtol)
             other._hints = False  # (its own refusal names no fixes: no search inside the search)
@@ -187,7 +187,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         def fewest(decode: str) -> Optional[int]:
             if len(self.basis) >= len(int8_pool()):
                 return None
-            return least_moduli(lambda s: plans(s, decode), len(self.basis) + 1)
+            return least_moduli(lambda s: plans(Basis.int8(s), decode), len(self.basis) + 1)
 
         if not tensors and self.decode != "exact":  # (RNSTensor operands carry their basis)
             s = fewest(self.decode)
@@ -196,7 +196,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         if self.decode == "exact" and self.bits is None and not tensors:
             # the fp64 decode keeps min_bits too: on this basis it may be refused as well, so name the moduli it takes
             fp64 = "decode='fp64'"
-            if not plans(len(self.basis), "fp64"):
+            if not plans(self.basis, "fp64"):
                 s = fewest("fp64")
                 fp64 = f"decode='fp64' with moduli={s}" if s is not None else None
             fixes.append("moduli='auto' (the correctly rounded result decode='exact' asks for, on the moduli and "
