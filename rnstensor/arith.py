@@ -226,9 +226,21 @@ def drop_extend_ref(
 def to_int_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
     """The exact integers held by the planes, as an object array of Python ints."""
     digits, order = mrc_digits_ref(planes, active)
+    # Horner over the mixed-radix digits, in runs whose radices multiply to at most 2**62 done in int64 (centered
+    # digits: every partial value stays below its run's radix product), the runs joined as Python ints
+    runs, start, radix = [], 0, 1
+    for i, q in enumerate(order):
+        if radix * q > 1 << 62:
+            runs.append((start, i, radix))
+            start, radix = i, 1
+        radix *= q
+    runs.append((start, len(order), radix))
     v = np.zeros(planes.shape[1:], dtype=object)
-    for i in range(len(order) - 1, -1, -1):
-        v = v * order[i] + digits[i].astype(object)
+    for s, t, radix in reversed(runs):
+        part = np.zeros(planes.shape[1:], dtype=np.int64)
+        for i in range(t - 1, s - 1, -1):
+            part = part * order[i] + digits[i]
+        v = v * radix + part.astype(object)
     # 0-d arithmetic on object arrays yields a bare Python int: keep the array type
     return np.asarray(v, dtype=object)
 
