@@ -559,6 +559,24 @@ def test_tensordot_and_transpose():
     assert np.array_equal(rt.decode(U, "exact"), np.transpose(rt.decode(T, "exact"), (2, 0, 1)))
 
 
+def test_tensordot_takes_the_accuracy_policy():
+    # moduli='auto' and rtol= as einsum takes them: correctly rounded against Fractions on a 300-binade spread
+    r = np.random.default_rng(9)
+    a = r.standard_normal((3, 4, 5)) * np.exp2(r.integers(-150, 150, (3, 4, 5)))
+    b = r.standard_normal((5, 4, 2)) * np.exp2(r.integers(-150, 150, (5, 4, 2)))
+    F = np.vectorize(Fraction, otypes=[object])
+    exact = np.tensordot(F(a), F(b), axes=([1, 2], [1, 0]))
+    want = np.vectorize(float, otypes=[float])(exact)
+    assert np.array_equal(rt.tensordot(a, b, axes=([1, 2], [1, 0]), moduli="auto"), want)
+    y = rt.tensordot(a, b, axes=([1, 2], [1, 0]), rtol=1e-10)
+    mag = np.tensordot(np.abs(a), np.abs(b), axes=([1, 2], [1, 0]))
+    assert all(abs(Fraction(float(g)) - v) <= Fraction(1e-10) * Fraction(float(m))
+               for g, v, m in zip(y.ravel(), exact.ravel(), mag.ravel()))
+    for axes, match in ((4, "between 0"), (([0, 0], [1, 2]), "distinct"), (([5], [0]), "within")):
+        with pytest.raises(ValueError, match=match):
+            rt.tensordot(a, b, axes=axes)
+
+
 @pytest.mark.parametrize(
     "args,kwargs,exc,match",
     [

@@ -460,8 +460,14 @@ def _cached_expression(terms, output, shapes, basis, method, optimize, decode, b
 # ----- opt_einsum backend ('rnstensor') -------------------------------------------------------
 
 
-def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = None):
+def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = None, rtol: Optional[float] = None,
+              backend: Optional[str] = None, min_bits: int = MIN_BITS, nonfinite: str = "propagate"):
     """:func:`numpy.tensordot` in residues; RNSTensor operands give an RNSTensor (opt_einsum's backend hook).
+
+    The einsum of the same contraction (:func:`einsum`), with its accuracy
+    policy: ``moduli`` (``None``: the certified default, ``'auto'``: correctly
+    rounded, ``'fast'``, a count or a basis), ``rtol``, ``backend``,
+    ``min_bits`` and ``nonfinite`` as there.
 
     Examples
     --------
@@ -472,6 +478,9 @@ def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = 
     """
     na, nb = len(a.shape), len(b.shape)
     if isinstance(axes, (int, np.integer)):
+        if not 0 <= axes <= min(na, nb):
+            raise ValueError(f"tensordot: axes={int(axes)} must be between 0 and the operands' dimensions ({na} and "
+                             f"{nb}); pass a pair of axis lists to contract other axes")
         ax_a, ax_b = list(range(na - axes, na)), list(range(axes))
     else:
         ax_a, ax_b = axes
@@ -479,6 +488,9 @@ def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = 
         ax_b = [ax_b] if isinstance(ax_b, (int, np.integer)) else list(ax_b)
     if len(ax_a) != len(ax_b):
         raise ValueError(f"tensordot: axes lists of different lengths {ax_a} and {ax_b}")
+    for name, ax, nd in (("a", ax_a, na), ("b", ax_b, nb)):
+        if any(not -nd <= int(x) < nd for x in ax) or len({int(x) % nd for x in ax}) != len(ax):
+            raise ValueError(f"tensordot: the axes of {name} {ax} must be distinct and within its {nd} dimensions")
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
     la = letters[:na]
     lb = letters[na : na + nb]
@@ -486,7 +498,8 @@ def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = 
         lb[j % nb] = la[i % na]
     out = [c for i, c in enumerate(la) if i not in [x % na for x in ax_a]]
     out += [c for j, c in enumerate(lb) if j not in [x % nb for x in ax_b]]
-    return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b, moduli=moduli)
+    return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b, moduli=moduli, rtol=rtol, backend=backend,
+                  min_bits=min_bits, nonfinite=nonfinite)
 
 
 def transpose(a, axes=None):
