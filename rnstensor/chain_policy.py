@@ -20,7 +20,7 @@ from .ir import Encode
 from .run.exact import half_spacing
 from .run.escalate import certified_groups
 from .run.groups import evaluation, put_back
-from .run.policy import FALLBACK_SPLIT_PRODUCTS, default_target, threshold_up
+from .run.policy import FALLBACK_SPLITS, default_target
 
 __all__ = ["ChainPolicies"]
 
@@ -34,23 +34,22 @@ class ChainPolicies:
 
     # ----- moduli='auto' (and the default's fallback): the exact chain rounded once --------------
 
-    def _exact_chain(self, X, backend, nonfinite: str, max_products: Optional[int] = None):
+    def _exact_chain(self, X, backend, nonfinite: str, split: bool = True):
         """``moduli='auto'``: the exact chain, rounded once per entry (no rounding drop): the einsum of the same
-        contractions with ``moduli='auto'`` (:func:`rnstensor.contract_expression`), built once per input shape."""
+        contractions with ``moduli='auto'`` (:func:`rnstensor.contract_expression`), built once per input shape.
+        Without ``split``, only where one exact plan of at most 49 moduli holds it (else :class:`RNSRangeError`)."""
         from .contract import contract_expression  # noqa: PLC0415 - the front end of einsum, above this one
 
         shape = tuple(getattr(X, "shape", np.shape(X)))
         batch = self._check_shape(shape)
-        key = (shape, nonfinite, max_products)
+        key = (shape, nonfinite)
         if key not in self._exact_exprs:
             ops = [np.asarray(A, dtype=np.float64) for A in self.operators]
             self._exact_exprs[key] = contract_expression(
                 self.einsum_subscripts(batch), shape, *ops, constants=range(1, len(ops) + 1), moduli="auto",
                 backend=backend, nonfinite=nonfinite)
-            if max_products is not None:  # the most exact part products this expression splits into
-                self._exact_exprs[key]._MAX_SPLIT_PRODUCTS = max_products
         expr = self._exact_exprs[key]
-        y = expr(X, backend=backend)
+        y = expr._auto((X,), backend, split)
         self.last_evaluation = expr.last_evaluation
         return y
 
@@ -155,8 +154,7 @@ class ChainPolicies:
         y = self._default_exact(x, backend)
         if y is not None:
             return y, {self.last_evaluation: x.shape[0]}
-        if x.shape[0] == 1:
-            self._check_fallback_target()  # the classical GEMMs, where they meet the target
+        if x.shape[0] == 1:  # the classical GEMMs (they meet the target: a tighter one took the exact chain)
             self.last_evaluation = "composed classical GEMMs"
             return self.classical_chain(x), {self.last_evaluation: 1}
         parts, counts = [], {}
@@ -174,7 +172,6 @@ class ChainPolicies:
         if y is not None:
             return float(half_spacing(y).max()) if y.size else 0.0
         if x.shape[0] == 1:
-            self._check_fallback_target()
             return self._classical_bound(x, Fraction(float(array_module(x).abs(x).max())))
         return max(self._fallback_bound(x[t:t + 1]) for t in range(x.shape[0]))
 
@@ -191,30 +188,16 @@ class ChainPolicies:
     def _default_exact(self, x, backend):
         """The fallback where no residue plan certifies (the default's and a target's): the exact chain rounded once,
         where one exact plan of at most 49 moduli holds it (``None`` otherwise: then the classical GEMMs). A target
-        the classical GEMMs do not meet takes the exact chain with exact splits too, as ``moduli='auto'`` does (the
-        correctly rounded value meets any target)."""
+        the classical GEMMs do not meet takes the exact chain however wide, as ``moduli='auto'`` does (the correctly
+        rounded value meets any target)."""
         try:
-            y = self._exact_chain(x, backend, "raise", FALLBACK_SPLIT_PRODUCTS)
+            y = self._exact_chain(x, backend, "raise", FALLBACK_SPLITS)
         except RNSRangeError:
             if self.rtol is None or self.rtol >= gamma(self.classical_terms):
                 return None
-            try:
-                y = self._exact_chain(x, backend, "raise")
-            except RNSRangeError:
-                return None
+            y = self._exact_chain(x, backend, "raise")
         self.last_evaluation = f"correctly rounded ({self.last_evaluation})"
         return y
-
-    def _check_fallback_target(self) -> None:
-        """The classical GEMMs meet ``γ_m``: a tighter ``rtol`` that neither a residue plan nor the exact chain met
-        is refused, with the fix."""
-        m = self.classical_terms
-        if self.rtol is not None and self.rtol < gamma(m):
-            raise RNSRangeError(
-                f"plan_chain: rtol={self.rtol:g} cannot be certified on this input within 49 INT8 moduli, the "
-                f"exact chain needs more exact part products than moduli='auto' takes, and the classical GEMMs meet "
-                f"only gamma_{m} = {gamma(m):.2g}; pass rtol >= {threshold_up(gamma(m))}, or leave rtol unset (the default: "
-                f"those GEMMs)")
 
     def _wider(self, s: int) -> Optional["ChainPolicies"]:
         """This chain planned on ``s`` moduli with the widest input encoding (cached; None where it cannot plan)."""

@@ -35,6 +35,30 @@ def test_einsum(device, subscripts, shapes, decode):
     same_bits(got, want)
 
 
+@pytest.mark.parametrize("spread", [6, 300])
+def test_einsum_auto(device, spread, monkeypatch):
+    # moduli='auto' on device arrays: one exact plan (spread 6) on the device, or (spread 300: no plan of 49
+    # moduli holds it) the exact value pairwise in Python integers, its residue GEMMs (taken here for every pair,
+    # however small) on the device: the host's bits
+    from rnstensor.run import exact_path
+
+    monkeypatch.setattr(exact_path, "RESIDUE_GEMM_TERMS", 0)
+    rng = np.random.default_rng(spread)
+    sub, shapes = "eijk,ai,bj,ck->eabc", [(2, 3, 3, 3), (2, 3), (3, 3), (2, 3)]
+    ops = [rng.standard_normal(s) * np.exp2(rng.integers(-spread, spread, s)) for s in shapes]
+    expr = rt.contract_expression(sub, *shapes, moduli="auto")
+    want = expr(*ops)
+    assert ("pairwise" in expr.last_evaluation) == (spread > 100)
+    cuda = rt.backends.get_backend("cuda")
+    gemms = []  # the residue GEMMs the pairwise path sends to the device (cuBLAS: no kernel of ours)
+    real = cuda.matmul
+    monkeypatch.setattr(cuda, "matmul", lambda a, b, m: gemms.append(type(a)) or real(a, b, m))
+    got = expr(*[device.put(x) for x in ops])
+    assert isinstance(got, device.cp.ndarray)
+    assert (gemms and set(gemms) == {device.cp.ndarray}) if spread > 100 else not gemms
+    same_bits(got, want)
+
+
 def _default_data(data: str) -> tuple:
     """``(rng, a, b)``: (16, 24) and (24, 8) operands, uniform, phi = 4, or with a row too wide for 49 moduli."""
     rng = np.random.default_rng(3)

@@ -1,16 +1,17 @@
-"""moduli='auto': the correctly rounded result, on the fewest moduli that hold it exactly (else exact part products)."""
+"""moduli='auto': the correctly rounded result, on the fewest moduli that hold it exactly (else pairwise in integers)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Optional
 
-from ..arrays import array_module, is_device_array, to_module
+from ..arrays import is_device_array, to_host, to_module
 from ..basis import moduli_count
 from ..encode import as_basis, exact_bits_needed
 from ..errors import PlanError, RNSRangeError
-from ..run.exact import exact_value, least_moduli, round_exact_sum, split_exact
+from ..run.exact import least_moduli, round_exact_sum
+from ..run.exact_path import exact_einsum
+from .operands import _leaf_array
 from .parse import _C, _unique
 from .gemm_shaped import gemm_auto, gemm_labels
 from .planner import _shared_axes
@@ -24,10 +25,12 @@ class _CorrectlyRounded:
 
     # ----- moduli='auto': correctly rounded ---------------------------------------------------------
 
-    def _auto(self, arrays, backend, max_products: Optional[int] = None):
+    def _auto(self, arrays, backend, split: bool = True):
         """The correctly rounded result: the plan on the fewest moduli that encodes every operand exactly and drops
-        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly; numpy's inf / NaN where they enter.
-        ``max_products``: the most exact part products of a split (default :attr:`_MAX_SPLIT_PRODUCTS`)."""
+        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly, else (``split``) the exact value pairwise
+        in Python integers (:meth:`_auto_pairwise`); numpy's inf / NaN where they enter. Without ``split``, no plan
+        of at most 49 moduli holding the value raises :class:`~rnstensor.RNSRangeError` (the default's fallback
+        then takes the classical GEMMs)."""
         parsed = self._operands(arrays)
         ops, kinds, cplx, tensors, nonfinite = parsed
         if tensors:
@@ -36,9 +39,9 @@ class _CorrectlyRounded:
         _, xp, _ = self._backend(ops, kinds, backend)
         if any(n == 0 for n in self.sizes.values()):
             return self._run(arrays, backend, track=False, parsed=parsed)
-        # one GEMM: dgemm's 'auto', the same correctly rounded value (not for the certificate's fallback, whose
-        # split is bounded: past it, it takes the classical GEMMs)
-        labels = gemm_labels(self) if max_products is None else None
+        # one GEMM: dgemm's 'auto', the same correctly rounded value (not for the certificate's fallback, which takes
+        # one exact plan or else the classical GEMMs)
+        labels = gemm_labels(self) if split else None
         y = gemm_auto(self, labels, parsed, backend) if labels else None
         if y is not None:
             self.last_evaluation = "one GEMM, correctly rounded (dgemm's 'auto')"
@@ -48,8 +51,11 @@ class _CorrectlyRounded:
                                                                           self.output)))
                        for i, t in enumerate(self.terms))
         expr = self._exact_rung(kinds, cplx, widths)
+        if expr is None and split:
+            return self._auto_pairwise(parsed, arrays, backend)
         if expr is None:
-            return self._auto_split(parsed, arrays, backend, widths, max_products or self._MAX_SPLIT_PRODUCTS)
+            raise RNSRangeError(f"einsum: the exact value of {self.subscripts!r} on these operands (encoded exactly at "
+                                f"{list(widths)} bits) needs more than 49 INT8 moduli in one plan")
         self.last_evaluation = f"{len(expr.basis)} moduli, exact"
         y = expr._fused(parsed, backend, widths, "exact")
         if y is not None:
@@ -57,43 +63,22 @@ class _CorrectlyRounded:
         T, plan, _, be_name, nonfinite = expr._run(arrays, backend, False, parsed, widths, "exact")
         return expr._finish(T, plan, be_name, nonfinite, arrays, "exact")
 
-    #: the most exact part products ``moduli='auto'`` evaluates for one call before it gives up
-    _MAX_SPLIT_PRODUCTS = 512
-
-    def _auto_split(self, parsed: tuple, arrays, backend, widths: tuple, max_products: int):
-        """``moduli='auto'`` beyond 49 moduli: the widest operands split exactly (:func:`rnstensor.run.exact.split_exact`)
-        until one exact plan holds every part, each product of parts evaluated exactly, their integers summed exactly
-        (Python integers, on the host) and rounded once."""
+    def _auto_pairwise(self, parsed: tuple, arrays, backend):
+        """``moduli='auto'`` beyond 49 moduli: the exact value pairwise along the path in Python integers, each
+        pairwise contraction one exact residue GEMM of limbs (:func:`rnstensor.run.exact_path.exact_einsum`), rounded
+        once per entry."""
         ops, kinds, cplx, _, nonfinite = parsed
-        counts = [1] * len(widths)
-        inputs = tuple("input" for _ in kinds)  # constants are split like the rest: every operand is passed
-        while True:
-            i = max(range(len(widths)), key=lambda j: -(-widths[j] // counts[j]))
-            counts[i] += 1
-            parts_w = tuple(-(-w // c) for w, c in zip(widths, counts))
-            if math.prod(counts) > max_products or min(parts_w) < 1:
-                raise RNSRangeError(
-                    f"einsum: moduli='auto' needs the exact value of {self.subscripts!r}: its operands encode exactly "
-                    f"at {list(widths)} bits (one exponent per slice along the output indices), and even split into "
-                    f"{math.prod(counts)} exact part products they need more than 49 INT8 moduli hold without "
-                    f"rounding; pass moduli=None (the classical float64 bound)"
-                )
-            rung = type(self)(self.terms, self.output, self.shapes, {}, self.basis, "rescale_be",
-                              [tuple(p) for p in self.path], "exact", None, self.backend, 0, self.nonfinite)
-            expr = rung._exact_rung(inputs, cplx, parts_w)
-            if expr is not None:
-                break
-        xp = array_module(*[x for x in ops])
-        split = [split_exact(x, _shared_axes(t, self.output), c) for x, t, c in zip(ops, self.terms, counts)]
-        terms = []
-        for combo in itertools.product(*split):
-            T, plan, _, _, _ = expr._run(list(combo), backend, False, None, parts_w)
-            terms.append(exact_value(T))
-        y = round_exact_sum(terms)
-        if plan.complex:
-            y = y[0] + 1j * y[1]
+        be, xp, _ = self._backend(ops, kinds, backend)
+        leaves = []
+        for t, x, c in zip(self.terms, ops, cplx):
+            x = to_host(_leaf_array(t, self.sizes, x, c, xp))
+            leaves.append([x[0], x[1]] if c else [x])
+        parts, e = exact_einsum([_unique(t) for t in self.terms], self.output, self.path, leaves, be)
+        y = round_exact_sum([(parts[0], e)])
+        if len(parts) > 1:
+            y = y + 1j * round_exact_sum([(parts[1], e)])
         y = to_module(y, xp)
-        self.last_evaluation = f"{len(expr.basis)} moduli, exact, {len(terms)} part products"
+        self.last_evaluation = "exact, pairwise in Python integers (residue GEMMs of limbs)"
         if nonfinite:
             y = self._numpy_where_nonfinite(y, arrays)
         return y[()] if y.ndim == 0 and not is_device_array(y) else y

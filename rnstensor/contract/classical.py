@@ -17,7 +17,7 @@ from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
 from ..run.escalate import certified_groups
 from ..run.groups import evaluation, put_back
-from ..run.policy import FALLBACK_SPLIT_PRODUCTS, default_target, threshold_up
+from ..run.policy import FALLBACK_SPLITS, default_target
 from ..program.errors import inflate
 from ..tensor import RNSTensor
 from .gemm_shaped import gemm_elements, gemm_labels
@@ -268,7 +268,7 @@ class _ElementsCall:
         else the composed classical GEMMs (the bound gamma_m), where they meet the target."""
         sub = self.sub
         try:
-            y = sub._auto(self.args, self.backend, FALLBACK_SPLIT_PRODUCTS)
+            y = sub._auto(self.args, self.backend, FALLBACK_SPLITS)
         except RNSRangeError:
             n = sub.sizes[self.batch] if self.batch is not None else 1
             if n > 1:
@@ -284,16 +284,8 @@ class _ElementsCall:
                 ops, kinds, cplx, _, _ = self.parsed
                 m = classical_terms(sub._plan(kinds, cplx, {}), sub.sizes)
                 meets = 2 * gamma(m + 2 * len(sub._info.contraction_list)) if any(cplx) else gamma(m)
-                if sub.rtol < meets:
-                    try:  # the correctly rounded value meets any target: with exact splits, as moduli='auto' takes it
-                        y = sub._auto(self.args, self.backend)
-                    except RNSRangeError:
-                        raise RNSRangeError(
-                            f"einsum: rtol={sub.rtol:g} cannot be certified for {sub.subscripts!r} on these operands "
-                            f"within 49 INT8 moduli and {sub._WIDEST}-bit encodings, their exact value needs more "
-                            f"exact part products than moduli='auto' takes, and the classical GEMMs meet only "
-                            f"{meets:.3g}; pass rtol >= {threshold_up(meets)}, or leave rtol unset (the default: those GEMMs)"
-                        ) from None
+                if sub.rtol < meets:  # the correctly rounded value meets any target, as moduli='auto' takes it
+                    y = sub._auto(self.args, self.backend)
                     sub.last_evaluation = f"correctly rounded ({sub.last_evaluation})"
                     return half_spacing(y) if bound else y
             sub.last_evaluation = "composed classical GEMMs"

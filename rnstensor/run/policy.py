@@ -35,7 +35,6 @@ certificate) meets it; an unreachable target raises with ``moduli='auto'``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -44,7 +43,7 @@ import numpy as np
 from ..basis import Basis
 
 __all__ = ["Accuracy", "accuracy_policy", "check_rtol", "default_target", "POLICIES", "DEFAULT_MODULI", "DEFAULT_RTOL",
-           "FALLBACK_SPLIT_PRODUCTS", "threshold_up"]
+           "FALLBACK_SPLITS"]
 
 #: what each ``moduli=`` selects; ``'basis'`` is an explicit one
 POLICIES = ("classical", "fast", "auto", "basis")
@@ -61,10 +60,11 @@ DEFAULT_MODULI = 15
 DEFAULT_RTOL = (1 + 2.0**-5) * 2.0**-53
 
 
-#: The most exact part products the correctly rounded fallback takes where no residue plan certifies (more: the
-#: classical GEMMs). One: no split, so the fallback stays where the data is (a split sums its parts in Python
-#: integers, on the host). Read by einsum / contract expressions and by chain plans alike.
-FALLBACK_SPLIT_PRODUCTS = 1
+#: Whether the correctly rounded fallback, where no residue plan certifies, goes beyond one exact plan of at most 49
+#: moduli (the exact value pairwise in Python integers, as moduli='auto' does). No: past that plan the fallback takes
+#: the classical GEMMs, so it stays where the data is and as fast; a target they do not meet takes the exact value.
+#: Read by einsum / contract expressions and by chain plans alike.
+FALLBACK_SPLITS = False
 
 
 def default_target(m: int, rtol: Optional[float] = None) -> float:
@@ -145,12 +145,3 @@ def check_rtol(rtol, fn: str) -> Optional[float]:
             f"{DEFAULT_RTOL:.4g} relative to |A||B|..., where the final rounding alone may take 2**-53); for the "
             f"closest float64 drop rtol and pass moduli='auto' (correctly rounded)")
     return rtol
-
-
-def threshold_up(x: float) -> str:
-    """``x`` to three significant digits, rounded up (a threshold a caller may pass as written)."""
-    e = math.floor(math.log10(x)) - 2
-    r = math.ceil(x / 10.0**e) * 10.0**e
-    while r < x:  # (the float products above may round below x)
-        r = math.nextafter(r, math.inf)
-    return f"{r:.3g}" if float(f"{r:.3g}") >= x else repr(r)
