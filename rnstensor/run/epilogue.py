@@ -221,7 +221,19 @@ def combination_bits(e, bound: int, alpha, beta, c) -> np.ndarray:
     return np.maximum(bits1, bits2) + 1
 
 
-def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c) -> tuple:
+def _distinct(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, at)`` with ``s == values[at]``: every integer from ``s``'s least to its largest where that span is
+    short (exponent shifts: a few thousand at most; no sort), else :func:`numpy.unique`'s."""
+    if s.size == 0:
+        return np.zeros(1, np.int64), np.zeros(s.shape, np.int64)
+    lo, hi = int(s.min()), int(s.max())
+    if hi - lo < max(4096, s.size // 4):
+        return np.arange(lo, hi + 1, dtype=np.int64), (s - lo).astype(np.int64)
+    return np.unique(s, return_inverse=True)
+
+
+def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c,
+                    bits: Optional[np.ndarray] = None) -> tuple:
     """``(W, f, ok)``: ``alpha * S * 2**e + beta * c = W * 2**f`` exactly, ``W`` as residues (int8, centered) on
     ``moduli`` where the range holds it (``ok``), from the residues ``planes`` of the integers ``S`` (``|S| <=
     bound``), on the host; real ``alpha``, ``beta`` and ``c`` (finite; ``None`` where ``beta = 0``).
@@ -229,7 +241,8 @@ def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c
     ``alpha = ma 2**ka``, ``beta = mb 2**kb`` and ``c = mc 2**kc`` are integers times powers of two, so the sum
     is ``(ma S 2**s1 + mb mc 2**s2) 2**f`` with ``f`` the smaller exponent and ``s1, s2 >= 0`` the shifts: every
     term's residues come from the planes, the significands and powers of two modulo each modulus. Its exact decode
-    is the whole expression rounded once, as :func:`exact_combination` rounds it.
+    is the whole expression rounded once, as :func:`exact_combination` rounds it. ``bits``: the caller's
+    :func:`combination_bits` of these entries, where it has them.
     """
     ma, ka = _odd_parts(float(alpha))
     mb, kb = _odd_parts(float(beta))
@@ -244,11 +257,13 @@ def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c
     else:
         f = g1 if ma else np.zeros(e.shape, np.int64)
     P = math.prod(int(p) for p in moduli)
-    ok = combination_bits(e, bound, alpha, beta, c if use_c else None) + 1 <= P.bit_length() - 1
+    if bits is None:
+        bits = combination_bits(e, bound, alpha, beta, c if use_c else None)
+    ok = bits + 1 <= P.bit_length() - 1
     # the shifts take few distinct values (row and column exponents): their powers of two per modulus from those
-    shifts1, at1 = np.unique(np.where(ok, g1 - f, 0) if ma else np.zeros(e.shape, np.int64), return_inverse=True)
+    shifts1, at1 = _distinct(np.where(ok, g1 - f, 0) if ma else np.zeros(e.shape, np.int64))
     if use_c:
-        shifts2, at2 = np.unique(np.where(ok & two, g2 - f, 0), return_inverse=True)
+        shifts2, at2 = _distinct(np.where(ok & two, g2 - f, 0))
     from ..backends import get_backend  # noqa: PLC0415 - the CPU backend's one-pass kernel, on these host arrays
 
     fast = getattr(get_backend("cpu"), "combine_residues", None)
@@ -308,7 +323,8 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
     e = np.broadcast_to(to_host(v.exp.total()).astype(np.int64), planes.shape[1:])
     moduli = tuple(v.active or basis.moduli)
     cc = np.asarray(c, np.float64) if use_c else None
-    need = int(combination_bits(e, v.bound, alpha, beta, cc).max(initial=0)) + 2  # (the range W asks for, in bits)
+    wbits = combination_bits(e, v.bound, alpha, beta, cc)
+    need = int(wbits.max(initial=0)) + 2  # (the range W asks for, in bits)
     pool = int8_pool()
     if need > math.prod(moduli).bit_length() - 1 and moduli == tuple(pool[:len(moduli)]):
         # more INT8 moduli hold the sum: the product's residues base-extended to them (exact: |S| < P / 2)
@@ -318,9 +334,9 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
             basis = Basis.int8(s)
             planes, moduli = get_backend("cpu").drop_extend(planes, moduli, basis, 0, True)
             moduli = tuple(int(p) for p in moduli)
-    W, f, ok = combined_planes(planes, moduli, e, v.bound, alpha, beta, cc)
+    W, f, ok = combined_planes(planes, moduli, e, v.bound, alpha, beta, cc, wbits)
     # (the bound the decode is told: the largest |W| the kept entries may reach, within the range by ok)
-    bits = int(combination_bits(e[ok], v.bound, alpha, beta, cc[ok] if use_c else None).max(initial=0))
+    bits = int(wbits[ok].max(initial=0))
     y = np.asarray(decode(RNSTensor(W, basis, moduli, 1 << bits, Scale(0, 1, (None,) * (W.ndim - 1), f)), "exact"),
                    np.float64)
     if not bool(ok.all()):
