@@ -68,7 +68,7 @@ from .contract import ContractExpression
 from .gemm import _check_moduli, _check_scalar, _check_target, _check_trans, _encoded, blas_operands, entry_stats, frexp_exponent
 from .gemm import SplitNeeded, gemm_program, gemm_scale, gemm_targets
 from .magnitude import measure_ratio
-from .run.epilogue import exact_epilogue, gemm_epilogue, two_term_alpha
+from .run.epilogue import exact_epilogue, gemm_epilogue, plus_beta_c, two_term_alpha
 from .planner.methods import MIN_BITS
 from .gemm import matmul as _matmul_in_memory
 from .program.execute import Value
@@ -461,13 +461,13 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
                                da.from_array(xp.asarray(np.where(fb, Eb, _NONE)), chunks=cols), xp=da)
 
     # (the product's target and the epilogue as the in-memory call has them: gemm_targets)
-    rtol, exact = gemm_targets(moduli, rtol, alpha, beta, cplx)
+    target, exact = gemm_targets(moduli, rtol, alpha, beta, cplx)
     try:
         s, t, ea, eb = gemm_scale(moduli, max(k, 1), cplx, (fa, Ea, la, Na), (fb, Eb, lb, Nb),
-                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of, rtol)
+                                  f"rnstensor.dask.{fn_name}", min_bits, lsb_of, magnitudes_of, target)
     except SplitNeeded as exc:
-        if moduli == "auto":
-            return _split_tiles(fn_name, opa, opb, c, alpha, beta, backend, dtype)
+        if moduli == "auto" or rtol is not None:  # (a target takes the exact split in memory too)
+            return _split_tiles(fn_name, opa, opb, c, alpha, beta, backend, dtype, exact)
         said = str(exc).removeprefix(f"rnstensor.dask.{fn_name}: ")
         raise RNSRangeError(
             f"rnstensor.dask.{fn_name}: {said}; the in-memory {fn_name} splits such rows and columns exactly, the "
@@ -499,20 +499,25 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
     return da.blockwise(fn, "ij", *args, dtype=dtype, concatenate=False, meta=_meta(opa, 2, dtype))
 
 
-def _split_tiles(fn_name: str, opa, opb, c, alpha, beta, backend, dtype):
-    """``moduli='auto'`` where some row or column needs more than 49 moduli: each output tile by the in-memory
-    :func:`rnstensor.dgemm` / :func:`rnstensor.zgemm` on its rows of ``op(a)`` and columns of ``op(b)``, whole
-    along ``k`` (it splits them into exact slices). The result is correctly rounded, so unique: the bits of one
-    in-memory call, for any chunking. CuPy chunks: the tile comes to the host and goes back (the exact slice
-    products are summed in Python integers, as the in-memory call does on the host)."""
+def _split_tiles(fn_name: str, opa, opb, c, alpha, beta, backend, dtype, exact: bool = True):
+    """``moduli='auto'`` (or a target) where some row or column needs more than 49 moduli: each output tile by the
+    in-memory :func:`rnstensor.dgemm` / :func:`rnstensor.zgemm` on its rows of ``op(a)`` and columns of ``op(b)``,
+    whole along ``k`` (it splits them into exact slices). The product is correctly rounded, so unique: the bits of
+    one in-memory call, for any chunking; ``beta * c`` joins it before that rounding (``exact``: 'auto', or a target
+    within the float64 epilogue's roundings) or after it in float64, as the in-memory call adds it. CuPy chunks: the
+    tile comes to the host and goes back (the exact slice products are summed in Python integers, as the in-memory
+    call does on the host)."""
     from .gemm import dgemm as _dgemm, zgemm as _zgemm  # noqa: PLC0415 - (the module's names are the Dask ones)
 
     gemm = _zgemm if fn_name == "zgemm" or dtype.kind == "c" else _dgemm
 
     def tile(pa, pb, *rest):
         xp = _namespace(pa)
-        y = gemm(_host(pa), _host(pb), _host(rest[0]) if rest else None, alpha=alpha, beta=beta, moduli="auto",
-                 backend=backend if xp is np else None)
+        ct = _host(rest[0]) if rest else None
+        kw = dict(alpha=alpha, moduli="auto", backend=backend if xp is np else None)
+        y = gemm(_host(pa), _host(pb), ct, beta=beta, **kw) if exact else gemm(_host(pa), _host(pb), **kw)
+        if not exact and ct is not None:
+            y = plus_beta_c(y, beta, ct, np)
         return y if xp is np else xp.asarray(y)
 
     args = [opa, "ik", opb, "kj"]

@@ -187,6 +187,25 @@ def test_auto_splits_every_entry_point_beyond_49_moduli():
     _assert_correctly_rounded(got, A, B)
 
 
+@pytest.mark.parametrize("rtol", [1e-10, 1.2e-16])
+def test_targets_split_tiles_as_in_memory(rtol):
+    # rtol= on rows 49 moduli cannot hold: in memory the exact split (correctly rounded product), beta * c added in
+    # float64 (a loose target) or before the one rounding (a target within the float64 epilogue's roundings); every
+    # tile the same, for any chunking (this was refused, naming a fix the in-memory call did not need)
+    rng = np.random.default_rng(9)
+    A = rng.standard_normal((6, 30)) * np.exp2(rng.integers(-480, 480, (6, 30)))
+    B = rng.standard_normal((30, 5))
+    C = rng.standard_normal((6, 5))
+    for chunks in ((3, 10), (4, 30), (6, 7)):
+        got = rd.dgemm(da.from_array(A, chunks=chunks), da.from_array(B, chunks=(chunks[1], 2)), C, alpha=1.5,
+                       beta=-0.3, rtol=rtol).compute()
+        assert np.array_equal(got, rt.dgemm(A, B, C, alpha=1.5, beta=-0.3, rtol=rtol))
+    Z, W = A + 1j * A[::-1], B - 2j * B[::-1]
+    kw = dict(alpha=0.5 - 1.5j, beta=2 + 1j, rtol=rtol)
+    got = rd.zgemm(da.from_array(Z, chunks=(4, 7)), da.from_array(W, chunks=(9, 2)), C + 1j, **kw).compute()
+    assert np.array_equal(got, rt.zgemm(Z, W, C + 1j, **kw))
+
+
 def test_dgemm_blas_parameters_and_non_finite_rows():
     A, B = _gemm_case(seed=1)
     C = np.random.default_rng(2).uniform(-1, 1, (13, 11))
