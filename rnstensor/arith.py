@@ -29,6 +29,7 @@ __all__ = [
     "base_extend_ref",
     "drop_extend_ref",
     "to_int_ref",
+    "ints_from_digits",
     "horner_fp64_ref",
     "decode_fp64_ref",
     "decode_exact_ref",
@@ -225,9 +226,14 @@ def drop_extend_ref(
 
 def to_int_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
     """The exact integers held by the planes, as an object array of Python ints."""
-    digits, order = mrc_digits_ref(planes, active)
-    # Horner over the mixed-radix digits, in runs whose radices multiply to at most 2**62 done in int64 (centered
-    # digits: every partial value stays below its run's radix product), the runs joined as Python ints
+    return ints_from_digits(*mrc_digits_ref(planes, active))
+
+
+def ints_from_digits(digits: np.ndarray, order: Sequence[int]) -> np.ndarray:
+    """``sum_i digits[i] * prod(order[:i])`` per entry as Python ints (an object array): the integers of centered
+    mixed-radix digits (:func:`mrc_digits_ref`'s, or a backend's)."""
+    # Horner over the digits, in runs whose radices multiply to at most 2**62 done in int64 (centered digits: every
+    # partial value stays below its run's radix product), the runs joined as Python ints
     runs, start, radix = [], 0, 1
     for i, q in enumerate(order):
         if radix * q > 1 << 62:
@@ -235,9 +241,9 @@ def to_int_ref(planes: np.ndarray, active: Sequence[int]) -> np.ndarray:
             start, radix = i, 1
         radix *= q
     runs.append((start, len(order), radix))
-    v = np.zeros(planes.shape[1:], dtype=object)
+    v = np.zeros(digits.shape[1:], dtype=object)
     for s, t, radix in reversed(runs):
-        part = np.zeros(planes.shape[1:], dtype=np.int64)
+        part = np.zeros(digits.shape[1:], dtype=np.int64)
         for i in range(t - 1, s - 1, -1):
             part = part * order[i] + digits[i]
         v = v * radix + part.astype(object)

@@ -597,3 +597,20 @@ def test_encode_magnitudes():
     assert whole is True and least == 2.0 and c.tolist() == [[3.0, 4.0, 0.0], [2.0, 4.0, 10.0]]
     c, least, whole = encode_magnitudes(np.zeros((2, 3)), np.array([0, 0]))
     assert least == np.inf and whole is True
+
+
+@pytest.mark.parametrize("L, shape", [(2, (7,)), (5, (3, 40)), (17, (600,)), (49, (2, 3, 90)), (18, ())])
+def test_mrc_digits_are_the_references_and_give_the_crt_integers(L, shape):
+    from oracle import crt, residues
+
+    rng = np.random.default_rng(L)
+    moduli = int8_pool()[:L]
+    P = math.prod(moduli)
+    vals = np.array([int(rng.integers(0, 1 << 62)) * int(rng.integers(0, 1 << 62)) ** 5 % P - P // 2
+                     for _ in range(math.prod(shape))], dtype=object).reshape(shape)
+    planes = residues(vals, moduli)
+    digits, order = CpuBackend().mrc_digits(planes, moduli)
+    ref, ref_order = arith.mrc_digits_ref(planes, moduli)
+    assert digits.dtype == np.int64 and order == ref_order and np.array_equal(digits, ref)
+    got = arith.ints_from_digits(digits, order)
+    assert got.shape == shape and (got == crt(planes, moduli)).all()

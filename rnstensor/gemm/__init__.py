@@ -25,7 +25,7 @@ from . import api, checks, scan, split, tiles, width
 from .api import Moduli, dgemm, gemm_moduli, matmul, zgemm
 from .checks import blas_operands, default_workspace_bytes
 from .scan import _group_stats_array, frexp_exponent, gemm_scale, group_lsb, group_stats  # (the array path: a test compares the scans)
-from .split import auto_split_width, exact_split_sums, row_slices, split_width
+from .split import row_slices, split_width
 from .tiles import gemm_program
 from .width import SplitNeeded, classical_fits, classical_moduli, encoding_budget, gemm_targets, gemm_width, moduli_for_bits
 
@@ -52,8 +52,6 @@ __all__ = [
     "magnitude_ratio",
     "row_slices",
     "split_width",
-    "auto_split_width",
-    "exact_split_sums",
 ]
 
 # ----- timing hook (benchmarks) ---------------------------------------------------------------

@@ -140,7 +140,7 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         elif mode == "exact":
             with _phase("products"):
                 term[...] = _exact_auto(A, Bm, cplx, alpha, beta if exact_epilogue else 0, to_host(c) if (
-                    exact_epilogue and beta != 0) else None, s, be, backend_name)
+                    exact_epilogue and beta != 0) else None, be)
             combined = exact_epilogue
         else:
             ms, ns = A.shape[0], Bm.shape[1]

@@ -1,4 +1,4 @@
-"""One product or a split one (the in-memory GEMM's choice), and exact slices of rows / columns too wide for 49 moduli."""
+"""One product or a split one (the in-memory GEMM's choice): exact slices of rows / columns too wide for 49 moduli, or the exact product."""
 
 from __future__ import annotations
 
@@ -6,19 +6,16 @@ from typing import Optional
 
 import numpy as np
 
-from ..arith import to_int_ref
 from ..arrays import array_module
-from ..basis import Basis
 from ..encode import _NONE
 from ..magnitude import measure_ratio
 from ..planner.methods import MIN_BITS
-from ..program.execute import run_step
 from ..run.epilogue import exact_combination
+from ..run.exact_path import exact_int_matmul, exact_ints_of, limb_moduli
 from .scan import _magnitude, frexp_exponent, gemm_scale, group_lsb, group_stats
-from .tiles import _encoded, gemm_program
 from .width import _MAX_MODULI, SplitNeeded, gemm_width, moduli_for_bits
 
-__all__ = ["row_slices", "split_width", "auto_split_width", "exact_split_sums"]
+__all__ = ["row_slices", "split_width"]
 
 
 def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: int = MIN_BITS,
@@ -29,9 +26,9 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
     columns zeroed (``fa`` / ``fb`` mark the finite ones). ``mode``:
     ``'whole'`` (one product at ``s`` moduli, width ``t``, exponents ``ea``,
     ``eb``), ``'pairs'`` (``moduli=None`` beyond 49 moduli: :func:`row_slices`
-    at :func:`split_width`'s ``s``) or ``'exact'`` (``'auto'`` beyond:
-    :func:`exact_split_sums` at :func:`auto_split_width`'s ``s``); the split
-    modes leave ``t``, ``ea``, ``eb`` to their slicing.
+    at :func:`split_width`'s ``s``) or ``'exact'`` (``'auto'`` beyond: the
+    exact product in integers, :func:`_exact_auto`, its residue GEMM of limbs
+    on ``s`` moduli); the split modes leave ``t``, ``ea``, ``eb`` to them.
     """
     xp = array_module(opa, opb)
     auto = moduli == "auto"
@@ -50,7 +47,7 @@ def _choose(moduli, opa, opb, k: int, cplx: bool, fn: str = "dgemm", min_bits: i
         # the split product meets the classical bound, not an arbitrary target: a target takes moduli='auto''s exact
         # split, correctly rounded (so within any target), as the einsum and chain defaults do
         if auto or rtol is not None:
-            return "exact", auto_split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
+            return "exact", len(limb_moduli(2 * k if cplx else k)), None, None, None, A, Bm, fa, fb
         return "pairs", split_width(k, cplx, A, Bm), None, None, None, A, Bm, fa, fb
 
 
@@ -149,48 +146,14 @@ def _auto_operands(A, Bm, cplx: bool):
     return [re, im]
 
 
-def auto_split_width(k: int, cplx: bool, A, Bm) -> int:
-    """The moduli count of ``moduli='auto'``'s exact split product (:func:`split_width` of its real products)."""
-    real = _auto_operands(A, Bm, cplx)
-    return split_width(real[0][0].shape[1], False, *real[0])
-
-
-def exact_split_sums(A, Bm, s: int, be, backend_name) -> tuple[np.ndarray, np.ndarray]:
-    """``(S, e)``: the exact real ``A @ Bm`` as Python ints ``S_ij * 2**e_ij``, from exact slices of each row / column.
-
-    Every row of ``A`` and column of ``Bm`` is cut into slices of at most
-    ``t - 53`` binades (:func:`row_slices`, each encoded exactly at width
-    ``t``), all slice pairs are one residue product, and each output's pair
-    integers, shifted to their common exponent, are summed as Python ints:
-    nothing rounds. Host arrays (the sums are Python ints).
-    """
-    k = A.shape[1]
-    t = gemm_width(s, k)
-    xa, own_a, _ = row_slices(A, t)
-    xbt, own_b, _ = row_slices(Bm.T, t)
-    basis = Basis.int8(s)
-    enc_a, enc_b, product, _ = gemm_program(basis, t, k, False, 1.0).steps
-    Ea, Eb = _slice_exponent(xa, 1), _slice_exponent(xbt, 1)
-    vals = {0: _encoded(xa, (t - Ea)[:, None], enc_a, basis, be), 1: _encoded(xbt.T, (t - Eb)[None, :], enc_b, basis, be)}
-    run_step(product, vals, basis, be, backend_name, np)
-    N = to_int_ref(np.asarray(vals[product.out].planes), basis.moduli)
-    ex = (Ea[:, None] + Eb[None, :] - 2 * t).astype(np.int64)  # pair (r, c) is N_rc * 2**ex_rc
-    m, n = A.shape[0], Bm.shape[1]
-    rows = [np.flatnonzero(own_a == i) for i in range(m)]
-    cols = [np.flatnonzero(own_b == j) for j in range(n)]
-    S = np.zeros((m, n), dtype=object)
-    e = np.zeros((m, n), dtype=np.int64)
-    for i in range(m):
-        for j in range(n):
-            pairs = [(N[r, c], int(ex[r, c])) for r in rows[i] for c in cols[j] if N[r, c] != 0]
-            if pairs:
-                lo = min(x for _, x in pairs)
-                S[i, j] = sum(v << (x - lo) for v, x in pairs)
-                e[i, j] = lo
-    return S, e
-
-
-def _exact_auto(A, Bm, cplx: bool, alpha, beta, c, s: int, be, backend_name) -> np.ndarray:
-    """``alpha * A @ Bm + beta * c`` rounded once (each part) from :func:`exact_split_sums`."""
-    sums = [exact_split_sums(x, y, s, be, backend_name) for x, y in _auto_operands(A, Bm, cplx)]
+def _exact_auto(A, Bm, cplx: bool, alpha, beta, c, be) -> np.ndarray:
+    """``alpha * A @ Bm + beta * c`` rounded once (each part): the exact real products of :func:`_auto_operands` in
+    Python integers (:func:`rnstensor.run.exact_path.exact_int_matmul`: limbs of every row and column, one residue
+    GEMM on backend ``be``), combined by :func:`~rnstensor.run.epilogue.exact_combination`. Host arrays."""
+    sums = []
+    for x, y in _auto_operands(A, Bm, cplx):
+        (xi,), ex = exact_ints_of([x])
+        (yi,), ey = exact_ints_of([y])
+        z, ez = exact_int_matmul(xi[None], yi[None], be)
+        sums.append((z[0], np.full(z.shape[1:], ex + ey + ez, np.int64)))
     return exact_combination(sums, alpha, beta, c, cplx)

@@ -20,11 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..arith import float_parts, to_int_ref
+from ..arith import float_parts, ints_from_digits
 from ..arrays import to_host, to_module
 from ..basis import int8_pool
 
-__all__ = ["LIMB_BITS", "RESIDUE_GEMM_TERMS", "exact_ints_of", "exact_einsum", "exact_int_matmul"]
+__all__ = ["LIMB_BITS", "RESIDUE_GEMM_TERMS", "exact_ints_of", "exact_einsum", "exact_int_matmul", "limb_moduli"]
 
 #: bits per limb: a limb is an int64 (its residues are numpy's), and a limb product a 2 * 62 + log2(K)-bit sum
 LIMB_BITS = 62
@@ -79,8 +79,18 @@ def _residues(v: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
     return out
 
 
-def _moduli_holding(bits: int) -> tuple[int, ...]:
-    """The fewest INT8 pool moduli whose product exceeds ``2**bits`` (they hold a signed ``bits - 1``-bit sum)."""
+def _to_ints(planes: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
+    """The integers of host residue planes as Python ints: the CPU backend's mixed-radix digits (its decodes'
+    threaded loop; the reference's would take most of an exact product's time), then Horner in int64 runs."""
+    from ..backends import get_backend  # noqa: PLC0415 - the CPU backend's kernel, on these host planes
+
+    return ints_from_digits(*get_backend("cpu").mrc_digits(planes, moduli))
+
+
+def limb_moduli(K: int) -> tuple[int, ...]:
+    """The INT8 moduli of :func:`exact_int_matmul`'s residue GEMM over ``K`` terms: the fewest of the pool whose
+    product exceeds ``2 K (2**W - 1)**2`` (a signed sum of ``K`` limb products, exactly)."""
+    bits = 2 * LIMB_BITS + max(1, K - 1).bit_length() + 1
     pool, prod = int8_pool(), 1
     for s, p in enumerate(pool, 1):
         prod *= p
@@ -110,11 +120,11 @@ def exact_int_matmul(a: np.ndarray, b: np.ndarray, be) -> tuple[np.ndarray, int]
     lbt, low_b, nb = _limbs(np.swapaxes(b, 1, 2), W)
     if K <= RESIDUE_GEMM_TERMS * na * nb:
         return np.asarray(np.matmul(a, b), dtype=object), 0
-    moduli = _moduli_holding(2 * W + max(1, K - 1).bit_length() + 1)
+    moduli = limb_moduli(K)
     xp = be.xp
     pa = to_module(_residues(la.reshape(B, na * M, K), moduli), xp)
     pb = to_module(_residues(np.swapaxes(lbt.reshape(B, nb * N, K), 1, 2), moduli), xp)
-    Z = to_int_ref(to_host(be.matmul(pa, pb, moduli)), moduli).reshape(B, na, M, nb, N)
+    Z = _to_ints(to_host(be.matmul(pa, pb, moduli)), moduli).reshape(B, na, M, nb, N)
     # sum_j sum_l Z_jl 2**((j + l) W): the diagonals j + l = d first, then Horner in 2**W
     acc = None
     for d in range(na + nb - 2, -1, -1):

@@ -10,11 +10,11 @@ import numpy as np
 
 from ... import arith
 from ...arrays import default_workspace_bytes
-from ...basis import Basis
+from ...basis import Basis, mrc_order
 from .. import NumpyBackend, elementwise_shape, matmul_shape, product_layout
 from .common import (_BLAS_CHUNK, _BLOCK, _CHUNK, _DIRECT_MAX_K, _P2, _exponent_runs, _launch, _mod_consts,
                      _nthreads, _ro)
-from .decoding import _decode_exact_kernel, _decode_fp64_kernel, _decode_plan, _factor_limbs
+from .decoding import _decode_exact_kernel, _decode_fp64_kernel, _decode_plan, _digits_kernel, _factor_limbs
 from .drop_extend import _drop_extend_kernel, _drop_plan
 from .encoding import _encode_kernel, _pow2_tables
 from .products import _elementwise, _product_direct, _product_tasks, _reduce_swap
@@ -366,6 +366,18 @@ class CpuBackend:
         return fused.run_chain(program, x, decode, field=field, fexp=fexp)
 
     # ----- decode -------------------------------------------------------------------------
+
+    def mrc_digits(self, planes: np.ndarray, active: Sequence[int]) -> tuple[np.ndarray, tuple[int, ...]]:
+        """:func:`rnstensor.arith.mrc_digits_ref` (the centered mixed-radix digits, int64, and their order) in one
+        threaded pass: the decodes' digit loop. The same digits (they are unique)."""
+        active = tuple(int(p) for p in active)
+        X, shape = _planes_2d(planes, len(active))
+        if len(active) < 2 or X.shape[1] == 0 or not warm(_digits_kernel, X.size * 4):
+            return arith.mrc_digits_ref(planes, active)
+        (perm, C, qf, qip, qh, _), _ = _decode_plan(active)
+        out = np.empty((len(active), X.shape[1]), np.int64)
+        _launch(_digits_kernel, -(-X.shape[1] // _BLOCK), X.size * 4, X, perm, C, qf, qip, qh, out)
+        return out.reshape((len(active),) + tuple(shape)), mrc_order(active)
 
     def decode(
         self, planes: np.ndarray, active: Sequence[int], exponent: np.ndarray, factor: int, mode: str

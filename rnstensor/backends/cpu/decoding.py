@@ -14,7 +14,7 @@ from ...basis import mrc_order
 from .common import (_BLOCK, _HORNER_CHUNK, _MASK30, _any_below, _bitlen, _bits, _block_exponents, _borrow, _flat_as,
                      _ldexp, _mod_consts, _mrc_coeffs, _mrc_digits)
 
-__all__ = ["_fma", "_decode_fp64_kernel", "_decode_fp64_block", "_signed_horner", "_decode_exact_kernel", "ROUND_ROWS",
+__all__ = ["_fma", "_decode_fp64_kernel", "_digits_kernel", "_decode_fp64_block", "_signed_horner", "_decode_exact_kernel", "ROUND_ROWS",
            "_round_exact", "_decode_exact_block", "_decode_plan", "_factor_limbs"]
 
 
@@ -361,6 +361,22 @@ def _decode_exact_block(X, i0, W, perm, C, qf, qip, qh, qd, eb, eadd, flimbs, fs
     _mrc_digits(X, i0, W, perm, C, qf, qip, qh, U, acc)
     _signed_horner(U, qd, sgn, Vf, carry, W, 40)
     _round_exact(Vf, 40, sgn, eb, eadd, flimbs, fsign, p2, o, V, P, R, W)
+
+
+@njit(cache=True, nogil=True)
+def _digits_kernel(X, perm, C, qf, qip, qh, out, task0, task1):
+    # out[:, i0:i0 + W] <- the centered mixed-radix digits of X's entries, block by block (the decodes' first half)
+    N = X.shape[1]
+    m = perm.size
+    D = np.empty((m, _BLOCK), np.float32)
+    acc = np.empty(_BLOCK, np.float32)
+    for blk in range(task0, task1):
+        i0 = blk * _BLOCK
+        W = min(_BLOCK, N - i0)
+        _mrc_digits(X, i0, W, perm, C, qf, qip, qh, D, acc)
+        for i in range(m):
+            for b in range(W):
+                out[i, i0 + b] = np.int64(D[i, b])
 
 
 @lru_cache(maxsize=256)
