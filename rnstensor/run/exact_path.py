@@ -30,9 +30,10 @@ __all__ = ["LIMB_BITS", "RESIDUE_GEMM_TERMS", "exact_ints_of", "exact_einsum", "
 LIMB_BITS = 62
 
 #: the residue GEMM of limbs pays where ``K`` exceeds this many times the limb pairs: each output's limb pairs are
-#: reconstructed (mixed radix, ~18 moduli) and shifted together, against ``K`` multiply-adds of Python ints (measured
-#: on 64 x K x 64, 300-bit entries, 5 x 5 limbs: even at K ~ 250, 2x faster at K = 1024)
-RESIDUE_GEMM_TERMS = 8
+#: reconstructed (mixed radix, ~18 moduli) and shifted together, against ``K`` multiply-adds of Python ints.
+#: benchmarks/bench_exact_path.py (64 x K x 64): even at ~8 per pair for 60-bit entries (1 x 1 limbs), at ~3.5 for
+#: 300-bit ones (5 x 5 limbs); at 10 per pair the residue GEMM takes half the time or less
+RESIDUE_GEMM_TERMS = 4
 
 _bit_length = np.frompyfunc(lambda v: int(v).bit_length(), 1, 1)
 _trailing_zeros = np.frompyfunc(lambda v: (int(v) & -int(v)).bit_length() - 1 if v else 1 << 62, 1, 1)
