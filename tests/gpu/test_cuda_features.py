@@ -74,6 +74,19 @@ def test_einsum():
     same(rt.einsum("ij,jk,kl->il", A, B, C, backend="cuda"), rt.einsum("ij,jk,kl->il", A, B, C, backend="cpu"))
 
 
+def test_auto_einsum_beyond_one_plan():  # (not test_einsum*: test_gpu_required selects that one name)
+    # moduli='auto' where no plan of 49 moduli holds the value: pairwise in integers, the limb GEMMs on the device
+    # (K = 64 against at most 3 x 3 limb pairs: the residue route); correctly rounded, so the host's bits
+    import cupy as cp
+
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((5, 64)) * np.exp2(rng.integers(-50, 50, (5, 64)))
+    B = rng.standard_normal((64, 64)) * np.exp2(rng.integers(-50, 50, (64, 64)))
+    C = rng.standard_normal((64, 3)) * np.exp2(rng.integers(-50, 50, (64, 3)))
+    want = rt.einsum("ij,jk,kl->il", A, B, C, moduli="auto")
+    same(rt.einsum("ij,jk,kl->il", cp.asarray(A), cp.asarray(B), cp.asarray(C), moduli="auto").get(), want)
+
+
 def test_gemm_shaped_einsum():
     # one GEMM: each element on the moduli dgemm gives it alone, dgemm's program; on the device the host's bits
     import cupy as cp
