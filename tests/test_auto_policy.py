@@ -16,7 +16,11 @@ import rnstensor as rt
 from rnstensor.run import exact, policy
 
 _F = np.vectorize(Fraction, otypes=[object])
-_round = np.vectorize(float, otypes=[float])
+_to_float = np.vectorize(float, otypes=[float])  # (Fraction -> float: correctly rounded)
+
+
+def _round(v):
+    return np.ascontiguousarray(_to_float(v))  # (an optimized einsum's result may be strided)
 
 
 def _exact(sub, *ops):
@@ -28,7 +32,7 @@ def _exact(sub, *ops):
         tot_re, tot_im = 0, 0
         for mask in range(1 << n):
             args = [im[k] if mask >> k & 1 else re[k] for k in range(n)]
-            v = np.einsum(sub, *args)
+            v = np.einsum(sub, *args, optimize="greedy")  # (pairwise: exact in any order, Fractions)
             k = bin(mask).count("1")  # i**k
             if k % 4 == 0:
                 tot_re = tot_re + v
@@ -39,7 +43,7 @@ def _exact(sub, *ops):
             else:
                 tot_im = tot_im - v
         return _round(tot_re) + 1j * _round(tot_im)
-    v = np.einsum(sub, *[_F(o) for o in ops])
+    v = np.einsum(sub, *[_F(o) for o in ops], optimize="greedy")
     return _round(v) if np.ndim(v) else float(v)
 
 
