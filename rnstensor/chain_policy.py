@@ -20,7 +20,7 @@ from .ir import Encode
 from .run.exact import half_spacing
 from .run.escalate import certified_groups
 from .run.groups import evaluation, put_back
-from .run.policy import FALLBACK_SPLITS, default_target
+from .run.policy import FALLBACK_PAIRWISE, default_target
 
 __all__ = ["ChainPolicies"]
 
@@ -34,10 +34,10 @@ class ChainPolicies:
 
     # ----- moduli='auto' (and the default's fallback): the exact chain rounded once --------------
 
-    def _exact_chain(self, X, backend, nonfinite: str, split: bool = True):
+    def _exact_chain(self, X, backend, nonfinite: str, pairwise: bool = True):
         """``moduli='auto'``: the exact chain, rounded once per entry (no rounding drop): the einsum of the same
         contractions with ``moduli='auto'`` (:func:`rnstensor.contract_expression`), built once per input shape.
-        Without ``split``, only where one exact plan of at most 49 moduli holds it (else :class:`RNSRangeError`)."""
+        Without ``pairwise``, only where one exact plan of at most 49 moduli holds it (else :class:`RNSRangeError`)."""
         from .contract import contract_expression  # noqa: PLC0415 - the front end of einsum, above this one
 
         shape = tuple(getattr(X, "shape", np.shape(X)))
@@ -49,7 +49,7 @@ class ChainPolicies:
                 self.einsum_subscripts(batch), shape, *ops, constants=range(1, len(ops) + 1), moduli="auto",
                 backend=backend, nonfinite=nonfinite)
         expr = self._exact_exprs[key]
-        y = expr._auto((X,), backend, split)
+        y = expr._auto((X,), backend, pairwise)
         self.last_evaluation = expr.last_evaluation
         return y
 
@@ -191,7 +191,7 @@ class ChainPolicies:
         the classical GEMMs do not meet takes the exact chain however wide, as ``moduli='auto'`` does (the correctly
         rounded value meets any target)."""
         try:
-            y = self._exact_chain(x, backend, "raise", FALLBACK_SPLITS)
+            y = self._exact_chain(x, backend, "raise", FALLBACK_PAIRWISE)
         except RNSRangeError:
             if self.rtol is None or self.rtol >= gamma(self.classical_terms):
                 return None

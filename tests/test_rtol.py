@@ -87,8 +87,8 @@ def test_chain_plans_meet_the_target():
 
 def test_targets_no_plan_certifies_take_the_correctly_rounded_value():
     # a row spanning ~2000 binades whose product reads only its smallest entries: no residue plan within 49 moduli
-    # holds it, and the classical GEMMs meet only gamma_3 = 3.3e-16; the exact value (exact splits, as
-    # moduli='auto' takes them) rounded once meets any target
+    # holds it, and the classical GEMMs meet only gamma_3 = 3.3e-16; the exact value (in integers, as
+    # moduli='auto' takes it) rounded once meets any target
     a = np.array([[1e300, 3e-300, -1e-300], [1.0, 2.0, 3.0]])
     b = np.array([[0.0, 1.0], [1.0, 0.5], [1.0, 2.0]])
     rtol = 2.5e-16

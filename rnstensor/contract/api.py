@@ -96,9 +96,9 @@ def contract_expression(
         The residue basis (an int ``s``: the first ``s`` INT8 moduli).
         ``'auto'``: the correctly rounded value of the whole expression on
         every finite input (the library chooses the moduli and widths that
-        encode every operand exactly with no rounding drop, and splits
-        operands exactly where 49 moduli cannot hold them; exact sums in
-        Python integers there, slower). ``'fast'``: the 15-moduli plan,
+        encode every operand exactly with no rounding drop; where no plan of
+        49 moduli holds the value, it is computed pairwise in Python
+        integers, each pair a residue GEMM of limbs: slower). ``'fast'``: the 15-moduli plan,
         uncertified. ``None`` (default): every call on float operands meets
         ``|ŷ - y| <= (1 + 2**-5) u (|A| |B| ...)`` entrywise (``u = 2**-53``,
         the final rounding included; ``γ_m = m u / (1 - m u)`` where smaller,

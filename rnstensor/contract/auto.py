@@ -25,10 +25,10 @@ class _CorrectlyRounded:
 
     # ----- moduli='auto': correctly rounded ---------------------------------------------------------
 
-    def _auto(self, arrays, backend, split: bool = True):
+    def _auto(self, arrays, backend, pairwise: bool = True):
         """The correctly rounded result: the plan on the fewest moduli that encodes every operand exactly and drops
-        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly, else (``split``) the exact value pairwise
-        in Python integers (:meth:`_auto_pairwise`); numpy's inf / NaN where they enter. Without ``split``, no plan
+        nothing (:func:`rnstensor.run.exact.least_moduli`), decoded exactly, else (``pairwise``) the exact value pairwise
+        in Python integers (:meth:`_auto_pairwise`); numpy's inf / NaN where they enter. Without ``pairwise``, no plan
         of at most 49 moduli holding the value raises :class:`~rnstensor.RNSRangeError` (the default's fallback
         then takes the classical GEMMs)."""
         parsed = self._operands(arrays)
@@ -41,7 +41,7 @@ class _CorrectlyRounded:
             return self._run(arrays, backend, track=False, parsed=parsed)
         # one GEMM: dgemm's 'auto', the same correctly rounded value (not for the certificate's fallback, which takes
         # one exact plan or else the classical GEMMs)
-        labels = gemm_labels(self) if split else None
+        labels = gemm_labels(self) if pairwise else None
         y = gemm_auto(self, labels, parsed, backend) if labels else None
         if y is not None:
             self.last_evaluation = "one GEMM, correctly rounded (dgemm's 'auto')"
@@ -51,7 +51,7 @@ class _CorrectlyRounded:
                                                                           self.output)))
                        for i, t in enumerate(self.terms))
         expr = self._exact_rung(kinds, cplx, widths)
-        if expr is None and split:
+        if expr is None and pairwise:
             return self._auto_pairwise(parsed, arrays, backend)
         if expr is None:
             raise RNSRangeError(f"einsum: the exact value of {self.subscripts!r} on these operands (encoded exactly at "

@@ -17,7 +17,7 @@ from ..program.classical import certify, classical_terms, gamma
 from ..run.exact import half_spacing
 from ..run.escalate import certified_groups
 from ..run.groups import evaluation, put_back
-from ..run.policy import FALLBACK_SPLITS, default_target
+from ..run.policy import FALLBACK_PAIRWISE, default_target
 from ..program.errors import inflate
 from ..tensor import RNSTensor
 from .gemm_shaped import gemm_elements, gemm_labels
@@ -268,7 +268,7 @@ class _ElementsCall:
         else the composed classical GEMMs (the bound gamma_m), where they meet the target."""
         sub = self.sub
         try:
-            y = sub._auto(self.args, self.backend, FALLBACK_SPLITS)
+            y = sub._auto(self.args, self.backend, FALLBACK_PAIRWISE)
         except RNSRangeError:
             n = sub.sizes[self.batch] if self.batch is not None else 1
             if n > 1:

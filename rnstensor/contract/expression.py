@@ -528,7 +528,7 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
                 f"einsum: decode='exact' promises the correctly rounded result, but operand {i} needs {need} bits to "
                 f"be encoded exactly (one exponent per slice along the output indices) and the plan on "
                 f"{self.basis!r} encodes it at {st.bits}; use moduli='auto' (the correctly rounded result: it "
-                f"chooses the moduli, and splits operands exactly where 49 do not hold them) or decode='fp64'"
+                f"chooses the moduli, and goes to exact integers where 49 do not hold the value) or decode='fp64'"
             )
 
     def explain(self) -> str:

@@ -196,7 +196,7 @@ class _Planner:
             if not any(self._shrink(n, short) for n in order):
                 why = (" (decode='exact' drops no moduli: a drop rounds, and the result would not be the correctly "
                        "rounded one)") if self.exact else ""
-                fix = ("moduli='auto' (it chooses the moduli, and splits operands exactly where 49 do not hold them)"
+                fix = ("moduli='auto' (it chooses the moduli, and goes to exact integers where 49 do not hold the value)"
                        if self.exact else "more moduli, or moduli=None (it chooses them)")
                 raise PlanError(
                     f"einsum: {what} needs 2^{log2_int(2 * B):.1f} of range even with every operand at the smallest "

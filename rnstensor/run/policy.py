@@ -20,8 +20,8 @@
 ``'auto'``
     The correctly rounded value of the whole expression on every finite
     input: the library chooses the moduli and widths (exact encodings, no
-    rounding drop) and splits operands exactly where 49 moduli cannot hold
-    them.
+    rounding drop); where 49 moduli cannot hold the value, the exact value in
+    integers (a GEMM's rows split exactly, an einsum pairwise).
 an int ``s``, a :class:`~rnstensor.Basis` or a sequence of moduli
     That basis, as planned (the explicit opt-out).
 
@@ -43,7 +43,7 @@ import numpy as np
 from ..basis import Basis
 
 __all__ = ["Accuracy", "accuracy_policy", "check_rtol", "default_target", "POLICIES", "DEFAULT_MODULI", "DEFAULT_RTOL",
-           "FALLBACK_SPLITS"]
+           "FALLBACK_PAIRWISE"]
 
 #: what each ``moduli=`` selects; ``'basis'`` is an explicit one
 POLICIES = ("classical", "fast", "auto", "basis")
@@ -64,7 +64,7 @@ DEFAULT_RTOL = (1 + 2.0**-5) * 2.0**-53
 #: moduli (the exact value pairwise in Python integers, as moduli='auto' does). No: past that plan the fallback takes
 #: the classical GEMMs, so it stays where the data is and as fast; a target they do not meet takes the exact value.
 #: Read by einsum / contract expressions and by chain plans alike.
-FALLBACK_SPLITS = False
+FALLBACK_PAIRWISE = False
 
 
 def default_target(m: int, rtol: Optional[float] = None) -> float:
