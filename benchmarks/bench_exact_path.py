@@ -12,7 +12,9 @@ Part 2, the cost a user sees: ``rt.einsum(..., moduli='auto')`` on operands no p
 - the 4-index transform ``pqrs,pi,qj,rk,sl->ijkl``, n = 8, every operand s = 80 (wide160's span);
 - a chain ``nabc,ia,jb,kc->nijk`` of three U[-1, 1) 8 x 8 operators on 64 tensors 8^3, X s = 200;
 - ``rt.dgemm(a, b, moduli='auto')`` at 256^3 with ``a``'s rows spanning 2^+-400 (dgemm's exact split, the same
-  integer GEMM).
+  integer GEMM);
+- and, within one plan, ``rt.dgemm(a, b, c, beta=-0.3, moduli='auto')`` at 512^3 (the exact epilogue), with ``c``
+  normal and with two of its entries 2^+-900 away from the rest.
 
 Usage: ``python benchmarks/bench_exact_path.py [--rounds 3] [--json out.json]``
 """
@@ -86,7 +88,13 @@ def _cases() -> list:
     ops, Xc = [rng.uniform(-1, 1, (8, 8)) for _ in range(3)], w((64, 8, 8, 8), 200)
     plan = rt.plan_chain(ops, [0, 1, 2], moduli="auto")
     A, B = w((256, 256), 400), rng.standard_normal((256, 256))
+    G, H, C = (rng.standard_normal((512, 512)) for _ in range(3))
+    Cfar = C.copy()
+    Cfar[3, 4], Cfar[100, 7] = 2.0**900, -(2.0**-900)
     return [
+        ("dgemm 512^3 'auto', beta, C", lambda: rt.dgemm(G, H, C, beta=-0.3, moduli="auto"), lambda: G @ H - 0.3 * C),
+        ("dgemm 512^3 'auto', beta, C: two entries 2^+-900", lambda: rt.dgemm(G, H, Cfar, beta=-0.3, moduli="auto"),
+         lambda: G @ H - 0.3 * Cfar),
         ("einsum ij,jk,kl->il 64^2, 2^+-150", lambda: rt.einsum("ij,jk,kl->il", a, b, c, moduli="auto"),
          lambda: np.einsum("ij,jk,kl->il", a, b, c, optimize=True)),
         ("einsum pqrs,pi,qj,rk,sl->ijkl n=8, 2^+-80", lambda: rt.einsum("pqrs,pi,qj,rk,sl->ijkl", X4, *C4, moduli="auto"),

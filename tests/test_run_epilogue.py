@@ -224,3 +224,24 @@ def test_an_inf_or_nan_c_keeps_ieee_values_in_the_exact_epilogue():
         for kw in (dict(moduli="auto"), dict(rtol=1.2e-16), dict(moduli="auto", alpha=0.0)):
             y = rt.dgemm(a, b, C, beta=0.5, **kw)
             assert np.array_equal(y, [[0.5 * want]], equal_nan=True), (c, kw, y)
+
+
+def test_far_out_c_entries_take_the_python_path_not_every_entry_wider(monkeypatch):
+    # two entries of c 2**±900 away from the rest: the residues stay on the range the others need (extending every
+    # entry to 49 moduli for two would cost more) and those two are summed in Python integers; every entry still
+    # alpha * A @ B + beta * c rounded once (Fractions)
+    import rnstensor.run.epilogue as ep
+
+    rng = np.random.default_rng(30)
+    A, B, c = rng.standard_normal((40, 30)), rng.standard_normal((30, 20)), rng.standard_normal((40, 20))
+    c[3, 4], c[10, 7] = 2.0**900, -(2.0**-900)
+    sizes, real = [], ep.exact_combination
+    monkeypatch.setattr(ep, "exact_combination", lambda sums, *a: sizes.append(sums[0][0].size) or real(sums, *a))
+    alpha, beta = 1.5, -0.3
+    y = rt.dgemm(A, B, c, alpha=alpha, beta=beta, moduli="auto")
+    assert sizes == [2]
+    AF, BF = [[_F(v) for v in row] for row in A], [[_F(v) for v in row] for row in B]
+    for i in range(40):
+        for j in range(20):
+            p = sum(AF[i][k] * BF[k][j] for k in range(30))
+            assert y[i, j] == _rounded(_F(alpha) * p + _F(beta) * _F(c[i, j])), (i, j)

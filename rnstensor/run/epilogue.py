@@ -302,6 +302,36 @@ def _ieee_where_nonfinite(combine: Callable, beta, c: Optional[np.ndarray]) -> n
     return y
 
 
+#: Costs of the exact epilogue's two paths, from its phases timed on 512 x 512 outputs on 25 moduli (CPU, 2026-12-06:
+#: combination 34 ms, exact decode 18 ms, extension 5 ms) and from :func:`exact_combination` on 65536 entries (0.3 s
+#: with their integers): a modulus of range per entry, and one entry by Python integers. The end to end effect is in
+#: benchmarks/bench_exact_path.py (a C with two entries 2**+-900 away from the rest)
+EPILOGUE_MODULUS_ENTRY_S = 9e-9
+EPILOGUE_PYTHON_ENTRY_S = 8e-6
+
+
+def _extension_bits(wbits: np.ndarray, s: int) -> int:
+    """The range in bits the exact epilogue's residues extend to (at least what ``s`` moduli hold): the widest
+    entry's (``wbits``: :func:`combination_bits`), unless leaving the few widest to the per-entry Python path costs
+    less than the moduli they would add for every entry (one far-out ``c`` entry then no longer widens all)."""
+    pool = int8_pool()
+    held = [math.prod(pool[:n]).bit_length() - 1 for n in range(len(pool) + 1)]
+    w = np.maximum(np.asarray(wbits, np.int64).reshape(-1), 0) + 2  # (bits + 2: what combined_planes keeps)
+    if w.size == 0:
+        return 0
+    counts = np.bincount(w)
+    beyond = w.size - np.cumsum(counts)  # beyond[b]: the entries wider than b bits
+    best, pick = None, int(w.max())
+    for b in np.flatnonzero(counts):
+        n = max(s, int(np.searchsorted(held, b)))  # (the moduli that hold b bits)
+        if n >= len(held):
+            break
+        cost = n * w.size * EPILOGUE_MODULUS_ENTRY_S + int(beyond[b]) * EPILOGUE_PYTHON_ENTRY_S
+        if best is None or cost < best:
+            best, pick = cost, int(b)
+    return pick
+
+
 def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -> np.ndarray:
     """``alpha * P + beta * c`` rounded once per entry (per part) for a product value ``v``
     (:class:`rnstensor.program.execute.Value`), on the host: :func:`exact_combination`'s result.
@@ -324,7 +354,7 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
     moduli = tuple(v.active or basis.moduli)
     cc = np.asarray(c, np.float64) if use_c else None
     wbits = combination_bits(e, v.bound, alpha, beta, cc)
-    need = int(wbits.max(initial=0)) + 2  # (the range W asks for, in bits)
+    need = _extension_bits(wbits, len(moduli))  # (the range W asks for, in bits)
     pool = int8_pool()
     if need > math.prod(moduli).bit_length() - 1 and moduli == tuple(pool[:len(moduli)]):
         # more INT8 moduli hold the sum: the product's residues base-extended to them (exact: |S| < P / 2)
