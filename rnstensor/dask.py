@@ -502,11 +502,11 @@ def _gemm(fn_name: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, modu
 def _split_tiles(fn_name: str, opa, opb, c, alpha, beta, backend, dtype, exact: bool = True):
     """``moduli='auto'`` (or a target) where some row or column needs more than 49 moduli: each output tile by the
     in-memory :func:`rnstensor.dgemm` / :func:`rnstensor.zgemm` on its rows of ``op(a)`` and columns of ``op(b)``,
-    whole along ``k`` (it splits them into exact slices). The product is correctly rounded, so unique: the bits of
+    whole along ``k`` (its exact product in integers). The product is correctly rounded, so unique: the bits of
     one in-memory call, for any chunking; ``beta * c`` joins it before that rounding (``exact``: 'auto', or a target
     within the float64 epilogue's roundings) or after it in float64, as the in-memory call adds it. CuPy chunks: the
-    tile comes to the host and goes back (the exact slice products are summed in Python integers, as the in-memory
-    call does on the host)."""
+    tile comes to the host and goes back (the exact product's limb products are summed in Python integers, as the
+    in-memory call does on the host)."""
     from .gemm import dgemm as _dgemm, zgemm as _zgemm  # noqa: PLC0415 - (the module's names are the Dask ones)
 
     gemm = _zgemm if fn_name == "zgemm" or dtype.kind == "c" else _dgemm

@@ -11,7 +11,8 @@ from ..encode import _NONE
 from ..magnitude import measure_ratio
 from ..planner.methods import MIN_BITS
 from ..run.epilogue import exact_combination
-from ..run.exact_path import exact_int_matmul, exact_ints_of, limb_moduli
+from ..reference import exact_ints
+from ..run.exact_path import exact_int_matmul, limb_moduli
 from .scan import _magnitude, frexp_exponent, gemm_scale, group_lsb, group_stats
 from .width import _MAX_MODULI, SplitNeeded, gemm_width, moduli_for_bits
 
@@ -152,8 +153,8 @@ def _exact_auto(A, Bm, cplx: bool, alpha, beta, c, be) -> np.ndarray:
     GEMM on backend ``be``), combined by :func:`~rnstensor.run.epilogue.exact_combination`. Host arrays."""
     sums = []
     for x, y in _auto_operands(A, Bm, cplx):
-        (xi,), ex = exact_ints_of([x])
-        (yi,), ey = exact_ints_of([y])
+        xi, ex = exact_ints(x)
+        yi, ey = exact_ints(y)
         z, ez = exact_int_matmul(xi[None], yi[None], be)
         sums.append((z[0], np.full(z.shape[1:], ex + ey + ez, np.int64)))
     return exact_combination(sums, alpha, beta, c, cplx)

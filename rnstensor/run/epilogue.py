@@ -310,26 +310,26 @@ EPILOGUE_MODULUS_ENTRY_S = 9e-9
 EPILOGUE_PYTHON_ENTRY_S = 8e-6
 
 
-def _extension_bits(wbits: np.ndarray, s: int) -> int:
-    """The range in bits the exact epilogue's residues extend to (at least what ``s`` moduli hold): the widest
-    entry's (``wbits``: :func:`combination_bits`), unless leaving the few widest to the per-entry Python path costs
-    less than the moduli they would add for every entry (one far-out ``c`` entry then no longer widens all)."""
+def _extension_moduli(wbits: np.ndarray, s: int) -> int:
+    """How many INT8 moduli the exact epilogue's residues extend to (at least ``s``): those the widest entry needs
+    (``wbits``: :func:`combination_bits`), unless leaving the few widest to the per-entry Python path costs less
+    than the moduli they would add for every entry (one far-out ``c`` entry then no longer widens all)."""
     pool = int8_pool()
     held = [math.prod(pool[:n]).bit_length() - 1 for n in range(len(pool) + 1)]
     w = np.maximum(np.asarray(wbits, np.int64).reshape(-1), 0) + 2  # (bits + 2: what combined_planes keeps)
     if w.size == 0:
-        return 0
+        return s
     counts = np.bincount(w)
     beyond = w.size - np.cumsum(counts)  # beyond[b]: the entries wider than b bits
-    best, pick = None, int(w.max())
+    best, pick = None, len(pool)  # (none within the pool: all of it, the widest left to Python)
     for b in np.flatnonzero(counts):
         n = max(s, int(np.searchsorted(held, b)))  # (the moduli that hold b bits)
         if n >= len(held):
             break
         cost = n * w.size * EPILOGUE_MODULUS_ENTRY_S + int(beyond[b]) * EPILOGUE_PYTHON_ENTRY_S
         if best is None or cost < best:
-            best, pick = cost, int(b)
-    return pick
+            best, pick = cost, n
+    return max(s, pick)
 
 
 def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -> np.ndarray:
@@ -354,16 +354,12 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
     moduli = tuple(v.active or basis.moduli)
     cc = np.asarray(c, np.float64) if use_c else None
     wbits = combination_bits(e, v.bound, alpha, beta, cc)
-    need = _extension_bits(wbits, len(moduli))  # (the range W asks for, in bits)
-    pool = int8_pool()
-    if need > math.prod(moduli).bit_length() - 1 and moduli == tuple(pool[:len(moduli)]):
+    s = _extension_moduli(wbits, len(moduli))
+    if s > len(moduli) and moduli == tuple(int8_pool()[:len(moduli)]):
         # more INT8 moduli hold the sum: the product's residues base-extended to them (exact: |S| < P / 2)
-        s = next((n for n in range(len(moduli), len(pool) + 1) if math.prod(pool[:n]).bit_length() - 1 >= need),
-                 len(pool))
-        if s > len(moduli):
-            basis = Basis.int8(s)
-            planes, moduli = get_backend("cpu").drop_extend(planes, moduli, basis, 0, True)
-            moduli = tuple(int(p) for p in moduli)
+        basis = Basis.int8(s)
+        planes, moduli = get_backend("cpu").drop_extend(planes, moduli, basis, 0, True)
+        moduli = tuple(int(p) for p in moduli)
     W, f, ok = combined_planes(planes, moduli, e, v.bound, alpha, beta, cc, wbits)
     # (the bound the decode is told: the largest |W| the kept entries may reach, within the range by ok)
     bits = int(wbits[ok].max(initial=0))

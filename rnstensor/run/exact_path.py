@@ -20,11 +20,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..arith import float_parts, ints_from_digits
+from ..arith import centered_mod, ints_from_digits
 from ..arrays import to_host, to_module
 from ..basis import int8_pool
+from ..reference import exact_ints
 
-__all__ = ["LIMB_BITS", "RESIDUE_GEMM_TERMS", "exact_ints_of", "exact_einsum", "exact_int_matmul", "limb_moduli"]
+__all__ = ["LIMB_BITS", "RESIDUE_GEMM_TERMS", "exact_einsum", "exact_int_matmul", "limb_moduli"]
 
 #: bits per limb: a limb is an int64 (its residues are numpy's), and a limb product a 2 * 62 + log2(K)-bit sum
 LIMB_BITS = 62
@@ -37,19 +38,6 @@ RESIDUE_GEMM_TERMS = 4
 
 _bit_length = np.frompyfunc(lambda v: int(v).bit_length(), 1, 1)
 _trailing_zeros = np.frompyfunc(lambda v: (int(v) & -int(v)).bit_length() - 1 if v else 1 << 62, 1, 1)
-
-
-def exact_ints_of(parts: Sequence[np.ndarray]) -> tuple[list[np.ndarray], int]:
-    """``(ints, e)``: float64 arrays (a real one, or a complex one's two parts) as Python ints times ``2**e``, one
-    ``e`` for all of them (the least exponent of a nonzero entry: every entry is an integer multiple of it)."""
-    split = [float_parts(np.asarray(p, dtype=np.float64)) for p in parts]
-    nz = [m != 0 for m, _ in split]
-    e = min((int(k[z].min()) for (_, k), z in zip(split, nz) if z.any()), default=0)
-    ints = []
-    for (m, k), z in zip(split, nz):
-        shift = np.where(z, k - e, 0).astype(object)
-        ints.append(np.asarray(m.astype(object) * (np.ones(m.shape, dtype=object) << shift), dtype=object))
-    return ints, e
 
 
 def _limbs(x: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -75,8 +63,7 @@ def _residues(v: np.ndarray, moduli: Sequence[int]) -> np.ndarray:
     """int8 planes ``(L, *v.shape)`` of the centered residues of int64 ``v``."""
     out = np.empty((len(moduli),) + v.shape, dtype=np.int8)
     for i, p in enumerate(moduli):
-        r = v % p
-        out[i] = np.where(r >= (p + 1) // 2, r - p, r)
+        out[i] = centered_mod(v, p)
     return out
 
 
@@ -190,8 +177,8 @@ def exact_einsum(terms: Sequence[str], output: str, path: Sequence[tuple], leave
     """
     ops = []
     for t, parts in zip(terms, leaves):
-        ints, e = exact_ints_of(parts)
-        ops.append((ints, t, e))
+        ints, e = exact_ints(np.stack(parts))  # (a complex operand's two parts on one exponent)
+        ops.append((list(ints), t, e))
     for step in path:
         taken = [ops[i] for i in step]
         ops = [o for i, o in enumerate(ops) if i not in step]
