@@ -1,4 +1,5 @@
-"""One product or a split one (the in-memory GEMM's choice): exact slices of rows / columns too wide for 49 moduli, or the exact product."""
+"""One product or a split one (the in-memory GEMM's choice): exact slices of rows / columns too wide for 49 moduli,
+or the exact product in integers."""
 
 from __future__ import annotations
 

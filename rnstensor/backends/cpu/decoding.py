@@ -14,8 +14,8 @@ from ...basis import mrc_order
 from .common import (_BLOCK, _HORNER_CHUNK, _MASK30, _any_below, _bitlen, _bits, _block_exponents, _borrow, _flat_as,
                      _ldexp, _mod_consts, _mrc_coeffs, _mrc_digits)
 
-__all__ = ["_fma", "_decode_fp64_kernel", "_digits_kernel", "_decode_fp64_block", "_signed_horner", "_decode_exact_kernel", "ROUND_ROWS",
-           "_round_exact", "_decode_exact_block", "_decode_plan", "_factor_limbs"]
+__all__ = ["_fma", "_decode_fp64_kernel", "_digits_kernel", "_decode_fp64_block", "_signed_horner",
+           "_decode_exact_kernel", "ROUND_ROWS", "_round_exact", "_decode_exact_block", "_decode_plan", "_factor_limbs"]
 
 
 # ----- decode -------------------------------------------------------------------------------
