@@ -369,10 +369,12 @@ def test_spinning_blas_threads_are_seen():
 # ----- the engine's product as INT8 residues (einsum's GEMM-shaped steps) ------------------------------------------
 
 
+@pytest.mark.parametrize("plan", ["primes", "grouped"])
 @pytest.mark.parametrize("t, s", [(53, 15), (56, 16), (160, 48)])
-def test_wide_engine_residues_are_the_exact_products(t, s):
+def test_wide_engine_residues_are_the_exact_products(t, s, plan):
     # the engine's integers as residues on INT8 moduli, against Python integers: round_half_even(x 2**e) per entry,
-    # the exact sums of their products, reduced and centered
+    # the exact sums of their products, reduced and centered; on wide primes (the mixed-radix digits) or on wide
+    # moduli grouped from the INT8 ones (gemm.onto_plan: one reduction each)
     rng = np.random.default_rng(t)
     m, k, n = 4, 300, 5
     a, b = _data(rng, "wide", (m, k)), rng.uniform(-1, 1, (k, n))
@@ -381,7 +383,7 @@ def test_wide_engine_residues_are_the_exact_products(t, s):
     eb = t - np.frexp(np.abs(b).max(axis=0))[1]
     mods = rt.Basis.int8(s).moduli
     bound = k * 4**t
-    wide, chunk = cpu_gemm.wide_plan(k, bound)
+    wide, chunk = cpu_gemm.wide_plan(k, bound) if plan == "primes" else cpu_gemm.onto_plan(k, bound, mods)
     got = cpu_gemm.exact_gemm(a, b, ea, eb, bound, 1.0, wide, chunk, onto=tuple(mods))
     A = [[round(Fraction(float(v)) * Fraction(2) ** int(ea[i])) for v in row] for i, row in enumerate(a)]
     B = [[round(Fraction(float(b[p, j])) * Fraction(2) ** int(eb[j])) for j in range(n)] for p in range(k)]
@@ -392,9 +394,50 @@ def test_wide_engine_residues_are_the_exact_products(t, s):
             assert got[:, i, j].tolist() == want, (i, j)
 
 
+@pytest.mark.parametrize("k, s", [(1, 1), (60, 15), (300, 15), (4096, 20), (70000, 49), (1 << 22, 49)])
+def test_onto_plan_groups_the_int8_moduli_into_wide_ones_that_hold_the_sums(k, s):
+    mods = rt.Basis.int8(s).moduli
+    bound = math.prod(mods) // 2 - 1  # (the widest the INT8 moduli hold)
+    wide, chunk = cpu_gemm.onto_plan(k, bound, mods)
+    assert math.prod(wide) == math.prod(mods)  # every INT8 modulus in one group, once
+    assert all(sum(w % q == 0 for w in wide) == 1 for q in mods)
+    assert 1 <= chunk <= max(k, 1) and len(wide) <= cpu_gemm._L_MAX
+    # a chunk's sums of products of centered residues stay exact in float64, every modulus below 2**24
+    assert all(w <= cpu_gemm._P_MAX and chunk * (w // 2) ** 2 <= cpu_gemm._SUM_MAX for w in wide)
+    # (never fewer than moduli below 2**24 need)
+    assert len(wide) >= math.ceil(math.log(math.prod(mods)) / math.log(cpu_gemm._P_MAX))
+    with pytest.raises(ValueError, match="do not hold the bound"):
+        cpu_gemm.onto_plan(k, math.prod(mods) // 2, mods)
+
+
+def test_mode_products_take_the_engine_on_moduli_grouped_from_the_int8_ones(monkeypatch):
+    # a GEMM-shaped mode product (a tensor by a matrix, the new axis last) decoded in float64 takes the engine's
+    # residues, made on wide moduli that are products of the plan's INT8 moduli; the bits of the INT8 product
+    from rnstensor.backends.cpu.backend import ExactProduct
+
+    rng = np.random.default_rng(8)
+    x, m = rng.uniform(-1, 1, (30, 20, 60)), rng.uniform(-1, 1, (60, 40))
+    monkeypatch.setattr(cpu_gemm, "ENGINE", "int8")
+    want = rt.einsum("bij,jk->bik", x, m, moduli="fast")
+    monkeypatch.setattr(cpu_gemm, "ENGINE", "wide")
+    asked, planned = [], []
+    real = ExactProduct.residues
+    monkeypatch.setattr(ExactProduct, "residues", lambda self: asked.append(self.moduli) or real(self))
+    real_gemm = cpu_gemm.exact_gemm
+    monkeypatch.setattr(cpu_gemm, "exact_gemm", lambda *a, **kw: planned.append(a[6]) or real_gemm(*a, **kw))
+    got = rt.einsum("bij,jk->bik", x, m, moduli="fast")
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+    assert asked == [rt.Basis.int8(15).moduli]
+    assert math.prod(planned[0]) == math.prod(asked[0])  # (the grouped moduli, not primes)
+
+
 @pytest.mark.parametrize("subscripts, shapes", [("ijab,abcd->ijcd", [(4, 4, 12, 12), (12, 12, 12, 12)]),
                                                 ("ik,jk->ji", [(40, 700), (30, 700)]),
-                                                ("kai,bk->aib", [(600, 4, 9), (20, 600)])])
+                                                ("kai,bk->aib", [(600, 4, 9), (20, 600)]),
+                                                # mode products: the new axis last, first, or inside (no GEMM)
+                                                ("bij,jk->bik", [(30, 20, 60), (60, 40)]),
+                                                ("jk,bij->kbi", [(60, 40), (30, 20, 60)]),
+                                                ("bij,ik->bkj", [(30, 20, 60), (20, 40)])])
 @pytest.mark.parametrize("kind", ["uniform", "wide", "ints", "tiny"])
 def test_einsum_products_on_the_wide_engine_give_the_int8_bits(subscripts, shapes, kind):
     # einsum's GEMM-shaped steps go through the same engine choice as dgemm (program.execute._engine_product)

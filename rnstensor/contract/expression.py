@@ -402,10 +402,16 @@ class ContractExpression(_CorrectlyRounded, _ClassicalDefault):
         # operands of a plain GEMM step that the backend's exact GEMM engine takes: their planes are not needed
         takes = getattr(be, "takes_product", None)
         size = lambda labels: math.prod(self.sizes[c] for c in labels)  # noqa: E731
-        gemm_slots = {slot for st in plan.steps if isinstance(st, ir.Contract) and st.kind == "matmul"
-                      and not (st.batch or st.x_sum or st.y_sum) and takes is not None
-                      and all(c in self.sizes for c in st.x_labels + st.y_labels)  # (no complex-part or internal axis)
-                      and takes(size(st.x_keep), size(st.y_keep), size(st.contracted), len(self.basis), st.bound)
+
+        def engine_takes(st) -> bool:
+            sides = st.gemm_sides()
+            # (no complex-part or internal axis)
+            if takes is None or sides is None or not all(c in self.sizes for c in st.x_labels + st.y_labels):
+                return False
+            m, n = (size(st.x_keep), size(st.y_keep))[:: 1 if sides == "xy" else -1]
+            return takes(m, n, size(st.contracted), len(self.basis), st.bound)
+
+        gemm_slots = {slot for st in plan.steps if isinstance(st, ir.Contract) and engine_takes(st)
                       for slot in (st.x, st.y)}
 
         def encoded(st):

@@ -147,6 +147,16 @@ class Contract:
             return self.y, self.y_labels, self.x, self.x_labels
         return self.x, self.x_labels, self.y, self.y_labels
 
+    def gemm_sides(self) -> Optional[str]:
+        """``'xy'`` where this step is one plain GEMM of its operands with rows ``x_keep`` and columns ``y_keep``
+        (the result's axes in that order), ``'yx'`` where the rows are ``y_keep``, else ``None``: a matmul or a mode
+        product with no batch index and nothing summed first, its new axis the result's last or first."""
+        if self.kind not in ("matmul", "mode", "mode_rev") or self.batch or self.x_sum or self.y_sum:
+            return None
+        if self.labels == self.x_keep + self.y_keep:
+            return "xy"
+        return "yx" if self.labels == self.y_keep + self.x_keep else None
+
     def in_place(self) -> bool:
         """Whether this mode product's operator is ``(new, contracted)`` and the new axis takes the contracted
         one's place (under its own label or the same), every other axis staying where it was."""

@@ -215,14 +215,18 @@ def _sum(v: Value, over: str, bound: int, basis: Basis, be, xp) -> Value:
 
 
 def _contract(X: Value, Y: Value, st: Contract, basis: Basis, be, xp) -> Value:
-    if st.kind == "matmul":
-        product = _engine_product(X, Y, st, _moduli(X, basis), be, xp)
+    sides = st.gemm_sides()
+    if sides is not None:
+        rows, cols = ((X, st.x_keep), (Y, st.y_keep))[:: 1 if sides == "xy" else -1]
+        product = _engine_product(rows, cols, st.contracted, st.bound, _moduli(X, basis), be, xp)
         if product is not None:  # (the operands' planes, where deferred, are never made)
-            xs, ys = (tuple(v.source.shape[v.labels.index(c)] for c in keep) for v, keep in
-                      ((X, st.x_keep), (Y, st.y_keep)))
+            xs, ys = (tuple(v.source.shape[v.labels.index(c)] for c in keep) for v, keep in (rows, cols))
             L = len(_moduli(X, basis))
+            exps = _product_exps(X, Y, st)
+            if sides == "yx":  # (the exponents in the result's order)
+                exps = exps.transpose([(st.x_keep + st.y_keep).index(c) for c in st.labels])
             return ProductValue(lambda: product.residues().reshape((L,) + xs + ys),
-                                lambda: product.decoded().reshape(xs + ys), _product_exps(X, Y, st),
+                                lambda: product.decoded().reshape(xs + ys), exps,
                                 X.factor * Y.factor, st.bound, st.labels)
     C, Bt, Kx, Ky, kind = st.contracted, st.batch, st.x_keep, st.y_keep, st.kind
     if st.x_sum:
@@ -272,28 +276,30 @@ def _product_exps(X: Value, Y: Value, st: Contract) -> Exps:
             + _insert_axes(_drop_axes(ye, range(nb, nb + nc)), nb, nx))
 
 
-def _engine_product(X: Value, Y: Value, st: Contract, moduli: tuple, be, xp):
-    """A GEMM-shaped product of two encoded operands taken by the backend's exact GEMM engine (``exact_product``:
-    the CPU's wide moduli in float64 BLAS), from the floats they were encoded from: its residues (the INT8
-    product's bits) or its exact decode, made when asked; ``None`` where the backend has none or declines it, or
-    the step is not one plain GEMM of two fresh encodings (a batch index, sums first, drops)."""
+def _engine_product(rows: tuple, cols: tuple, contracted: str, bound: int, moduli: tuple, be, xp):
+    """A GEMM-shaped product of two encoded operands (``rows``, ``cols``: each ``(value, its kept labels)``, the
+    result's axes the first's then the second's) taken by the backend's exact GEMM engine (``exact_product``: the
+    CPU's wide moduli in float64 BLAS), from the floats they were encoded from: its residues (the INT8 product's
+    bits) or its exact decode, made when asked; ``None`` where the backend has none or declines it, or the
+    operands are not two fresh encodings (drops, a factor, no floats)."""
+    (X, x_keep), (Y, y_keep) = rows, cols
     engine = getattr(be, "exact_product", None)
-    if (engine is None or X.source is None or Y.source is None or st.batch or st.x_sum or st.y_sum
+    if (engine is None or X.source is None or Y.source is None
             or X.active is not None or Y.active is not None or X.factor != 1 or Y.factor != 1
             or X.source.dtype != np.float64 or Y.source.dtype != np.float64):
         return None
-    nc = len(st.contracted)
-    xorder, yorder = st.x_keep + st.contracted, st.contracted + st.y_keep
+    nc = len(contracted)
+    xorder, yorder = x_keep + contracted, contracted + y_keep
     xs = X.source.transpose([X.labels.index(c) for c in xorder])
     ys = Y.source.transpose([Y.labels.index(c) for c in yorder])
-    M, K = math.prod(xs.shape[: len(st.x_keep)]), math.prod(xs.shape[len(st.x_keep):])
+    M, K = math.prod(xs.shape[: len(x_keep)]), math.prod(xs.shape[len(x_keep):])
     N = math.prod(ys.shape[nc:])
     # the encode exponents: constant along the contracted indices (one per row of the first, column of the second)
     ea = -xp.broadcast_to(X.exp.transpose([X.labels.index(c) for c in xorder]).total(),
-                          xs.shape[: len(st.x_keep)] + (1,) * nc).reshape(M)
+                          xs.shape[: len(x_keep)] + (1,) * nc).reshape(M)
     eb = -xp.broadcast_to(Y.exp.transpose([Y.labels.index(c) for c in yorder]).total(),
                           (1,) * nc + ys.shape[nc:]).reshape(N)
-    return engine(xs.reshape(M, K), ys.reshape(K, N), ea.astype(np.int64), eb.astype(np.int64), st.bound, moduli)
+    return engine(xs.reshape(M, K), ys.reshape(K, N), ea.astype(np.int64), eb.astype(np.int64), bound, moduli)
 
 
 def _contract_3m(X: Value, Y: Value, st: Contract3M, basis: Basis, be, xp) -> Value:

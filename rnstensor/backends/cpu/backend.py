@@ -424,7 +424,18 @@ class ExactProduct:
         """``(len(moduli), m, n)`` int8: the product's residues on the INT8 moduli."""
         from . import gemm  # noqa: PLC0415 - the engine's kernels compile on first use
 
-        return gemm.exact_gemm(self.a, self.b, self.ea, self.eb, self.bound, 1.0, *self.wide, onto=self.moduli)
+        # (on wide moduli grouped from the INT8 ones, where they fit as few and the workspace: each residue one
+        # reduction of its group's, where the primes' would take every entry's mixed-radix digits)
+        (m, k), n = self.a.shape, self.b.shape[1]
+        wide = self.wide
+        try:
+            grouped = gemm.onto_plan(k, self.bound, self.moduli)
+        except ValueError:
+            grouped = None
+        if (grouped is not None and len(grouped[0]) <= len(wide[0]) + 1
+                and gemm.wide_bytes(m, n, k, len(grouped[0])) <= default_workspace_bytes()):
+            wide = grouped
+        return gemm.exact_gemm(self.a, self.b, self.ea, self.eb, self.bound, 1.0, *wide, onto=self.moduli)
 
     def decoded(self) -> np.ndarray:
         """``(m, n)`` float64: ``2**(-ea_i - eb_j)`` times the product's integers, correctly rounded."""

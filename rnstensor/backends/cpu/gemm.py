@@ -30,7 +30,7 @@ from ...basis import mrc_digit_coeffs, mrc_order
 from . import common
 from .wide import _LIMB, _decode, _lift_into, _mod_sum, _reduce_into, _residues, _rounded_entries, _wide_encode
 
-__all__ = ["group_stats", "wide_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes",
+__all__ = ["group_stats", "wide_plan", "onto_plan", "exact_gemm", "exact_gemm_shared", "prefers_wide", "wide_bytes",
            "release_workspace",
            "threaded_matmul", "ENGINE",
            "PHASES", "KEEP_BYTES"]
@@ -417,6 +417,54 @@ def wide_plan(k: int, bound: int) -> tuple[tuple[int, ...], int]:
         raise ValueError(f"wide_plan: {_L_MAX} primes below 2**24 do not hold a product bound of "
                          f"{bound.bit_length()} bits; use the INT8 product")
     return best[1], best[2]
+
+
+@lru_cache(maxsize=64)
+def onto_plan(k: int, bound: int, onto: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """``(moduli, chunk)`` as :func:`wide_plan`, each wide modulus a product of some of the INT8 moduli ``onto``
+    (every one of them in one): the product's residues on ``onto`` are then one reduction of its group's residue
+    each (:meth:`~rnstensor.backends.cpu.backend.ExactProduct.residues`), where primes would need every entry's
+    mixed-radix digits. Their product is that of ``onto``, which must exceed ``2 * bound``.
+
+    Examples
+    --------
+    >>> from rnstensor import Basis
+    >>> onto = Basis.int8(15).moduli
+    >>> mods, chunk = onto_plan(60, 60 * 4**53, onto)
+    >>> len(mods), chunk, math.prod(mods) == math.prod(onto), all(p < 2**24 for p in mods)
+    (5, 60, True, True)
+    """
+    k = max(int(k), 1)
+    onto = tuple(int(q) for q in onto)
+    if math.prod(onto) <= 2 * bound:
+        raise ValueError(f"onto_plan: the moduli's {math.prod(onto).bit_length()} bits do not hold the bound")
+    best = None
+    for chunk in sorted({k} | {1 << j for j in range(7, k.bit_length()) if (1 << j) < k}):
+        groups = _groups(onto, min(2 * math.isqrt(_SUM_MAX // chunk) + 1, _P_MAX))
+        if groups is None or len(groups) > _L_MAX:
+            continue
+        cost = _wide_cost(len(groups), chunk, k)
+        if best is None or cost < best[0]:
+            best = (cost, groups, chunk)
+    if best is None:
+        raise ValueError(f"onto_plan: {len(onto)} moduli do not fit {_L_MAX} wide ones at any chunk of {k} terms")
+    return best[1], best[2]
+
+
+def _groups(moduli: tuple[int, ...], limit: int) -> Optional[tuple[int, ...]]:
+    """The products of ``moduli`` packed into the fewest groups at most ``limit`` (first fit, largest first), or
+    ``None`` where one modulus exceeds it."""
+    groups: list[int] = []
+    for q in sorted(moduli, reverse=True):
+        if q > limit:
+            return None
+        for g, v in enumerate(groups):
+            if v * q <= limit:
+                groups[g] = v * q
+                break
+        else:
+            groups.append(q)
+    return tuple(groups)
 
 
 def _wide_cost(L: int, chunk: int, k: int) -> int:

@@ -53,6 +53,13 @@ def _residues(acc: np.ndarray, tabs, moduli: tuple) -> np.ndarray:
     the product with wide residues ``acc``: its integers, for the INT8 program's own decode."""
     m, n = acc.shape[1:]
     p, ip, h, _, _, perm, C, qd = tabs
+    pq, ipq, hq = common._mod_consts(tuple(moduli))[3:]
+    out = np.empty((len(moduli), m, n), np.int8)
+    owner = [next((g for g, w in enumerate(p) if int(w) % q == 0), -1) for q in moduli]
+    if min(owner) >= 0:  # wide moduli grouped from these (gemm.onto_plan): each residue one reduction
+        common._launch(_group_residues, m, m * n * len(moduli), common._ro(acc), np.asarray(owner, np.int64), pq,
+                       ipq, hq, out)
+        return out
     order = [int(v) for v in qd]
     Wq = np.empty((len(moduli), len(order)), np.float64)
     for j, q in enumerate(moduli):
@@ -60,8 +67,6 @@ def _residues(acc: np.ndarray, tabs, moduli: tuple) -> np.ndarray:
         for d, r in enumerate(order):
             Wq[j, d] = (w % q) - q if w % q > q // 2 else w % q
             w *= r
-    pq, ipq, hq = common._mod_consts(tuple(moduli))[3:]
-    out = np.empty((len(moduli), m, n), np.int8)
     common._launch(_wide_residues, m, m * n * (perm.size + len(moduli)) * 4, common._ro(acc), perm, C, p, ip, h,
                    Wq, pq, ipq, hq, out)
     return out
@@ -274,6 +279,19 @@ def _wide_residues(acc, perm, C, p, ip, h, Wq, q, iq, hq, out, task0, task1):
                     for d in range(L):
                         t += D[d, b] * wj[d]
                     o[b] = np.int8(common._cr64(t, qj, ij, hj))
+
+
+@njit(cache=True, nogil=True)
+def _group_residues(acc, owner, q, iq, hq, out, task0, task1):
+    # out[j, i, :] <- [acc[owner_j, i, :]]_q_j centered: the residues on q_j of wide residues on a multiple of q_j
+    n = acc.shape[2]
+    for i in range(task0, task1):
+        for j in range(q.size):
+            a = acc[owner[j], i]
+            o = out[j, i]
+            qj, ij, hj = q[j], iq[j], hq[j]
+            for b in range(n):
+                o[b] = np.int8(common._cr64(np.float64(a[b]), qj, ij, hj))
 
 
 @njit(cache=True, nogil=True)
