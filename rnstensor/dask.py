@@ -504,21 +504,20 @@ def _split_tiles(fn_name: str, opa, opb, c, alpha, beta, backend, dtype, exact: 
     in-memory :func:`rnstensor.dgemm` / :func:`rnstensor.zgemm` on its rows of ``op(a)`` and columns of ``op(b)``,
     whole along ``k`` (its exact product in integers). The product is correctly rounded, so unique: the bits of
     one in-memory call, for any chunking; ``beta * c`` joins it before that rounding (``exact``: 'auto', or a target
-    within the float64 epilogue's roundings) or after it in float64, as the in-memory call adds it. CuPy chunks: the
-    tile comes to the host and goes back (the exact product's limb products are summed in Python integers, as the
-    in-memory call does on the host)."""
+    within the float64 epilogue's roundings) or after it in float64, as the in-memory call adds it. CuPy chunks
+    stay CuPy chunks: the in-memory call takes them as it takes any device operands."""
     from .gemm import dgemm as _dgemm, zgemm as _zgemm  # noqa: PLC0415 - (the module's names are the Dask ones)
 
     gemm = _zgemm if fn_name == "zgemm" or dtype.kind == "c" else _dgemm
 
     def tile(pa, pb, *rest):
         xp = _namespace(pa)
-        ct = _host(rest[0]) if rest else None
+        ct = rest[0] if rest else None
         kw = dict(alpha=alpha, moduli="auto", backend=backend if xp is np else None)
-        y = gemm(_host(pa), _host(pb), ct, beta=beta, **kw) if exact else gemm(_host(pa), _host(pb), **kw)
-        if not exact and ct is not None:
-            y = plus_beta_c(y, beta, ct, np)
-        return y if xp is np else xp.asarray(y)
+        if exact:
+            return gemm(pa, pb, ct, beta=beta, **kw)
+        y = gemm(pa, pb, **kw)
+        return y if ct is None else plus_beta_c(y, beta, ct, xp)
 
     args = [opa, "ik", opb, "kj"]
     if beta != 0:

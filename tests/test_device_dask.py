@@ -61,13 +61,28 @@ def test_gemm(device):
     assert np.array_equal(out.get(), rt.zgemm(An, W, C, beta=0.25 - 1.5j), equal_nan=True)
 
 
-def test_auto_split_tiles(device):
-    # moduli='auto' on rows 49 moduli cannot hold: each tile by the in-memory dgemm on the device, the host's bits
+def test_auto_split_tiles(device, monkeypatch):
+    # moduli='auto' (and a target) on rows 49 moduli cannot hold: each tile by the in-memory dgemm / zgemm on its
+    # device chunks (the limbs' residue GEMMs on the device), alpha, beta and c as there: the host's bits
+    from rnstensor.run import exact_path
+
+    monkeypatch.setattr(exact_path, "RESIDUE_GEMM_TERMS", 0)
+    cuda = rt.backends.get_backend("cuda")
+    gemms = []
+    real = cuda.matmul
+    monkeypatch.setattr(cuda, "matmul", lambda x, y, m: gemms.append(type(x)) or real(x, y, m))
     r = np.random.default_rng(8)
     A = r.standard_normal((6, 30)) * np.exp2(r.integers(-400, 400, (6, 30)))
     B = r.standard_normal((30, 5)) * np.exp2(r.integers(-400, 400, (30, 5)))
     D = rd.dgemm(_persisted(device, A, (3, 10)), _persisted(device, B, (10, 2)), moduli="auto")
     _computed(device, D, rt.dgemm(A, B, moduli="auto"), resident=False)
+    assert gemms and set(gemms) == {device.cp.ndarray}
+    Z, W, C = A + 1j * A[::-1], B - 1j, r.standard_normal((6, 5)) + 0.5j
+    Z[0, :2], W[:2, 0] = (1e300, 1e-300), (1e-300, 1e300)  # (two terms of one size: a target needs both exactly)
+    for kw in ({"moduli": "auto"}, {"rtol": 1e-12}):
+        D = rd.zgemm(_persisted(device, Z, (3, 10)), _persisted(device, W, (10, 2)), _persisted(device, C, (2, 5)),
+                     alpha=0.5 - 1j, beta=2j, **kw)
+        _computed(device, D, rt.zgemm(Z, W, C, alpha=0.5 - 1j, beta=2j, **kw), resident=False)
 
 
 def test_apply(device):

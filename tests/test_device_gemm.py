@@ -72,6 +72,35 @@ def test_auto_with_alpha_and_beta_rounds_once_on_the_device(device):
     same_bits(got, rt.zgemm(za, zb, zc, alpha=0.5 + 2j, beta=1 - 1j, moduli="auto"))
 
 
+@pytest.mark.parametrize("cplx", [False, True])
+def test_auto_beyond_one_plan_on_the_device(device, cplx, monkeypatch):
+    # moduli='auto' (and a target) on rows 49 moduli cannot hold: the exact product's integers made on the host (as
+    # einsum's), its residue GEMMs of limbs (taken here however small) on the device, a device array back: the
+    # host's bits
+    from rnstensor.run import exact_path
+
+    monkeypatch.setattr(exact_path, "RESIDUE_GEMM_TERMS", 0)
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((6, 20)) * np.exp2(rng.integers(-500, 500, (6, 20)))
+    b, c = rng.standard_normal((20, 5)), rng.standard_normal((6, 5))
+    a[0, :2], b[:2, 0] = (1e300, 1e-300), (1e-300, 1e300)  # (two terms of one size: a target needs both exactly)
+    gemm, alpha, beta = rt.dgemm, 1.5, -0.3
+    if cplx:
+        a, b, c = a + 1j * a[::-1], b - 0.5j * b[::-1], c + 1j
+        gemm, alpha, beta = rt.zgemm, 0.5 + 2j, 1 - 1j
+    cuda = rt.backends.get_backend("cuda")
+    gemms = []  # (cuBLAS: no kernel of ours)
+    real = cuda.matmul
+    monkeypatch.setattr(cuda, "matmul", lambda x, y, m: gemms.append(type(x)) or real(x, y, m))
+    for kw in ({"moduli": "auto"}, {"rtol": 1e-12}):
+        want = gemm(a, b, c, alpha=alpha, beta=beta, **kw)
+        gemms.clear()
+        got = gemm(device.put(a), device.put(b), device.put(c), alpha=alpha, beta=beta, **kw)
+        assert isinstance(got, device.cp.ndarray)
+        assert gemms and set(gemms) == {device.cp.ndarray}, kw
+        same_bits(got, want)
+
+
 def test_nonfinite_rows_and_tiles(device):
     rng = np.random.default_rng(5)
     a, b = _operands(rng, 20, 50, 16)

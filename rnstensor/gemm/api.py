@@ -7,10 +7,10 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..arrays import CASTINGS, array_module, exact_float, exact_result, is_device_array, refuse_rnstensor, to_host
+from ..arrays import (CASTINGS, array_module, exact_float, exact_result, is_device_array, refuse_rnstensor, to_host,
+                      to_module)
 from ..backends import dispatch
 from ..basis import Basis
-from ..errors import RNSRangeError
 from ..planner.methods import MIN_BITS
 from ..run.epilogue import gemm_epilogue
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
@@ -113,14 +113,6 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         with _phase("other"):
             mode, s, t, ea, eb, A, Bm, fa, fb = _choose(moduli, opa, opb, k, cplx, fn, min_bits, target)
             transposed = getattr(be, "gemm_layout", "NN") == "TN"
-            if mode == "exact" and xp is not np:  # exact slices, exact sums of their products, one rounding
-                asked = "moduli='auto'" if rtol is None else f"rtol={rtol:g}"
-                raise RNSRangeError(
-                    f"{fn}: {asked} on rows / columns wider than 49 moduli hold sums exact slice products exactly "
-                    f"in Python integers, on the host: pass NumPy arrays, or "
-                    + ("moduli=None" if rtol is None else "leave rtol unset") +
-                    " (split on the device, the classical float64 bound)"
-                )
             if mode == "pairs":
                 # rows / columns too wide for 49 moduli: exact slices of each, every pair of slices one product
                 t = gemm_width(s, k, "complex" if cplx else "real")
@@ -138,9 +130,11 @@ def _gemm(fn: str, cplx: bool, a, b, c, alpha, beta, trans_a, trans_b, moduli, o
         elif mode == "whole":
             _run_product(term, prog, A, Bm, ea, eb, m, n, k, s, cplx, workspace, be, xp, backend_name, transposed)
         elif mode == "exact":
+            # (the exact integers on the host, as einsum's: the operands come over once, the limbs' residue GEMM
+            # runs on the call's backend, the rounded result goes back)
             with _phase("products"):
-                term[...] = _exact_auto(A, Bm, cplx, alpha, beta if exact_epilogue else 0, to_host(c) if (
-                    exact_epilogue and beta != 0) else None, be)
+                term[...] = to_module(_exact_auto(to_host(A), to_host(Bm), cplx, alpha, beta if exact_epilogue else 0,
+                                                  to_host(c) if exact_epilogue and beta != 0 else None, be), xp)
             combined = exact_epilogue
         else:
             ms, ns = A.shape[0], Bm.shape[1]
@@ -247,12 +241,12 @@ def dgemm(
         the largest magnitude to the lowest set bit of the smallest nonzero
         one), so the integer product is the exact product and the result is
         correctly rounded, ``beta * c`` included. Where 49 moduli cannot hold
-        that width, every row and column is split exactly into slices of
-        bounded span, the slice pairs are residue products, and each entry's
-        pair integers are summed exactly (Python integers,
-        :func:`exact_split_sums`) before its one rounding: correctly rounded
-        on any exponent range, subnormal results and overflow included (NumPy
-        operands; CuPy ones raise ``RNSRangeError`` there).
+        that width, the exact product in integers (every row and column cut
+        into 62-bit limbs, all limb pairs one residue GEMM on the call's
+        backend, :func:`rnstensor.run.exact_path.exact_int_matmul`) before
+        its one rounding: correctly rounded on any exponent range, subnormal
+        results and overflow included (CuPy operands too: their integers are
+        made on the host, as einsum's, the result goes back to the device).
     out : ndarray, optional
         Where to write the result (may be ``c`` itself); a CuPy array for CuPy operands.
     backend : str, optional
@@ -274,8 +268,10 @@ def dgemm(
         counted, :func:`~rnstensor.gemm.width.gemm_targets`, or the sum
         rounded once where the target lies within them), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
-        than the default). At least ``(1 + 2**-5) 2**-53``; a target 49 moduli cannot
-        meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
+        than the default). At least ``(1 + 2**-5) 2**-53`` (a tighter one raises
+        ``ValueError`` pointing to ``moduli='auto'``); where 49 moduli cannot
+        meet it, the exact product as ``'auto'`` gives it (correctly rounded,
+        so within any target).
 
     Returns
     -------
@@ -372,8 +368,10 @@ def zgemm(
         counted, :func:`~rnstensor.gemm.width.gemm_targets`, or the sum
         rounded once where the target lies within them), from the fewest moduli whose rigorous
         bound meets it (:func:`classical_moduli`; a loose target takes fewer
-        than the default). At least ``(1 + 2**-5) 2**-53``; a target 49 moduli cannot
-        meet raises :class:`RNSRangeError` pointing to ``moduli='auto'``.
+        than the default). At least ``(1 + 2**-5) 2**-53`` (a tighter one raises
+        ``ValueError`` pointing to ``moduli='auto'``); where 49 moduli cannot
+        meet it, the exact product as ``'auto'`` gives it (correctly rounded,
+        so within any target).
 
     Returns
     -------

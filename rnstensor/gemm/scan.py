@@ -146,7 +146,7 @@ def gemm_scale(moduli, k: int, cplx: bool, a_stats, b_stats, fn: str = "dgemm", 
         s = classical_moduli(k, cplx, a_stats, b_stats, lsb_of, magnitudes_of, rtol, xp)
     else:
         s = stack_moduli(moduli, k, cplx, one_matrix(a_stats), one_matrix(b_stats), xp=xp)[0]
-    if s is None:  # 'auto': the in-memory GEMM splits such rows / columns exactly and sums the slice products exactly
+    if s is None:  # 'auto': the in-memory GEMM takes the exact product in integers (split._exact_auto)
         raise SplitNeeded(
             f"{fn}: moduli='auto' needs a width of {int(exact_widths(a_stats, b_stats, xp))} bits to encode every row "
             f"of op(a) and column of op(b) exactly (from the largest entry's leading bit to the smallest nonzero "

@@ -87,6 +87,22 @@ def test_auto_einsum_beyond_one_plan():  # (not test_einsum*: test_gpu_required 
     same(rt.einsum("ij,jk,kl->il", cp.asarray(A), cp.asarray(B), cp.asarray(C), moduli="auto").get(), want)
 
 
+def test_auto_gemm_beyond_one_plan():
+    # dgemm / zgemm moduli='auto' on rows no 49 moduli hold, alpha, beta and c: the exact product's integers on the
+    # host, its limb GEMMs (K = 64: the residue route) on the device, a CuPy result; correctly rounded, the host's bits
+    import cupy as cp
+
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((6, 64)) * np.exp2(rng.integers(-500, 500, (6, 64)))
+    b, c = rng.standard_normal((64, 5)), rng.standard_normal((6, 5))
+    want = rt.dgemm(a, b, c, alpha=1.5, beta=-0.3, moduli="auto")
+    same(rt.dgemm(cp.asarray(a), cp.asarray(b), cp.asarray(c), alpha=1.5, beta=-0.3, moduli="auto").get(), want)
+    za, zb, zc = a + 1j * a[::-1], b - 0.5j * b[::-1], c + 1j
+    want = rt.zgemm(za, zb, zc, alpha=0.5 + 2j, beta=1 - 1j, moduli="auto")
+    same(rt.zgemm(cp.asarray(za), cp.asarray(zb), cp.asarray(zc), alpha=0.5 + 2j, beta=1 - 1j,
+                  moduli="auto").get(), want)
+
+
 def test_gemm_shaped_einsum():
     # one GEMM: each element on the moduli dgemm gives it alone, dgemm's program; on the device the host's bits
     import cupy as cp
