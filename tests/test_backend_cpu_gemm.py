@@ -431,6 +431,32 @@ def test_mode_products_take_the_engine_on_moduli_grouped_from_the_int8_ones(monk
     assert math.prod(planned[0]) == math.prod(asked[0])  # (the grouped moduli, not primes)
 
 
+def test_the_exact_epilogue_takes_the_engine_residues(monkeypatch):
+    # dgemm 'auto' with alpha, beta and c (rounded once: the exact epilogue reads the product's residues) takes them
+    # from the engine, on moduli grouped from the INT8 ones; the INT8 product's bits, every entry against Fractions
+    from rnstensor.backends.cpu.backend import ExactProduct
+
+    rng = np.random.default_rng(21)
+    a, b = rng.standard_normal((40, 70)), rng.standard_normal((70, 30))
+    a[:, ::3] *= 2.0**-40  # (a wide row: more moduli than 'fast')
+    c = rng.standard_normal((40, 30))
+    c[1, 2] = 2.0**600  # (one far-out entry: the per-entry path)
+    kw = dict(alpha=1.5, beta=-0.3, moduli="auto")
+    monkeypatch.setattr(cpu_gemm, "ENGINE", "int8")
+    want = rt.dgemm(a.T.copy(), b, c, trans_a="T", **kw)
+    monkeypatch.setattr(cpu_gemm, "ENGINE", "wide")
+    asked = []
+    real = ExactProduct.residues
+    monkeypatch.setattr(ExactProduct, "residues", lambda self: asked.append(len(self.moduli)) or real(self))
+    got = rt.dgemm(a.T.copy(), b, c, trans_a="T", **kw)
+    assert len(asked) == 1
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+    for i, j in [(0, 0), (1, 2), (7, 11), (39, 29)]:
+        exact = Fraction(1.5) * sum(Fraction(float(a[i, p])) * Fraction(float(b[p, j])) for p in range(70))
+        exact += Fraction(-0.3) * Fraction(float(c[i, j]))
+        assert got[i, j] == float(exact), (i, j)  # Fraction -> float rounds to nearest-even
+
+
 @pytest.mark.parametrize("subscripts, shapes", [("ijab,abcd->ijcd", [(4, 4, 12, 12), (12, 12, 12, 12)]),
                                                 ("ik,jk->ji", [(40, 700), (30, 700)]),
                                                 ("kai,bk->aib", [(600, 4, 9), (20, 600)]),
