@@ -31,6 +31,12 @@ every entry within ``rtol`` times the exact magnitude contraction
 certificate) meets it; an unreachable target raises with ``moduli='auto'``
 (correctly rounded, so within any ``rtol`` accepted) as the fix. The tightest accepted is
 :data:`DEFAULT_RTOL`, ``(1 + 2**-5) u``.
+
+Every bound here is relative above float64's normal range. Where a result is
+subnormal, its one rounding adds an absolute error of up to ``2**-1075`` (half
+the least subnormal), as it does to any float64 result, numpy's included: no
+float64 can be within ``rtol`` of a value there, the correctly rounded one is
+the closest.
 """
 
 from __future__ import annotations

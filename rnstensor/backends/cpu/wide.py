@@ -201,8 +201,8 @@ _LIFT_COLS = 16
 
 @njit(inline="always", nogil=True)
 def _reduce53(t, p, ip, h):
-    # [t]_p centered for an integer |t| < 2**53 (as _reduce_into: the float quotient within one, the FMA remainder)
-    q = np.floor(t * ip + 0.5)
+    # [t]_p centered for an integer |t| < 2**53 (see _reduce_into: the float quotient within one, the FMA remainder)
+    q = np.floor(t * ip + 0.5)  # floor vectorizes (rint became a libm call)
     r = decoding._fma(-q, p, t)
     r = r - p if r > h - 1 else r
     return r + p if r < h - p else r
@@ -232,11 +232,7 @@ def _reduce_into(Y, acc, p, ip, h, first, task0, task1):
         y = Y[i]
         a = acc[i]
         for j in range(n):
-            t = y[j] if first else y[j] + np.float64(a[j])
-            q = np.floor(t * ip + 0.5)  # floor vectorizes (rint became a libm call)
-            r = decoding._fma(-q, p, t)
-            r = r - p if r > h - 1 else r
-            a[j] = np.float32(r + p if r < h - p else r)
+            a[j] = np.float32(_reduce53(y[j] if first else y[j] + np.float64(a[j]), p, ip, h))
 
 
 @njit(cache=True, nogil=True, inline="always")
