@@ -13,6 +13,7 @@ from .arrays import array_module, to_host
 from .backends import dispatch
 from .basis import Basis, log2_int
 from .encode import as_basis, check_float_array, check_nonfinite, encode, finite_part, group_exponents
+from .errors import renamed
 from .planner import Schedule, plan_schedule
 from .planner.methods import MIN_BITS
 from .planner.drops import ROW as _ROW
@@ -696,8 +697,11 @@ def mode_chain(
     array([[6.],
            [6.]])
     """
-    plan = plan_chain(
-        operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits, ndim=ndim,
-        min_bits=min_bits, rtol=rtol,
-    )
-    return plan.run(X, decode=decode, nonfinite=nonfinite)
+    try:
+        plan = plan_chain(
+            operators, axes, moduli=moduli, method=method, planner=planner, bits=bits, input_bits=input_bits,
+            ndim=ndim, min_bits=min_bits, rtol=rtol,
+        )
+        return plan.run(X, decode=decode, nonfinite=nonfinite)
+    except (ValueError, TypeError) as exc:  # (plan_chain's errors, their fixes mode_chain's arguments too)
+        raise renamed(exc, "mode_chain", ("plan_chain",)) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RNSRangeError", "PlanError", "EinsumPathError", "range_error"]
+__all__ = ["RNSRangeError", "PlanError", "EinsumPathError", "range_error", "renamed"]
 
 
 class RNSRangeError(ValueError):
@@ -44,3 +44,25 @@ def range_error(what: str, bound: int, active_product: int, advice: str = "", ac
         f"{what}: the result needs 2*bound < P_active, i.e. 2^{need:.2f} of range, but the active "
         f"moduli give 2^{have:.2f} (short by {max(need - have, 0.0):.2f} bits); {advice}"
     )
+
+
+def renamed(exc: Exception, fn: str, inner: tuple) -> Exception:
+    """``exc`` with its message's prefix ``'<one of inner>: '`` (the function ``fn`` called) replaced by ``fn``'s own,
+    so that an error names what the user called; ``exc`` itself where it has no such prefix or its type takes no
+    message.
+
+    Examples
+    --------
+    >>> renamed(ValueError("dgemm: c is required"), "matmul", ("dgemm", "zgemm"))
+    ValueError('matmul: c is required')
+    """
+    msg = str(exc)
+    for name in inner:
+        if msg.startswith(f"{name}: "):
+            try:
+                out = type(exc)(f"{fn}: " + msg[len(name) + 2:])
+            except TypeError:
+                return exc
+            out.__cause__, out.__suppress_context__ = exc.__cause__, exc.__suppress_context__
+            return out.with_traceback(exc.__traceback__)
+    return exc

@@ -91,7 +91,7 @@ def test_gemm_moduli_counts_that_hold_no_width():
 
 
 def test_renamed_errors_keep_their_cause():
-    from rnstensor.gemm.api import _named
+    from rnstensor.errors import renamed as _renamed
 
     inner = KeyError("table")
     try:
@@ -100,8 +100,21 @@ def test_renamed_errors_keep_their_cause():
         except KeyError as cause:
             raise rt.PlanError("dgemm: no plan") from cause
     except rt.PlanError as exc:
-        renamed = _named(exc, "matmul")
+        renamed = _renamed(exc, "matmul", ("dgemm", "zgemm"))
     assert str(renamed) == "matmul: no plan" and renamed.__cause__ is inner and renamed.__suppress_context__
+
+
+def test_tensordot_and_mode_chain_errors_name_what_was_called():
+    # (their bodies are einsum's and plan_chain's: the messages name the function the user called, and the
+    # fixes they give work there)
+    a, b = np.ones((3, 4)), np.ones((4, 2))
+    msg = _refused(lambda: rt.tensordot(a, b, 1, rtol=1e-17))
+    assert msg.startswith("tensordot: ") and "moduli='auto'" in msg
+    assert np.array_equal(rt.tensordot(a, b, 1, moduli="auto"), a @ b)
+    X, ops = np.ones((2, 4, 4)), [np.eye(4)]
+    msg = _refused(lambda: rt.mode_chain(X, ops, [1], rtol=1e-17))
+    assert msg.startswith("mode_chain: ") and "moduli='auto'" in msg
+    assert np.array_equal(rt.mode_chain(X, ops, [1], moduli="auto"), X)
 
 
 def test_matmul_errors_name_matmul_and_the_argument_at_fault():

@@ -9,6 +9,7 @@ import numpy as np
 from ..arrays import CASTINGS, array_module, is_device_array
 from ..basis import Basis, moduli_count
 from ..encode import as_basis, check_nonfinite
+from ..errors import renamed
 from ..planner.methods import MIN_BITS
 from ..run.policy import accuracy_policy, check_rtol
 from ..tensor import RNSTensor, Scale
@@ -498,8 +499,11 @@ def tensordot(a, b, axes=2, *, moduli: Union[None, int, Basis, Sequence[int]] = 
         lb[j % nb] = la[i % na]
     out = [c for i, c in enumerate(la) if i not in [x % na for x in ax_a]]
     out += [c for j, c in enumerate(lb) if j not in [x % nb for x in ax_b]]
-    return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b, moduli=moduli, rtol=rtol, backend=backend,
-                  min_bits=min_bits, nonfinite=nonfinite)
+    try:
+        return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b, moduli=moduli, rtol=rtol,
+                      backend=backend, min_bits=min_bits, nonfinite=nonfinite)
+    except (ValueError, TypeError) as exc:  # (einsum's errors, their fixes tensordot's arguments too)
+        raise renamed(exc, "tensordot", ("einsum",)) from None
 
 
 def transpose(a, axes=None):

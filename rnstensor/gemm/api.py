@@ -11,6 +11,7 @@ from ..arrays import (CASTINGS, array_module, exact_float, exact_result, is_devi
                       to_module)
 from ..backends import dispatch
 from ..basis import Basis
+from ..errors import renamed
 from ..planner.methods import MIN_BITS
 from ..run.epilogue import gemm_epilogue
 from .checks import (_check_array, _check_moduli, _check_scalar, _check_target, _check_trans, _check_workspace,
@@ -480,22 +481,7 @@ def matmul(
     try:
         return _matmul(a, b, out, dtype, casting, moduli, backend, workspace_bytes, min_bits, rtol)
     except (ValueError, TypeError) as exc:  # (its 2-D products are dgemm's and zgemm's: their errors name matmul)
-        raise _named(exc, "matmul") from None
-
-
-def _named(exc: Exception, fn: str) -> Exception:
-    """``exc`` with the message of a dgemm / zgemm call made for ``fn`` prefixed ``fn`` (itself where it is not one
-    of those, or its type takes no message)."""
-    msg = str(exc)
-    for inner in ("dgemm: ", "zgemm: "):
-        if msg.startswith(inner):
-            try:
-                renamed = type(exc)(f"{fn}: " + msg[len(inner):])
-            except TypeError:
-                return exc
-            renamed.__cause__, renamed.__suppress_context__ = exc.__cause__, exc.__suppress_context__
-            return renamed.with_traceback(exc.__traceback__)
-    return exc
+        raise renamed(exc, "matmul", ("dgemm", "zgemm")) from None
 
 
 def _matmul(a, b, out, dtype, casting, moduli, backend, workspace_bytes, min_bits, rtol):
