@@ -228,8 +228,13 @@ def _distinct(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(1, np.int64), np.zeros(s.shape, np.int64)
     lo, hi = int(s.min()), int(s.max())
     if hi - lo < max(4096, s.size // 4):
-        return np.arange(lo, hi + 1, dtype=np.int64), (s - lo).astype(np.int64)
+        return np.arange(lo, hi + 1, dtype=np.int64), np.asarray(s - lo, np.int64)
     return np.unique(s, return_inverse=True)
+
+
+def _flat64(x: np.ndarray) -> np.ndarray:
+    """``x`` as a flat C-ordered int64 array (no copy where it is one)."""
+    return np.ascontiguousarray(x, np.int64).reshape(-1)
 
 
 def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c,
@@ -270,11 +275,11 @@ def combined_planes(planes, moduli: Sequence[int], e, bound: int, alpha, beta, c
     if fast is not None:
         L = len(moduli)
         W = fast(np.ascontiguousarray(planes).reshape(L, -1), moduli, [ma % int(p) for p in moduli],
-                 np.stack([_pow2_mod(shifts1, int(p)) for p in moduli]), at1.reshape(-1).astype(np.int64),
+                 np.stack([_pow2_mod(shifts1, int(p)) for p in moduli]), _flat64(at1),
                  [(mb % int(p)) if use_c else 0 for p in moduli],
-                 mc.reshape(-1).astype(np.int64) if use_c else np.zeros(e.size, np.int64),
+                 _flat64(mc) if use_c else np.zeros(e.size, np.int64),
                  np.stack([_pow2_mod(shifts2 if use_c else np.zeros(1, np.int64), int(p)) for p in moduli]),
-                 at2.reshape(-1).astype(np.int64) if use_c else np.zeros(e.size, np.int64), ok.reshape(-1))
+                 _flat64(at2) if use_c else np.zeros(e.size, np.int64), ok.reshape(-1))
         if W is not None:
             return W.reshape(planes.shape), f, ok
     W = np.zeros(planes.shape, np.int8)  # (the reference: NumPy passes, plane by plane)
@@ -350,7 +355,7 @@ def exact_epilogue(v, basis, alpha, beta, c: Optional[np.ndarray], cplx: bool) -
     if cplx or v.factor != 1:
         return exact_combination(exact_parts(v, basis, cplx), alpha, beta, c, cplx)
     planes = to_host(v.planes)
-    e = np.broadcast_to(to_host(v.exp.total()).astype(np.int64), planes.shape[1:])
+    e = np.broadcast_to(np.asarray(to_host(v.exp.total()), np.int64), planes.shape[1:])
     moduli = tuple(v.active or basis.moduli)
     cc = np.asarray(c, np.float64) if use_c else None
     wbits = combination_bits(e, v.bound, alpha, beta, cc)
