@@ -143,6 +143,9 @@ class CpuBackend:
             return _REFERENCE.matmul(a, b, mods)
         pf, ipf, hf = _mod_consts(mods)[3:]
         rows = math.prod(batch) * M
+        if K <= _BLAS_CHUNK:  # (one float32 GEMM a modulus: its operands and result in the kept workspace)
+            self._matmul_kept(a, b, batch, M, K, N, out, pf, ipf, hf)
+            return out
         for l in range(L):
             # float32 GEMMs are exact on chunks of <= 1024 terms (|r| <= 128); chunks sum exactly in float64
             acc = None
@@ -153,6 +156,25 @@ class CpuBackend:
             Y = _ro(np.ascontiguousarray(np.broadcast_to(acc, batch + (M, N))).reshape(1, rows, N))
             _launch(_reduce_swap, rows, Y.size, Y, out[l].reshape(rows, 1, N), pf[l], ipf[l], hf[l])
         return out
+
+    @staticmethod
+    def _matmul_kept(a, b, batch, M: int, K: int, N: int, out, pf, ipf, hf) -> None:
+        """:meth:`matmul` where ``K`` fits one exact float32 GEMM: each modulus' operands cast into buffers of the
+        kept workspace (:func:`rnstensor.backends.cpu.gemm.release_workspace`), its product into another, the
+        same three for every modulus. Fresh ones each time took new pages from the kernel, whose zeroing cost as
+        much as the GEMMs on small stacks (a 64 x (100 x 60)(60 x 80) stack on 15 moduli)."""
+        from . import gemm  # noqa: PLC0415 - the workspace the wide engine keeps
+
+        sa, sb = a.shape[1:], b.shape[1:]
+        rows = math.prod(batch) * M
+        with gemm._arena(4 * (math.prod(sa) + math.prod(sb) + rows * N)) as ws:
+            a32, b32, y = ws.take(sa, np.float32), ws.take(sb, np.float32), ws.take(batch + (M, N), np.float32)
+            Y = _ro(y.reshape(1, rows, N))
+            for l in range(out.shape[0]):
+                np.copyto(a32, a[l])
+                np.copyto(b32, b[l])
+                np.matmul(a32, b32, out=y)
+                _launch(_reduce_swap, rows, Y.size, Y, out[l].reshape(rows, 1, N), pf[l], ipf[l], hf[l])
 
     # ----- elementwise --------------------------------------------------------------------
 
