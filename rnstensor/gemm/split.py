@@ -151,11 +151,11 @@ def _auto_operands(A, Bm, cplx: bool):
 def _exact_auto(A, Bm, cplx: bool, alpha, beta, c, be) -> np.ndarray:
     """``alpha * A @ Bm + beta * c`` rounded once (each part): the exact real products of :func:`_auto_operands` in
     Python integers (:func:`rnstensor.run.exact_path.exact_int_matmul`: limbs of every row and column, one residue
-    GEMM on backend ``be``), combined by :func:`~rnstensor.run.epilogue.exact_combination`. Host arrays."""
-    sums = []
-    for x, y in _auto_operands(A, Bm, cplx):
-        xi, ex = exact_ints(x)
-        yi, ey = exact_ints(y)
-        z, ez = exact_int_matmul(xi[None], yi[None], be)
-        sums.append((z[0], np.full(z.shape[1:], ex + ey + ez, np.int64)))
-    return exact_combination(sums, alpha, beta, c, cplx)
+    GEMM on backend ``be``: a complex product's two real ones as one batch), combined by
+    :func:`~rnstensor.run.epilogue.exact_combination`. Host arrays."""
+    ops = _auto_operands(A, Bm, cplx)
+    xi, ex = exact_ints(np.stack([x for x, _ in ops]))
+    yi, ey = exact_ints(np.stack([y for _, y in ops]))
+    z, ez = exact_int_matmul(xi, yi, be)
+    e = np.full(z.shape[1:], ex + ey + ez, np.int64)
+    return exact_combination([(part, e) for part in z], alpha, beta, c, cplx)

@@ -160,8 +160,8 @@ def _lift_into(acc, A, colptr, rows, V0, Vd, m2d, p, ip, h, task0, task1):
     # (colptr), one modulus l a task: the product of A with the operand at e0 + d from its product with the operand
     # at e0. D = [Vd - 2^d V0]_p: an entry's integer at e0 + d less 2**d times the one at e0 (residues below 2**23
     # times [2^d]_p below 2**24: inside _cr64's exact range). A block of _LIFT_COLS columns at a time, held
-    # transposed (a column's terms then run over all rows at once, A's plane transposed: a row of it per entry s); terms below 2**46, at most 63 summed before a
-    # reduction: below 2**52, exact, and reduced as _reduce_into does
+    # transposed (a column's terms then run over all rows at once, A's plane transposed: a row of it per entry s);
+    # terms below 2**46, at most 63 summed before a reduction: below 2**52, exact, and reduced as _reduce_into does
     m, n = A.shape[1], acc.shape[2]
     T = np.empty((_LIFT_COLS, m), np.float64)
     for l in range(task0, task1):
